@@ -1,0 +1,556 @@
+"""Tag every attention call of a model with headcount's ranges (DESIGN §2, §5).
+
+How it hooks in: transformers 5.x resolves the attention function on every
+call through ``AttentionInterface.get_interface(config._attn_implementation,
+eager_attention_forward)``. While a tagger is active that method is wrapped
+(on the class, so model files that keep a local interface instance are covered
+too) and returns the resolved function wrapped in a tagging closure. The model
+itself is never modified: masks, the flash-kernel loader and the
+implementation name stay what transformers chose, and deactivation restores
+the original method.
+
+Per call, the wrapper opens ``<phase>/<layer>`` (``fwd``, or ``recompute``
+when the forward is re-run inside a backward pass by activation
+checkpointing), computes the attention — fused (layer mode) or one query head
+at a time inside ``head.N`` ranges (head mode) — and puts two identity
+autograd functions around it: one on the output that opens ``bwd/<layer>``
+when its gradient arrives and one on q/k/v that closes it once their
+gradients are done, so backward kernels are tagged on the thread that runs
+them.
+
+Each range opened is also logged with the call's shapes (:class:`CallLog`),
+which is how the analytic model later knows what each range computed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import torch
+
+from headcount.collector import shapes as _shapes
+from headcount.collector.naming import head_name, layer_names, sanitize
+from headcount.collector.ranges import RangeEmitter
+from headcount.errors import HeadcountError
+
+MODES = ("layer", "head")
+
+_graph_task_id = torch._C._current_graph_task_id
+
+
+@dataclass(frozen=True)
+class CallLog:
+    """One range opened by the tagger, in the order it was opened.
+
+    Attributes:
+        thread_id: ``threading.get_ident()`` of the thread that opened it.
+        phase: ``fwd``, ``bwd`` or ``recompute``.
+        layer_name: e.g. ``layer.3`` or ``decoder.layer.0.cross``.
+        layer: block index.
+        head: query head (head-mode ranges) or ``None`` (layer ranges).
+        kv_head: the key/value head that query head reads (GQA), or ``None``.
+        shape: the attention call's shapes (``None`` for ranges without tensors).
+        model: name of the model class the layer belongs to.
+    """
+
+    thread_id: int
+    phase: str
+    layer_name: str
+    layer: int | None
+    head: int | None
+    kv_head: int | None
+    shape: _shapes.CallShape | None
+    model: str | None
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    name: str
+    index: int | None
+    qualname: str
+    model: str
+
+
+# --------------------------------------------------------------------------- backward ranges
+
+
+class _BackwardRange:
+    """Opens ranges when the output's gradient arrives and closes them after
+    the inputs' gradients are computed."""
+
+    __slots__ = ("tagger", "names", "log", "opened")
+
+    def __init__(self, tagger: "AttentionTagger", names: tuple[str, ...], log: CallLog):
+        self.tagger = tagger
+        self.names = names
+        self.log = log
+        self.opened = 0
+
+    def open(self) -> None:
+        tagger = self.tagger
+        tagger._record(self.log, threading.get_ident())
+        for name in self.names:
+            tagger.emitter.push(name)
+        self.opened += 1
+
+    def close(self) -> None:
+        if self.opened:  # the output may have received no gradient
+            for _ in self.names:
+                self.tagger.emitter.pop()
+            self.opened -= 1
+
+
+class _OpenOnGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, state: _BackwardRange, out: torch.Tensor) -> torch.Tensor:
+        ctx.state = state
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.state.open()
+        return None, grad
+
+
+class _CloseOnGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, state: _BackwardRange, *tensors: torch.Tensor):
+        ctx.state = state
+        ctx.set_materialize_grads(False)
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.state.close()
+        return (None, *grads)
+
+
+# --------------------------------------------------------------------------- head splitting
+
+
+class _OneHeadModule:
+    """Stands in for the attention module when one head is computed alone:
+    every attribute is the module's, except that no key/value repetition is
+    needed (``num_key_value_groups == 1``) because the caller already picked
+    the key/value head of that query head."""
+
+    __slots__ = ("_module",)
+    num_key_value_groups = 1
+
+    def __init__(self, module):
+        object.__setattr__(self, "_module", module)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def _head_slice(value, head: int, n_heads: int):
+    """Slice per-head arguments (masks with a head dimension, T5's position
+    bias, attention-sink logits); pass shared ones through unchanged."""
+    if isinstance(value, torch.Tensor) and n_heads > 1:
+        if value.dim() == 4 and value.shape[1] == n_heads:
+            return value[:, head : head + 1]
+        if value.dim() == 1 and value.shape[0] == n_heads:
+            return value[head : head + 1]
+    elif type(value).__name__ == "BlockMask" and getattr(value, "shape", (1, 1))[1] not in (1,):
+        raise HeadcountError(
+            "head mode cannot split a flex_attention BlockMask that differs per head",
+            hint="profile this model in layer mode, or build the block mask with H=1",
+        )
+    return value
+
+
+# --------------------------------------------------------------------------- the tagger
+
+_patch_lock = threading.RLock()
+_active: list["AttentionTagger"] = []
+_original_get_interface: Callable | None = None
+
+
+def _interface_class():
+    from transformers.modeling_utils import AttentionInterface
+
+    return AttentionInterface
+
+
+def _patched_get_interface(self, attn_implementation, default):
+    fn = _original_get_interface(self, attn_implementation, default)
+    if _active:
+        return _active[-1]._wrapped(fn, attn_implementation or "eager")
+    return fn
+
+
+def _calls_attention_interface(module: torch.nn.Module) -> bool:
+    """True when the module's forward resolves an attention function through
+    transformers' interface (it names ``ALL_ATTENTION_FUNCTIONS``)."""
+    forward = inspect.unwrap(type(module).forward)
+    code = getattr(forward, "__code__", None)
+    return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
+
+
+def current_tagger() -> "AttentionTagger | None":
+    """The innermost active tagger, or ``None``."""
+    return _active[-1] if _active else None
+
+
+class AttentionTagger:
+    """Tags the attention of registered models (or, with ``auto=True``, of
+    every transformers model that runs) while active.
+
+    Args:
+        models: models to register now (more with :meth:`add_model`).
+        mode: ``layer`` (compute as the model does) or ``head`` (one head at a time).
+        auto: register every ``PreTrainedModel`` whose forward runs while active.
+        nvtx: emit NVTX ranges; torch_ranges: emit ``record_function`` ranges
+            while torch.profiler records.
+
+    Raises:
+        HeadcountError: unknown mode.
+    """
+
+    def __init__(self, models=(), mode: str = "layer", auto: bool = False, nvtx: bool = True, torch_ranges: bool = True):
+        if mode not in MODES:
+            raise HeadcountError(f"unknown mode {mode!r}", hint="use mode='layer' or mode='head'")
+        self.mode = mode
+        self.auto = auto
+        self.emitter = RangeEmitter(nvtx=nvtx, torch_ranges=torch_ranges)
+        self.calls: list[CallLog] = []
+        self._layers: dict[int, LayerInfo] = {}
+        self._qualnames: dict[int, tuple[str, str]] = {}  # id(module) -> (qualname, model class)
+        self._models: list[torch.nn.Module] = []
+        self._wrappers: dict[tuple[int, str], Callable] = {}
+        self._hook = None
+        self.active = False
+        for model in models or ():
+            self.add_model(model)
+
+    # ---------------------------------------------------------------- registration
+    def add_model(self, model: torch.nn.Module) -> None:
+        """Register ``model``: name its attention modules (DESIGN §2).
+
+        Raises:
+            HeadcountError: ``model`` is not a ``torch.nn.Module``.
+        """
+        if not isinstance(model, torch.nn.Module):
+            raise HeadcountError(
+                f"expected a torch.nn.Module, got {type(model).__name__}",
+                hint="pass the model object, e.g. AttentionProfiler(model)",
+            )
+        if id(model) in self._qualnames:
+            return
+        self._models.append(model)
+        model_name = type(model).__name__
+        attention = {}
+        for qualname, module in model.named_modules():
+            self._qualnames.setdefault(id(module), (qualname, model_name))
+            if _calls_attention_interface(module):
+                attention[qualname] = module
+        named = layer_names(attention)
+        for qualname, module in attention.items():
+            if id(module) not in self._layers:
+                name, idx = named[qualname]
+                self._layers[id(module)] = LayerInfo(name, idx, qualname, model_name)
+
+    @property
+    def layers(self) -> list[LayerInfo]:
+        """The attention layers known so far, in registration order."""
+        return list(self._layers.values())
+
+    def _layer_of(self, module) -> LayerInfo | None:
+        info = self._layers.get(id(module))
+        if info is None and id(module) in self._qualnames:
+            # an attention module that the static scan missed: name it alone
+            qualname, model_name = self._qualnames[id(module)]
+            name, idx = layer_names({qualname: module})[qualname]
+            info = self._layers[id(module)] = LayerInfo(name, idx, qualname, model_name)
+        return info
+
+    def _auto_register(self, module, args):
+        if id(module) not in self._qualnames:
+            from transformers import PreTrainedModel
+
+            if isinstance(module, PreTrainedModel):
+                self.add_model(module)
+
+    # ---------------------------------------------------------------- activation
+    def activate(self) -> "AttentionTagger":
+        """Start tagging (idempotent). Raises HeadcountError if transformers is missing."""
+        global _original_get_interface
+        if self.active:
+            return self
+        with _patch_lock:
+            try:
+                cls = _interface_class()
+            except ImportError as exc:  # pragma: no cover - transformers is a dependency
+                raise HeadcountError("transformers is not installed", hint="pip install transformers") from exc
+            if not _active:
+                _original_get_interface = cls.get_interface
+                cls.get_interface = _patched_get_interface
+            _active.append(self)
+        if self.auto:
+            self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._auto_register)
+        self.active = True
+        return self
+
+    def deactivate(self) -> None:
+        """Stop tagging and restore transformers' attention dispatch exactly."""
+        global _original_get_interface
+        if not self.active:
+            return
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        with _patch_lock:
+            if self in _active:
+                _active.remove(self)
+            if not _active and _original_get_interface is not None:
+                _interface_class().get_interface = _original_get_interface
+                _original_get_interface = None
+        self._wrappers.clear()
+        self.active = False
+
+    def __enter__(self) -> "AttentionTagger":
+        return self.activate()
+
+    def __exit__(self, *exc) -> None:
+        self.deactivate()
+
+    # ---------------------------------------------------------------- the per-call path
+    def _record(self, log: CallLog, thread_id: int) -> None:
+        self.calls.append(log if log.thread_id == thread_id else replace(log, thread_id=thread_id))
+
+    def _wrapped(self, fn: Callable, implementation: str) -> Callable:
+        key = (id(fn), implementation)
+        wrapper = self._wrappers.get(key)
+        if wrapper is None:
+
+            @functools.wraps(fn)
+            def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
+                info = self._layer_of(module)
+                if info is None:
+                    return fn(module, query, key, value, attention_mask, *args, **kwargs)
+                causal = kwargs.get("is_causal")
+                if causal is None:
+                    causal = getattr(module, "is_causal", False)
+                shape = _shapes.from_call(
+                    implementation, query, key, value, attention_mask, causal, kwargs.get("sliding_window")
+                )
+
+                def fused(q, k, v):
+                    return fn(module, q, k, v, attention_mask, *args, **kwargs)
+
+                def one_head(h, q, k, v):
+                    proxy = _OneHeadModule(module)
+                    mask = _head_slice(attention_mask, h, shape.q_heads)
+                    kw = {n: _head_slice(t, h, shape.q_heads) for n, t in kwargs.items()}
+                    return fn(proxy, q, k, v, mask, *args, **kw)
+
+                return self.run(info.name, info.index, info.model, shape, query, key, value, fused, one_head, _join_transformers)
+
+            self._wrappers[key] = wrapper
+        return wrapper
+
+    def run(
+        self,
+        layer_name: str,
+        layer_index: int | None,
+        model_name: str | None,
+        shape: _shapes.CallShape,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        fused: Callable,
+        one_head: Callable,
+        join: Callable,
+        head_dim: int = 1,
+    ):
+        """Run one attention call inside its ranges.
+
+        Args:
+            fused: ``fused(q, k, v)`` computes the call as the model does.
+            one_head: ``one_head(h, q_h, k_h, v_h)`` computes query head ``h`` alone.
+            join: ``join(results)`` assembles the per-head results into the fused result.
+            head_dim: the head dimension of q, k and v.
+        """
+        phase = "recompute" if _graph_task_id() != -1 else "fwd"
+        tid = threading.get_ident()
+        log = CallLog(tid, phase, layer_name, layer_index, None, None, shape, model_name)
+        track = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+        emitter = self.emitter
+        # the identity functions stay outside the forward range so that their
+        # own (small) cost is not counted as attention
+        if track:
+            bwd = _BackwardRange(self, ("bwd", layer_name), replace(log, phase="bwd"))
+            query, key, value = _CloseOnGrad.apply(bwd, query, key, value)
+        self.calls.append(log)
+        emitter.push(phase)
+        emitter.push(layer_name)
+        try:
+            if self.mode == "head":
+                result = self._per_head(log, query, key, value, one_head, join, head_dim, track)
+            else:
+                result = fused(query, key, value)
+        finally:
+            emitter.pop()
+            emitter.pop()
+        if track:
+            result = _apply_to_output(result, lambda out: _OpenOnGrad.apply(bwd, out))
+        return result
+
+    def _per_head(self, log, query, key, value, one_head, join, head_dim, track):
+        n_q = query.shape[head_dim]
+        n_kv = key.shape[head_dim]
+        if n_kv == 0 or n_q % n_kv:
+            raise HeadcountError(
+                f"{log.layer_name}: {n_q} query heads cannot share {n_kv} key/value heads",
+                hint="profile this model in layer mode",
+            )
+        groups = n_q // n_kv
+        head_shape = log.shape.one_head() if log.shape is not None else None
+        kv_slices = {}
+        results = []
+        emitter = self.emitter
+        for h in range(n_q):
+            g = h // groups
+            if g not in kv_slices:
+                kv_slices[g] = (key.narrow(head_dim, g, 1), value.narrow(head_dim, g, 1))
+            k_h, v_h = kv_slices[g]
+            q_h = query.narrow(head_dim, h, 1)
+            name = head_name(h)
+            head_log = CallLog(log.thread_id, log.phase, log.layer_name, log.layer, h, g, head_shape, log.model)
+            if track:
+                bwd = _BackwardRange(self, (name,), replace(head_log, phase="bwd"))
+                q_h, k_h, v_h = _CloseOnGrad.apply(bwd, q_h, k_h, v_h)
+            self.calls.append(head_log)
+            emitter.push(name)
+            try:
+                res = one_head(h, q_h, k_h, v_h)
+            finally:
+                emitter.pop()
+            if track:
+                res = _apply_to_output(res, lambda out: _OpenOnGrad.apply(bwd, out))
+            results.append(res)
+        return join(results)
+
+
+def _apply_to_output(result, fn):
+    """Apply ``fn`` to the attention output: the result itself or its first item."""
+    if isinstance(result, torch.Tensor):
+        return fn(result) if result.requires_grad else result
+    if isinstance(result, tuple) and result and isinstance(result[0], torch.Tensor):
+        out = result[0]
+        return (fn(out) if out.requires_grad else out, *result[1:])
+    return result
+
+
+def _join_transformers(results: list) -> tuple:
+    """Per-head ``(out (B, Q, 1, D), weights (B, 1, Q, K) | None)`` → fused layout."""
+    out = torch.cat([r[0] for r in results], dim=2)
+    weights = [r[1] for r in results]
+    joined = torch.cat(weights, dim=1) if all(isinstance(w, torch.Tensor) for w in weights) else None
+    return out, joined
+
+
+# --------------------------------------------------------------------------- public helpers
+
+
+def tag(model: torch.nn.Module, mode: str = "layer") -> AttentionTagger:
+    """Tag ``model``'s attention until :func:`untag` (or ``tagger.deactivate()``).
+
+    Returns:
+        The active tagger; its ``calls`` log every range opened.
+    """
+    return AttentionTagger([model], mode=mode).activate()
+
+
+def untag(tagger: AttentionTagger) -> None:
+    """Stop tagging; the model and transformers are left exactly as before."""
+    tagger.deactivate()
+
+
+def tag_attention(fn: Callable | None = None, *, layer: str | int, layout: str = "bhsd", causal: bool = False):
+    """Tag a hand-written attention callable as one layer (the manual API).
+
+    For attention that does not go through transformers' interface (xFormers,
+    a custom kernel, a plain ``F.scaled_dot_product_attention`` in a user
+    model). The callable takes ``(q, k, v, *args, **kwargs)`` and returns the
+    attention output (or a tuple whose first item is the output) in the same
+    layout as q. While a tagger is active (inside ``AttentionProfiler``),
+    calls run inside ``fwd/<layer>`` and ``bwd/<layer>`` ranges, and in head
+    mode one query head at a time. Otherwise the callable runs untouched.
+
+    Args:
+        layer: layer name (``"layer.3"``) or index (``3``).
+        layout: ``bhsd`` (heads on dim 1) or ``bshd`` (heads on dim 2).
+        causal: whether the callable applies a causal mask (for the analytic model).
+
+    Example::
+
+        @tag_attention(layer=0)
+        def attend(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    """
+    if layout not in ("bhsd", "bshd"):
+        raise HeadcountError(f"unknown layout {layout!r}", hint="use layout='bhsd' or layout='bshd'")
+    name = sanitize(f"layer.{layer}" if isinstance(layer, int) else layer)
+    index = layer if isinstance(layer, int) else None
+    head_dim = 1 if layout == "bhsd" else 2
+
+    def decorate(func: Callable) -> Callable:
+        @functools.wraps(func)
+        def tagged(query, key, value, *args, **kwargs):
+            tagger = current_tagger()
+            if tagger is None:
+                return func(query, key, value, *args, **kwargs)
+            shape = _shapes.from_call("manual", query, key, value, kwargs.get("attn_mask"), causal or bool(kwargs.get("is_causal")), layout=layout)
+
+            def one_head(h, q, k, v):
+                kw = {n: _head_slice(t, h, shape.q_heads) for n, t in kwargs.items()}
+                return func(q, k, v, *args, **kw)
+
+            def join(results):
+                if isinstance(results[0], torch.Tensor):
+                    return torch.cat(results, dim=head_dim)
+                return (torch.cat([r[0] for r in results], dim=head_dim), *results[0][1:])
+
+            return tagger.run(
+                name, index, None, shape, query, key, value,
+                lambda q, k, v: func(q, k, v, *args, **kwargs), one_head, join, head_dim,
+            )
+
+        return tagged
+
+    return decorate(fn) if fn is not None else decorate
+
+
+class attention_range:
+    """Context manager that tags a block of code as ``fwd/<layer>`` (manual API).
+
+    It has no tensors to hook, so it tags the forward only and cannot split
+    heads; use :func:`tag_attention` on a callable for backward and head mode.
+    Does nothing unless a tagger is active.
+    """
+
+    def __init__(self, layer: str | int):
+        self.name = sanitize(f"layer.{layer}" if isinstance(layer, int) else layer)
+        self.index = layer if isinstance(layer, int) else None
+        self._tagger: AttentionTagger | None = None
+
+    def __enter__(self):
+        self._tagger = current_tagger()
+        if self._tagger is not None:
+            phase = "recompute" if _graph_task_id() != -1 else "fwd"
+            self._tagger.calls.append(CallLog(threading.get_ident(), phase, self.name, self.index, None, None, None, None))
+            self._tagger.emitter.push(phase)
+            self._tagger.emitter.push(self.name)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._tagger is not None:
+            self._tagger.emitter.pop()
+            self._tagger.emitter.pop()
+            self._tagger = None

@@ -1,0 +1,70 @@
+"""The ``torch`` source: record with torch.profiler (Kineto), keep its trace.
+
+Recording only: start and stop the profiler, write the Chrome trace. Turning
+the trace into tables is :mod:`headcount.parsers.kineto`'s job.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from headcount.errors import HeadcountError
+
+
+def cuda_available() -> bool:
+    """True when torch sees a CUDA device."""
+    return torch.cuda.is_available()
+
+
+class TorchRecorder:
+    """Records CPU operators (and CUDA kernels and runtime calls when a GPU is
+    present) with torch.profiler; :meth:`stop` writes the trace file.
+
+    Args:
+        trace_dir: where to write ``trace.json`` (a temporary directory by default).
+    """
+
+    name = "torch"
+
+    def __init__(self, trace_dir: str | Path | None = None):
+        self._tmp = None
+        if trace_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="headcount-trace-")
+            trace_dir = self._tmp.name
+        self.trace_path = Path(trace_dir) / "trace.json"
+        activities = [ProfilerActivity.CPU]
+        if cuda_available():
+            activities.append(ProfilerActivity.CUDA)
+        self._profile = profile(activities=activities)
+
+    @property
+    def version(self) -> str:
+        return torch.__version__
+
+    def start(self) -> None:
+        """Start recording.
+
+        Raises:
+            HeadcountError: another profiler already holds torch.profiler / CUPTI.
+        """
+        if torch._C._autograd._profiler_enabled():
+            raise HeadcountError(
+                "another torch.profiler session is already recording in this process",
+                hint="stop it before starting headcount; only one profiler can hold CUPTI at a time",
+            )
+        self._profile.__enter__()
+
+    def stop(self) -> Path:
+        """Stop recording and write the Chrome trace; returns its path."""
+        self._profile.__exit__(None, None, None)
+        self._profile.export_chrome_trace(str(self.trace_path))
+        return self.trace_path
+
+    def cleanup(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None

@@ -1,0 +1,139 @@
+"""From attributed range instances to the ``layers`` and ``heads`` tables.
+
+Tables in, tables out; no I/O. Units are in the column names (``_ns``,
+``_bytes``, ``_gbps`` = 1e9 bytes/s = bytes/ns, ``_pct``, ``flop``); each
+measured-or-not quantity has a ``<quantity>_provenance`` column:
+
+- ``measured``: read from the profiler for that very range (its duration);
+- ``analytic``: the analytic model (:mod:`headcount.derive.analytic`);
+- ``apportioned``: a layer's figure split across its heads by the analytic
+  FLOP share (layer mode; heads of one call have equal shares unless their
+  work differs);
+- a ratio is as strong as its weakest input: analytic bytes over measured
+  time is ``analytic``.
+
+``duration_basis`` says what the duration is: ``cpu_range`` (wall time of the
+range on the CPU thread — the CPU torch source) or ``gpu_projected`` (first
+kernel start to last kernel end of the range on the GPU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+GROUP_LAYER = ["implementation", "phase", "layer_name", "layer"]
+GROUP_HEAD = GROUP_LAYER + ["head", "kv_head"]
+
+_SUMS = {
+    "duration_ns": "sum",
+    "op_count": "sum",
+    "cpu_ops_ns": "sum",
+    "flop": "sum",
+    "analytic_min_bytes": "sum",
+    "dram_bytes_measured": "sum",
+}
+
+
+def _aggregate(ranges: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    present = {c: f for c, f in _SUMS.items() if c in ranges.columns}
+    grouped = ranges.groupby(keys, dropna=False, sort=True)
+    out = grouped.agg(calls=("range_id", "size"), steps=("step", "nunique"), **{c: (c, f) for c, f in present.items()})
+    # a sum over rows that are all null is null, not 0
+    for col in present:
+        all_null = grouped[col].apply(lambda s: s.isna().all())
+        out[col] = out[col].astype("float64").where(~all_null)
+    out["steps"] = out["steps"].where(out["steps"] > 0)  # no step ranges: unknown, not 0
+    out["duration_basis"] = grouped["duration_basis"].first()
+    return out.reset_index()
+
+
+def _derive(table: pd.DataFrame, duration_provenance: str) -> pd.DataFrame:
+    t = table
+    measured = t["dram_bytes_measured"] if "dram_bytes_measured" in t else pd.Series(np.nan, index=t.index)
+    t["dram_bytes"] = measured.where(measured.notna(), t["analytic_min_bytes"])
+    t["dram_bytes_provenance"] = np.where(measured.notna(), "measured", np.where(t["analytic_min_bytes"].notna(), "analytic", None))
+    t["duration_provenance"] = np.where(t["duration_ns"].notna(), duration_provenance, None)
+    t["duration_per_call_ns"] = t["duration_ns"] / t["calls"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t["bandwidth_gbps"] = (t["dram_bytes"] / t["duration_ns"]).where(t["duration_ns"] > 0)
+        t["intensity_flop_per_byte"] = (t["flop"] / t["dram_bytes"]).where(t["dram_bytes"] > 0)
+        if "analytic_min_bytes" in t and "dram_bytes_measured" in t:
+            t["excess_traffic"] = (t["dram_bytes_measured"] / t["analytic_min_bytes"]).where(t["analytic_min_bytes"] > 0)
+    t["flop_provenance"] = np.where(t["flop"].notna(), "analytic", None)
+    t["bandwidth_provenance"] = np.where(
+        t["bandwidth_gbps"].isna(), None,
+        np.where((t["dram_bytes_provenance"] == "measured") & (t["duration_provenance"] == "measured"), "measured", t["dram_bytes_provenance"]),
+    )
+    t["intensity_provenance"] = np.where(t["intensity_flop_per_byte"].isna(), None, "analytic")
+    return t
+
+
+def layers_table(ranges: pd.DataFrame) -> pd.DataFrame:
+    """One row per implementation × phase × layer, from the layer range instances.
+
+    Args:
+        ranges: attributed ranges with ``level`` (``layer``/``head``/…), shapes,
+            ``flop``, ``analytic_min_bytes``, ``duration_ns``, ``duration_basis``, ``step``.
+
+    Returns:
+        The layers table; in head mode it also has ``heads_duration_ns`` (sum of
+        the head ranges inside) and ``split_overhead_ns`` (layer − heads).
+    """
+    layer_ranges = ranges[ranges["level"] == "layer"]
+    table = _aggregate(layer_ranges, GROUP_LAYER)
+    head_ranges = ranges[ranges["level"] == "head"]
+    if len(head_ranges):
+        parent_layer = head_ranges.merge(
+            layer_ranges[["range_id", *GROUP_LAYER]], left_on="parent_range_id", right_on="range_id",
+            suffixes=("", "_layer"),
+        )
+        sums = parent_layer.groupby(GROUP_LAYER, dropna=False)["duration_ns"].sum().rename("heads_duration_ns").reset_index()
+        table = table.merge(sums, on=GROUP_LAYER, how="left")
+        table["split_overhead_ns"] = table["duration_ns"] - table["heads_duration_ns"]
+    table = _derive(table, "measured")
+    total = table.groupby(["implementation", "phase"], dropna=False)["duration_ns"].transform("sum")
+    table["share_of_phase_pct"] = 100.0 * table["duration_ns"] / total
+    table["provenance"] = "measured"
+    return table
+
+
+def heads_table(ranges: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+    """One row per implementation × phase × layer × head.
+
+    Head mode: aggregated from the head range instances (durations measured).
+    Layer mode (no head ranges): each layer row split across its query heads
+    by analytic FLOP share, with ``provenance`` ``apportioned``.
+    """
+    head_ranges = ranges[ranges["level"] == "head"]
+    if len(head_ranges):
+        table = _aggregate(head_ranges, GROUP_HEAD)
+        table = _derive(table, "measured")
+        table["provenance"] = "measured"
+    else:
+        table = _apportion(ranges[ranges["level"] == "layer"], layers)
+    layer_time = table.groupby(GROUP_LAYER, dropna=False)["duration_ns"].transform("sum")
+    table["share_of_layer_pct"] = 100.0 * table["duration_ns"] / layer_time
+    return table
+
+
+def _apportion(layer_ranges: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+    heads = layer_ranges.groupby(GROUP_LAYER, dropna=False).agg(q_heads=("q_heads", "max"), kv_heads=("kv_heads", "max")).reset_index()
+    heads = heads.dropna(subset=["q_heads"])
+    rows = []
+    for rec in heads.itertuples(index=False):
+        n, n_kv = int(rec.q_heads), int(rec.kv_heads)
+        groups = max(n // max(n_kv, 1), 1)
+        for h in range(n):
+            rows.append((*[getattr(rec, k) for k in GROUP_LAYER], h, h // groups, 1.0 / n))
+    split = pd.DataFrame(rows, columns=[*GROUP_LAYER, "head", "kv_head", "_share"])
+    table = split.merge(layers, on=GROUP_LAYER, how="left")
+    for col in ("duration_ns", "op_count", "cpu_ops_ns", "flop", "analytic_min_bytes", "dram_bytes", "dram_bytes_measured"):
+        if col in table:
+            table[col] = table[col] * table["_share"]
+    table["duration_per_call_ns"] = table["duration_ns"] / table["calls"]
+    table = table.drop(columns=["_share", "share_of_phase_pct", "heads_duration_ns", "split_overhead_ns"], errors="ignore")
+    for col in ("duration_provenance", "dram_bytes_provenance", "bandwidth_provenance"):
+        table[col] = np.where(table[col].isna(), None, "apportioned")
+    table["provenance"] = "apportioned"
+    return table

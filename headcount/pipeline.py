@@ -1,0 +1,239 @@
+"""Compose parse → attribute → derive for the torch (Kineto) source.
+
+:func:`tables_from_events` turns a Kineto events table (see
+:mod:`headcount.parsers.kineto`) and the tagger's call log into headcount's
+tables (DESIGN §4): ``kernels`` (CPU operators on a CPU run, plus GPU kernels
+where the trace has them), ``ranges``, ``layers``, ``heads`` and the
+``attention_breakdown`` view.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from headcount.attribute import attribution
+from headcount.attribute.calls import SHAPE_COLUMNS, attach_calls, calls_frame
+from headcount.collector.naming import DOMAIN, STEP_DOMAIN, parse_path
+from headcount.derive import aggregate, analytic
+
+BREAKDOWN_COLUMNS = [
+    "implementation", "phase", "layer_name", "layer", "head", "kv_head", "calls", "steps",
+    "duration_ns", "duration_per_call_ns", "duration_basis", "duration_provenance",
+    "dram_bytes", "dram_bytes_provenance", "analytic_min_bytes",
+    "bandwidth_gbps", "bandwidth_provenance",
+    "flop", "flop_provenance", "intensity_flop_per_byte", "intensity_provenance",
+    "op_count", "cpu_ops_ns", "provenance",
+]
+
+
+def _split_domains(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Headcount's ranges (both domains) and everything else."""
+    is_range = events["kind"] == "range"
+    names = events["name"]
+    domain = pd.Series(None, index=events.index, dtype=object)
+    for dom in (DOMAIN, STEP_DOMAIN):
+        hit = is_range & names.str.startswith(dom + "@")
+        domain[hit] = dom
+    ours = domain.notna()
+    ranges = events[ours].copy()
+    ranges["domain"] = domain[ours]
+    ranges["name"] = [n.split("@", 1)[1] for n in ranges["name"]]
+    return ranges, events[~ours & (events["kind"] != "range")].copy()
+
+
+def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id: str) -> dict[str, pd.DataFrame]:
+    """Build the tables of one profiled session.
+
+    Args:
+        events: Kineto events (:func:`headcount.parsers.kineto.events_frame`).
+        calls: the tagger's :class:`~headcount.collector.tagging.CallLog` list.
+        implementation: attention implementation of the session (fills rows the
+            call log does not name, e.g. operators outside attention).
+        run_id: identifier stored in every row.
+
+    Returns:
+        ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``.
+    """
+    ranges, ops = _split_domains(events)
+    ranges = attribution.nest_ranges(ranges[["pid", "tid", "domain", "name", "start_ns", "end_ns"]])
+    ops = ops.reset_index(drop=True)
+    cpu = ops[ops["kind"] == "op"].copy()
+    gpu = ops[ops["kind"].isin(["kernel", "memcpy", "memset"])].copy()
+    runtime = ops[ops["kind"] == "runtime"]
+
+    main = ranges[ranges["domain"] == DOMAIN]
+    steps = ranges[ranges["domain"] == STEP_DOMAIN]
+
+    # CPU operators: wholly inside the range, on their own thread
+    cpu_inner = attribution.innermost_range(cpu, main, "start_ns", "end_ns")
+    # GPU work: at the start of its launch call, on the launching thread
+    if len(gpu):
+        launch = runtime.dropna(subset=["correlation_id"]).drop_duplicates("correlation_id")
+        gpu = gpu.merge(
+            launch[["correlation_id", "tid", "start_ns", "end_ns"]].rename(
+                columns={"tid": "launch_tid", "start_ns": "api_start_ns", "end_ns": "api_end_ns"}),
+            on="correlation_id", how="left",
+        )
+        probe = gpu.assign(tid=gpu["launch_tid"])
+        probe = probe[probe["api_start_ns"].notna()]
+        gpu_inner = np.full(len(gpu), -1, dtype=np.int64)
+        gpu_inner[probe.index] = attribution.innermost_range(probe.astype({"api_start_ns": "int64"}), main, "api_start_ns", None)
+    else:
+        gpu_inner = np.zeros(0, dtype=np.int64)
+
+    projected = attribution.project(main, cpu, cpu_inner)
+    if len(gpu):
+        gpu_proj = attribution.project(main, gpu, gpu_inner)
+        projected["gpu_op_count"] = gpu_proj["op_count"].to_numpy()
+        projected["gpu_start_ns"] = gpu_proj["op_start_ns"].to_numpy()
+        projected["gpu_end_ns"] = gpu_proj["op_end_ns"].to_numpy()
+    else:
+        projected["gpu_op_count"] = pd.array([pd.NA] * len(projected), dtype="Int64")
+        projected["gpu_start_ns"] = pd.array([pd.NA] * len(projected), dtype="Int64")
+        projected["gpu_end_ns"] = pd.array([pd.NA] * len(projected), dtype="Int64")
+    projected = projected.rename(columns={"op_start_ns": "cpu_op_start_ns", "op_end_ns": "cpu_op_end_ns"})
+    projected["cpu_ops_ns"] = _top_level_op_time(cpu, cpu_inner, main)[projected["range_id"].to_numpy()]
+
+    ranges_table = _label_ranges(projected, steps)
+    is_gpu = len(gpu) > 0
+    ranges_table["duration_ns"] = (
+        (ranges_table["gpu_end_ns"] - ranges_table["gpu_start_ns"]).astype("float64")
+        if is_gpu else (ranges_table["end_ns"] - ranges_table["start_ns"]).astype("float64")
+    )
+    ranges_table["duration_basis"] = "gpu_projected" if is_gpu else "cpu_range"
+
+    attention = ranges_table[ranges_table["level"].isin(["layer", "head"])]
+    attention = attach_calls(attention, calls_frame(calls))
+    attention["flop"] = analytic.flop(attention, attention["phase"]) if len(attention) else []
+    attention["analytic_min_bytes"] = analytic.min_bytes(attention, attention["phase"]) if len(attention) else []
+    attention.loc[attention["q_heads"].isna(), ["flop", "analytic_min_bytes"]] = np.nan
+    attention["implementation"] = attention["implementation"].fillna(implementation)
+    extra = [c for c in attention.columns if c not in ranges_table.columns]
+    ranges_table = ranges_table.merge(attention[["range_id", *extra]], on="range_id", how="left")
+    ranges_table["implementation"] = ranges_table["implementation"].fillna(implementation)
+
+    layers = aggregate.layers_table(ranges_table)
+    heads = aggregate.heads_table(ranges_table, layers)
+    breakdown_src = heads if (ranges_table["level"] == "head").any() else layers
+    breakdown = breakdown_src.reindex(columns=BREAKDOWN_COLUMNS)
+
+    kernels = _kernels_table(cpu, cpu_inner, gpu, gpu_inner, main, steps, implementation)
+    tables = {"kernels": kernels, "ranges": ranges_table, "layers": layers, "heads": heads, "attention_breakdown": breakdown}
+    for name, table in tables.items():
+        table.insert(0, "run_id", run_id)
+    return tables
+
+
+def _label_ranges(ranges: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Phase, layer, head and level (phase/layer/head/other) of each range, and its step."""
+    parsed = [parse_path(p) for p in ranges["path"]]
+    out = ranges.copy()
+    out["phase"] = [p.phase for p in parsed]
+    out["layer_name"] = [p.layer_name for p in parsed]
+    out["layer"] = pd.array([p.layer for p in parsed], dtype="Int64")
+    out["head"] = pd.array([p.head for p in parsed], dtype="Int64")
+    level = np.where(
+        out["name"] == out["phase"], "phase",
+        np.where(out["name"] == out["layer_name"], "layer", np.where(out["head"].notna() & out["name"].str.startswith("head."), "head", "other")),
+    )
+    # a range directly under a phase that the naming scheme does not know is a
+    # manual layer name (tag_attention(layer="my_block"))
+    parent_is_phase = out["parent_range_id"].map(dict(zip(out["range_id"], out["name"].isin(["fwd", "bwd", "recompute"])))).fillna(False)
+    manual = (level == "other") & parent_is_phase.to_numpy(dtype=bool)
+    out.loc[manual, "layer_name"] = out.loc[manual, "name"]
+    level = np.where(manual, "layer", level)
+    out["level"] = level
+    out["step"] = _step_of(out["start_ns"].to_numpy(), steps)
+    return out
+
+
+def _step_index(name: str | None) -> int | None:
+    if name and name.startswith("step."):
+        try:
+            return int(name[5:])
+        except ValueError:
+            return None
+    return None
+
+
+def _top_level_op_time(cpu: pd.DataFrame, inner: np.ndarray, ranges: pd.DataFrame) -> np.ndarray:
+    """Per range id: summed duration of the operators inside it that are not
+    nested in another operator inside it (so nested aten calls count once).
+
+    An operator's parent operator lies in a range that is an ancestor-or-self
+    of the operator's own range; the operator counts for the ranges strictly
+    below that one.
+    """
+    n = int(ranges["range_id"].max()) + 1 if len(ranges) else 0
+    total = np.zeros(n, dtype=np.float64)
+    if not len(cpu) or not n:
+        return total
+    op_rows = cpu.reset_index(drop=True).assign(domain="op", _row=np.arange(len(cpu)))
+    nested = attribution.nest_ranges(op_rows[["pid", "tid", "domain", "name", "start_ns", "end_ns", "_row"]])
+    rows = nested["_row"].to_numpy()
+    parent_nested = nested["parent_range_id"].to_numpy()
+    parent_row = np.full(len(op_rows), -1, dtype=np.int64)
+    parent_row[rows] = np.where(parent_nested >= 0, rows[np.maximum(parent_nested, 0)], -1)
+    parent_inner = np.where(parent_row >= 0, inner[np.maximum(parent_row, 0)], -2)
+    duration = (op_rows["end_ns"] - op_rows["start_ns"]).to_numpy(np.float64)
+    stopped = np.zeros(len(op_rows), dtype=bool)
+    for level in attribution.ancestors_matrix(ranges, inner):
+        stopped |= (level >= 0) & (level == parent_inner)
+        active = (level >= 0) & ~stopped
+        np.add.at(total, level[active], duration[active])
+    return total
+
+
+def _step_of(times: np.ndarray, steps: pd.DataFrame) -> pd.arrays.IntegerArray:
+    """Step index (from ``step.N`` ranges) whose time span contains each time.
+
+    Steps are matched by time, not thread: backward work on GPU runs on
+    autograd's device thread, outside the main thread's step range.
+    """
+    result = np.full(len(times), -1, dtype=np.int64)
+    if len(steps) and len(times):
+        order = steps.sort_values("start_ns")
+        starts = order["start_ns"].to_numpy()
+        ends = order["end_ns"].to_numpy()
+        index = np.array([_step_index(n) if _step_index(n) is not None else -1 for n in order["name"]], dtype=np.int64)
+        pos = np.searchsorted(starts, times, side="right") - 1
+        ok = (pos >= 0) & (times <= ends[np.maximum(pos, 0)])
+        result = np.where(ok, index[np.maximum(pos, 0)], -1)
+    return pd.array([v if v >= 0 else None for v in result.tolist()], dtype="Int64")
+
+
+def _kernels_table(cpu, cpu_inner, gpu, gpu_inner, main, steps, implementation) -> pd.DataFrame:
+    paths = dict(zip(main["range_id"], main["path"]))
+    frames = []
+    if len(cpu):
+        c = cpu.copy()
+        c["device"] = "cpu"
+        c["range_id"] = cpu_inner
+        frames.append(c)
+    if len(gpu):
+        g = gpu.copy()
+        g["device"] = "cuda:" + g["device"].astype(str)
+        g["range_id"] = gpu_inner
+        g["tid"] = g["launch_tid"]
+        frames.append(g)
+    if not frames:
+        return pd.DataFrame(columns=["source", "kind", "name", "start_ns", "end_ns", "duration_ns", "nvtx_path"])
+    k = pd.concat(frames, ignore_index=True)
+    k["source"] = "torch"
+    k["implementation"] = implementation
+    k["duration_ns"] = k["end_ns"] - k["start_ns"]
+    if "api_start_ns" in k:
+        k["launch_latency_ns"] = (k["start_ns"] - k["api_start_ns"]).astype("Float64")
+        k["cpu_launch_cost_ns"] = (k["api_end_ns"] - k["api_start_ns"]).astype("Float64")
+    k["nvtx_path"] = [paths.get(r) for r in k["range_id"]]
+    parsed = [parse_path(p) if isinstance(p, str) else None for p in k["nvtx_path"]]
+    k["phase"] = [p.phase if p else None for p in parsed]
+    k["layer_name"] = [p.layer_name if p else None for p in parsed]
+    k["layer"] = pd.array([p.layer if p else None for p in parsed], dtype="Int64")
+    k["head"] = pd.array([p.head if p else None for p in parsed], dtype="Int64")
+    k["step"] = _step_of(k["start_ns"].to_numpy(), steps) if not len(gpu) else _step_of(
+        k["api_start_ns"].fillna(k["start_ns"]).to_numpy(np.int64), steps)
+    k = k.drop(columns=["launch_tid"], errors="ignore")
+    k["range_id"] = k["range_id"].where(k["range_id"] >= 0).astype("Int64")
+    return k

@@ -1,0 +1,79 @@
+"""The Arrow schema of every table headcount writes (DESIGN §4).
+
+Fixed schemas keep runs appendable: every file of a table has the same
+columns and types, so pandas, pyarrow.dataset, polars and DuckDB read all runs
+of a directory at once. A column a source cannot fill is null, never 0.
+Units are in the names: ``_ns``, ``_bytes``, ``_gbps`` (1e9 bytes/s),
+``_pct``, ``flop``. ``run_id`` is the hive partition key (directory
+``run_id=<id>``), so it is not stored inside the files.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+S, I, F, B = pa.string(), pa.int64(), pa.float64(), pa.bool_()
+
+_ATTRIBUTION = [("range_id", I), ("nvtx_path", S), ("phase", S), ("layer_name", S), ("layer", I), ("head", I)]
+
+_SHAPE = [
+    ("batch", I), ("q_heads", I), ("kv_heads", I), ("q_len", I), ("kv_len", I), ("head_dim", I),
+    ("v_head_dim", I), ("dtype", S), ("dtype_bytes", I), ("causal", B), ("mask_elements", I),
+    ("mask_dtype_bytes", I), ("mask_per_head", B), ("sliding_window", I),
+]
+
+KERNELS = pa.schema([
+    ("source", S), ("implementation", S), ("kind", S), ("name", S), ("pid", S), ("tid", S),
+    ("device", S), ("stream", I), ("correlation_id", I), ("step", I),
+    ("start_ns", I), ("end_ns", I), ("duration_ns", I),
+    ("api_start_ns", I), ("api_end_ns", I), ("launch_latency_ns", F), ("cpu_launch_cost_ns", F),
+    ("grid", S), ("block", S), ("registers_per_thread", I), ("shared_memory_bytes", I),
+    ("theoretical_occupancy_pct", F), ("est_achieved_occupancy_pct", F), ("achieved_occupancy_pct", F),
+    ("dram_read_bytes", F), ("dram_write_bytes", F), ("l2_bytes", F),
+    *_ATTRIBUTION,
+])
+
+RANGES = pa.schema([
+    ("implementation", S), ("step", I), ("range_id", I), ("parent_range_id", I), ("domain", S),
+    ("name", S), ("path", S), ("depth", I), ("level", S), ("pid", S), ("tid", S),
+    ("start_ns", I), ("end_ns", I), ("duration_ns", F), ("duration_basis", S),
+    ("op_count", I), ("cpu_ops_ns", F), ("cpu_op_start_ns", I), ("cpu_op_end_ns", I),
+    ("gpu_start_ns", I), ("gpu_end_ns", I), ("gpu_op_count", I),
+    ("phase", S), ("layer_name", S), ("layer", I), ("head", I), ("kv_head", I), ("model", S),
+    *_SHAPE, ("flop", F), ("analytic_min_bytes", F),
+])
+
+_AGG = [
+    ("calls", I), ("steps", I), ("duration_ns", F), ("duration_per_call_ns", F), ("duration_basis", S),
+    ("duration_provenance", S), ("op_count", F), ("cpu_ops_ns", F),
+    ("flop", F), ("flop_provenance", S), ("analytic_min_bytes", F), ("dram_bytes_measured", F),
+    ("dram_bytes", F), ("dram_bytes_provenance", S), ("bandwidth_gbps", F), ("bandwidth_provenance", S),
+    ("intensity_flop_per_byte", F), ("intensity_provenance", S), ("excess_traffic", F),
+    ("roofline_class", S), ("launch_latency_p50_ns", F), ("launch_latency_p99_ns", F),
+    ("achieved_occupancy_pct", F), ("provenance", S),
+]
+
+LAYERS = pa.schema([
+    ("implementation", S), ("phase", S), ("layer_name", S), ("layer", I), *_AGG,
+    ("heads_duration_ns", F), ("split_overhead_ns", F), ("share_of_phase_pct", F),
+])
+
+HEADS = pa.schema([
+    ("implementation", S), ("phase", S), ("layer_name", S), ("layer", I), ("head", I), ("kv_head", I),
+    *_AGG, ("share_of_layer_pct", F),
+])
+
+RUNS = pa.schema([
+    ("implementation", S), ("source", S), ("source_version", S), ("mode", S), ("model", S),
+    ("model_config", S), ("batch", I), ("seq", I), ("dtype", S), ("steps", I), ("backward", B),
+    ("device_kind", S), ("device_name", S), ("torch", S), ("transformers", S),
+    ("tool_version", S), ("schema_version", S), ("command_line", S), ("start_time", S),
+])
+
+TABLES: dict[str, pa.Schema] = {
+    "kernels": KERNELS,
+    "ranges": RANGES,
+    "layers": LAYERS,
+    "heads": HEADS,
+    "runs": RUNS,
+}
