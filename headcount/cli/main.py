@@ -1,0 +1,62 @@
+"""The ``headcount`` command line.
+
+Errors a user can cause are printed as one line (``headcount: error: …``)
+with a non-zero exit status; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+from headcount import __version__
+from headcount.cli import profile_cmd
+from headcount.errors import HeadcountError
+
+EXAMPLES = """\
+examples:
+  headcount profile                      profile the embedded default model (eager vs sdpa)
+  headcount profile --mode head          measure every attention head on its own
+  headcount profile --help               all options of the profile command
+
+Read the report:
+  python -c "import pandas as pd; print(pd.read_parquet('headcount-report/layers'))"
+  duckdb -c "SELECT * FROM read_parquet('headcount-report/heads/**/*.parquet', hive_partitioning=true)"
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="headcount",
+        description="Measure what attention costs, per transformer layer and per head, and write it as Parquet.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"headcount {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    profile_cmd.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except HeadcountError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"headcount: error: {exc.one_line()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("headcount: interrupted; no report was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""``headcount profile``: profile a model across attention implementations.
+
+Options are validated before anything heavy happens (model load, profiling);
+each implementation gets one untimed warm-up step, then ``--steps`` profiled
+steps, each inside a ``step.N`` range. All implementations of one invocation
+share one run id and are written in one atomic report.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from headcount.api import AttentionProfiler, runs_row
+from headcount.collector.naming import STEP_DOMAIN
+from headcount.collector.ranges import RangeEmitter
+from headcount.errors import HeadcountError
+from headcount.models import DTYPES, IMPLEMENTATIONS, config_dict, load_model, make_inputs, set_implementation
+from headcount.reports import console as console_report
+from headcount.reports import dataset
+from headcount.reports.metadata import new_run_id
+
+DEFAULT_OUT = "headcount-report"
+
+EXAMPLES = """\
+examples:
+  headcount profile                              embedded default model, eager vs sdpa, layer mode
+  headcount profile --mode head --impl sdpa      measure every head on its own
+  headcount profile --model ./my-llama --seq 512 --batch 4 -o out/ --append
+  headcount profile --impl flex_attention --no-backward
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "profile",
+        help="profile a model's attention per layer and head",
+        description="Profile a model's attention (forward and backward) per layer and head across attention "
+        "implementations, and write the Parquet report.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default=None, help="local model directory (config.json, optional weights); default: an embedded small Llama")
+    p.add_argument("--impl", default="eager,sdpa", help=f"comma-separated attention implementations to compare ({', '.join(IMPLEMENTATIONS)}); default: eager,sdpa")
+    p.add_argument("--mode", choices=("layer", "head"), default="layer", help="layer: run as in production (heads apportioned); head: one head at a time, each measured")
+    p.add_argument("--batch", type=int, default=2, help="batch size (default 2)")
+    p.add_argument("--seq", type=int, default=256, help="sequence length in tokens (default 256)")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="parameter and activation dtype (default float32)")
+    p.add_argument("--steps", type=int, default=3, help="profiled steps per implementation, after one warm-up step (default 3)")
+    p.add_argument("--no-backward", action="store_true", help="forward only (inference)")
+    p.add_argument("-o", "--out", default=DEFAULT_OUT, help=f"output directory (default ./{DEFAULT_OUT})")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--append", action="store_true", help="add this run to an existing report")
+    group.add_argument("--force", action="store_true", help="replace an existing report")
+    p.set_defaults(func=run)
+    return p
+
+
+def _validate(args) -> list[str]:
+    for name in ("batch", "seq", "steps"):
+        value = getattr(args, name)
+        if value < 1:
+            raise HeadcountError(f"--{name} {value}: must be at least 1", hint=f"pass a positive --{name}")
+    if args.batch * args.seq > 1 << 22:
+        raise HeadcountError(f"--batch {args.batch} × --seq {args.seq} is too large for a profile run", hint="use fewer tokens per step")
+    impls = [i.strip() for i in args.impl.split(",") if i.strip()]
+    if not impls:
+        raise HeadcountError("--impl is empty", hint="e.g. --impl eager,sdpa")
+    for impl in impls:
+        if impl not in IMPLEMENTATIONS:
+            raise HeadcountError(f"--impl {impl}: unknown attention implementation", hint=f"choose from {', '.join(IMPLEMENTATIONS)}")
+    if len(set(impls)) != len(impls):
+        raise HeadcountError("--impl names an implementation twice", hint="list each once")
+    dataset.check_output(args.out, append=args.append, force=args.force)
+    return impls
+
+
+def _step(model, inputs, backward: bool) -> None:
+    import torch
+
+    if backward:
+        out = model(**inputs)
+        out.loss.backward()
+        model.zero_grad(set_to_none=True)
+    else:
+        with torch.no_grad():
+            model(**inputs)
+
+
+def _warm_up(model, inputs, backward: bool, impl: str) -> None:
+    try:
+        _step(model, inputs, backward)
+    except (NotImplementedError, RuntimeError, ImportError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        hint = "add --no-backward" if backward and "backward" in first.lower() else "choose another --impl"
+        raise HeadcountError(f"{impl} cannot run this model here: {first}", hint=hint) from exc
+
+
+def run(args) -> int:
+    console = Console(stderr=True)
+    impls = _validate(args)
+    backward = not args.no_backward
+    with console.status("loading model…"):
+        model, description = load_model(args.model, args.dtype)
+    inputs = make_inputs(model, args.batch, args.seq)
+    console.print(f"model: {description}; batch {args.batch} × seq {args.seq}, {args.dtype}, "
+                  f"{'forward+backward' if backward else 'forward only'}, {args.mode} mode")
+    run_id = new_run_id()
+    steps = RangeEmitter(domain=STEP_DOMAIN)
+    collected: dict[str, list[pd.DataFrame]] = {}
+    metadata = None
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        for impl in impls:
+            task = progress.add_task(f"{impl}: warm-up", total=args.steps)
+            set_implementation(model, impl)
+            _warm_up(model, inputs, backward, impl)
+            extra = {"model": description, "model_config": config_dict(model), "batch": args.batch, "seq": args.seq,
+                     "dtype": args.dtype, "steps": args.steps, "backward": backward}
+            prof = AttentionProfiler(model, mode=args.mode, run_id=run_id, metadata=extra)
+            progress.update(task, description=f"{impl}: profiling")
+            with prof:
+                for i in range(args.steps):
+                    steps.push(f"step.{i}")
+                    try:
+                        _step(model, inputs, backward)
+                    finally:
+                        steps.pop()
+                    progress.advance(task)
+            progress.update(task, description=f"{impl}: attributing")
+            stats = prof.get_stats()
+            for name in ("kernels", "ranges", "layers", "heads"):
+                collected.setdefault(name, []).append(stats[name])
+            meta = prof.run_metadata()
+            collected.setdefault("runs", []).append(runs_row(meta))
+            metadata = metadata or meta
+            progress.update(task, description=f"{impl}: done")
+    tables = {name: pd.concat(frames, ignore_index=True) for name, frames in collected.items()}
+    metadata = {**metadata, "implementations": impls}
+    metadata.pop("implementation", None)
+    out = dataset.write_run(args.out, run_id, tables, metadata, append=args.append, force=args.force)
+    console_report.print_summary(tables["layers"], tables["heads"], out, console=Console())
+    return 0
