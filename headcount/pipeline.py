@@ -16,6 +16,7 @@ from headcount.attribute import attribution
 from headcount.attribute.calls import SHAPE_COLUMNS, attach_calls, calls_frame
 from headcount.collector.naming import DOMAIN, STEP_DOMAIN, parse_path
 from headcount.derive import aggregate, analytic
+from headcount.errors import HeadcountError
 
 BREAKDOWN_COLUMNS = [
     "implementation", "phase", "layer_name", "layer", "head", "kv_head", "calls", "steps",
@@ -23,7 +24,7 @@ BREAKDOWN_COLUMNS = [
     "dram_bytes", "dram_bytes_provenance", "analytic_min_bytes",
     "bandwidth_gbps", "bandwidth_provenance",
     "flop", "flop_provenance", "intensity_flop_per_byte", "intensity_provenance",
-    "op_count", "cpu_ops_ns", "provenance",
+    "op_count", "cpu_ops_ns", "share_of_layer_pct", "share_of_phase_pct", "split_overhead_ns", "provenance",
 ]
 
 
@@ -54,6 +55,9 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
 
     Returns:
         ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``.
+
+    Raises:
+        HeadcountError: the events hold no headcount range.
     """
     ranges, ops = _split_domains(events)
     ranges = attribution.nest_ranges(ranges[["pid", "tid", "domain", "name", "start_ns", "end_ns"]])
@@ -64,6 +68,11 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
 
     main = ranges[ranges["domain"] == DOMAIN]
     steps = ranges[ranges["domain"] == STEP_DOMAIN]
+    if not len(main):
+        raise HeadcountError(
+            "no attention call was tagged in the profiled block",
+            hint="run a transformers model (or a function decorated with headcount.tag_attention) inside `with profiler:`",
+        )
 
     # CPU operators: wholly inside the range, on their own thread
     cpu_inner = attribution.innermost_range(cpu, main, "start_ns", "end_ns")

@@ -1,0 +1,71 @@
+"""Shared test fixtures: tiny models built from configs (no hub access)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _llama(impl: str = "sdpa", layers: int = 2, heads: int = 4, kv_heads: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128)
+    cfg._attn_implementation = impl
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg)
+
+
+def _bert(impl: str = "sdpa"):
+    from transformers import BertConfig, BertForMaskedLM
+
+    cfg = BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=128)
+    cfg._attn_implementation = impl
+    torch.manual_seed(0)
+    return BertForMaskedLM(cfg)
+
+
+def _gpt2(impl: str = "sdpa"):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=128, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    cfg._attn_implementation = impl
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(cfg)
+
+
+def _t5(impl: str = "sdpa"):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+                   dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    cfg._attn_implementation = impl
+    torch.manual_seed(0)
+    return T5ForConditionalGeneration(cfg)
+
+
+MODEL_BUILDERS = {"llama_gqa": _llama, "bert": _bert, "gpt2": _gpt2, "t5": _t5}
+
+
+def inputs_for(name: str, batch: int = 2, seq: int = 16) -> dict:
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(2, 128, (batch, seq), generator=gen)
+    if name == "t5":
+        return {"input_ids": ids, "labels": ids[:, : seq // 2].contiguous()}
+    if name == "bert":
+        mask = torch.ones_like(ids)
+        mask[0, -3:] = 0  # padding: the mask differs per batch row
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids}
+    return {"input_ids": ids, "labels": ids}
+
+
+@pytest.fixture
+def tiny_llama():
+    return _llama()
+
+
+@pytest.fixture
+def llama_inputs():
+    return inputs_for("llama_gqa")

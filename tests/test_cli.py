@@ -1,0 +1,94 @@
+"""``headcount profile`` end to end, and its one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from headcount.cli.main import main
+
+SMALL = ["--steps", "1", "--batch", "1", "--seq", "32"]
+
+
+def test_profile_default_model_end_to_end(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["profile", *SMALL, "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Attention per step" in printed and str(out) in printed
+    layers = pd.read_parquet(out / "layers")
+    assert set(layers["implementation"]) == {"eager", "sdpa"}
+    assert set(layers["phase"]) == {"fwd", "bwd"}
+    assert len(layers) == 2 * 2 * 4  # impls x phases x layers
+    runs = pd.read_parquet(out / "runs")
+    assert len(runs) == 2 and runs["run_id"].nunique() == 1 and (runs["seq"] == 32).all()
+    kernels = pd.read_parquet(out / "kernels")
+    assert kernels["step"].dropna().eq(0).all() and kernels["step"].notna().any()
+    # a second invocation appends
+    assert main(["profile", *SMALL, "--impl", "sdpa", "--mode", "head", "--no-backward", "-o", str(out), "--append"]) == 0
+    heads = pd.read_parquet(out / "heads")
+    assert heads["run_id"].nunique() == 2
+    assert set(heads[heads.provenance == "measured"]["phase"]) == {"fwd"}
+
+
+def test_profile_local_model_directory(tmp_path):
+    from conftest import _gpt2
+
+    model_dir = tmp_path / "gpt2"
+    _gpt2("eager").save_pretrained(model_dir)
+    out = tmp_path / "r"
+    assert main(["profile", "--model", str(model_dir), "--impl", "sdpa", *SMALL, "-o", str(out)]) == 0
+    runs = pd.read_parquet(out / "runs")
+    assert "GPT2LMHeadModel" in runs["model"].iloc[0]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "/nonexistent/model"], "no such directory"),
+        (["--seq", "0"], "--seq 0: must be at least 1"),
+        (["--batch", "-2"], "--batch -2: must be at least 1"),
+        (["--impl", "warp_attention"], "unknown attention implementation"),
+        (["--impl", "flash_attention_2"], "needs a CUDA GPU"),
+        (["--impl", "flex_attention"], "add --no-backward"),
+        (["--seq", "100000"], "exceeds the model's 1024 positions"),
+        (["--impl", "sdpa,sdpa"], "twice"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, message):
+    out = tmp_path / "r"
+    code = main(["profile", *SMALL, *args, "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code != 0
+    error_lines = [l for l in err.splitlines() if l.startswith("headcount: error:")]
+    assert len(error_lines) == 1 and message in error_lines[0], err
+    assert "Traceback" not in err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_not_a_model_directory(tmp_path, capsys):
+    (tmp_path / "m").mkdir()
+    assert main(["profile", "--model", str(tmp_path / "m"), "-o", str(tmp_path / "r")]) == 2
+    assert "not a model directory (no config.json)" in capsys.readouterr().err
+
+
+def test_existing_report_needs_append_or_force(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["profile", *SMALL, "--impl", "sdpa", "--no-backward", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["profile", *SMALL, "--impl", "sdpa", "-o", str(out)]) == 2
+    assert "already holds a headcount report (pass --append" in capsys.readouterr().err
+    assert main(["profile", *SMALL, "--impl", "eager", "--no-backward", "-o", str(out), "--force"]) == 0
+    assert set(pd.read_parquet(out / "layers")["implementation"]) == {"eager"}
+
+
+def test_help_shows_examples_and_entry_point_works():
+    top = subprocess.run([sys.executable, "-m", "headcount.cli.main", "--help"], capture_output=True, text=True, check=True)
+    assert "examples:" in top.stdout and "headcount profile" in top.stdout
+    sub = subprocess.run([sys.executable, "-m", "headcount.cli.main", "profile", "--help"], capture_output=True, text=True, check=True)
+    assert "examples:" in sub.stdout and "--mode" in sub.stdout and "--append" in sub.stdout
+    bad = subprocess.run([sys.executable, "-m", "headcount.cli.main", "profile", "--seq", "-1", "-o", "/tmp/x-headcount-never"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("headcount: error:") and "Traceback" not in bad.stderr

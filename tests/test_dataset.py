@@ -1,0 +1,137 @@
+"""The Parquet dataset: appendable runs read at once by pandas, pyarrow, polars
+and DuckDB; atomic writes; metadata; refusing to clobber."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pandas as pd
+import polars as pl
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from headcount import AttentionProfiler, HeadcountError
+from headcount.reports import dataset
+from headcount.reports.schema import TABLES
+
+from conftest import _llama, inputs_for
+
+
+@pytest.fixture(scope="module")
+def two_profiles():
+    profs = []
+    for impl in ("eager", "sdpa"):
+        model = _llama(impl)
+        prof = AttentionProfiler(model, metadata={"batch": 2, "seq": 16})
+        with prof:
+            model(**inputs_for("llama_gqa")).loss.backward()
+        prof.get_stats()
+        profs.append(prof)
+    return profs
+
+
+def test_append_and_read_everywhere(tmp_path, two_profiles):
+    out = tmp_path / "report"
+    first, second = two_profiles
+    first.save(out)
+    with pytest.raises(HeadcountError, match="--append"):
+        second.save(out)
+    second.save(out, append=True)
+    run_ids = {first.run_id, second.run_id}
+
+    heads_pd = pd.read_parquet(out / "heads")
+    assert set(heads_pd["run_id"].astype(str)) == run_ids
+    assert set(heads_pd["implementation"]) == {"eager", "sdpa"}
+
+    arrow = ds.dataset(out / "layers", partitioning="hive").to_table()
+    assert set(arrow.column("run_id").to_pylist()) == run_ids
+    assert arrow.num_rows == 8
+
+    con = duckdb.connect()
+    rows = con.execute(
+        f"SELECT run_id, implementation, count(*) FROM read_parquet('{out}/layers/**/*.parquet', hive_partitioning=true) "
+        "GROUP BY ALL ORDER BY implementation").fetchall()
+    assert [(r[1], r[2]) for r in rows] == [("eager", 4), ("sdpa", 4)]
+    joined = con.execute(
+        f"SELECT r.implementation, sum(l.duration_ns) FROM read_parquet('{out}/layers/**/*.parquet', hive_partitioning=true) l "
+        f"JOIN read_parquet('{out}/runs/**/*.parquet', hive_partitioning=true) r USING (run_id, implementation) GROUP BY ALL").fetchall()
+    assert len(joined) == 2 and all(v > 0 for _, v in joined)
+
+    pl_frame = pl.read_parquet(str(out / "kernels" / "**" / "*.parquet"), hive_partitioning=True)
+    assert set(pl_frame["run_id"].unique().to_list()) == run_ids
+
+    marker = json.loads((out / "headcount.json").read_text())
+    assert marker["runs"] == [first.run_id, second.run_id]
+    manifest = json.loads((out / "manifests" / f"run_id={first.run_id}" / "run.json").read_text())
+    assert manifest["schema_version"] == marker["schema_version"] and manifest["implementation"] == "eager"
+    meta = pq.read_schema(next((out / "heads").glob("*/part-0.parquet"))).metadata
+    assert json.loads(meta[b"headcount"])["run_id"] in run_ids
+
+
+def test_every_file_has_the_fixed_schema(tmp_path, two_profiles):
+    out = tmp_path / "report"
+    two_profiles[0].save(out)
+    for table, schema in TABLES.items():
+        files = list((out / table).glob("run_id=*/part-0.parquet"))
+        assert len(files) == 1
+        assert pq.read_schema(files[0]).remove_metadata().equals(schema), table
+
+
+def test_force_replaces(tmp_path, two_profiles):
+    out = tmp_path / "report"
+    two_profiles[0].save(out)
+    two_profiles[1].save(out, force=True)
+    assert set(pd.read_parquet(out / "layers")["run_id"].astype(str)) == {two_profiles[1].run_id}
+    assert json.loads((out / "headcount.json").read_text())["runs"] == [two_profiles[1].run_id]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_crash_mid_write_leaves_the_previous_report(tmp_path, two_profiles, monkeypatch):
+    out = tmp_path / "report"
+    two_profiles[0].save(out)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    calls = {"n": 0}
+    real = pq.write_table
+
+    def failing(table, where, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device")
+        return real(table, where, *a, **k)
+
+    monkeypatch.setattr(pq, "write_table", failing)
+    with pytest.raises(HeadcountError, match="No space left"):
+        two_profiles[1].save(out, append=True)
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert set(pd.read_parquet(out / "layers")["run_id"].astype(str)) == {two_profiles[0].run_id}
+
+
+def test_refuses_foreign_and_unwritable_directories(tmp_path, two_profiles):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(HeadcountError, match="holds no headcount report"):
+        two_profiles[0].save(foreign)
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(HeadcountError, match="not a directory"):
+        two_profiles[0].save(a_file)
+    with pytest.raises(HeadcountError, match="not a directory"):
+        two_profiles[0].save(a_file / "sub")
+    with pytest.raises(HeadcountError, match="cannot write|permission denied"):
+        two_profiles[0].save("/proc/headcount-report")
+    with pytest.raises(HeadcountError, match="contradict"):
+        dataset.check_output(tmp_path / "new", append=True, force=True)
+
+
+def test_no_zeros_for_unmeasured_columns(tmp_path, two_profiles):
+    out = tmp_path / "report"
+    two_profiles[0].save(out)
+    kernels = pd.read_parquet(out / "kernels")
+    for col in ("dram_read_bytes", "achieved_occupancy_pct", "launch_latency_ns"):
+        assert kernels[col].isna().all(), col
+    layers = pd.read_parquet(out / "layers")
+    assert layers["dram_bytes_measured"].isna().all() and layers["roofline_class"].isna().all()

@@ -1,0 +1,89 @@
+"""The real nsys (2023.4.4, CPU-only recording) sees headcount's NVTX ranges.
+
+Records ``tests/workloads/tagged_llama.py`` (tiny Llama, head mode, 2 steps of
+forward + backward) with ``nsys profile --trace=nvtx``, exports SQLite and
+checks the ranges against what the naming scheme promises (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from nsight import nsight_bin
+
+WORKLOAD = Path(__file__).parent / "workloads" / "tagged_llama.py"
+STEPS, LAYERS, HEADS = 2, 2, 4
+
+
+@pytest.fixture(scope="module")
+def nsys_ranges(tmp_path_factory):
+    nsys = nsight_bin("nsys")
+    tmp = tmp_path_factory.mktemp("nsys")
+    rep = tmp / "tagged"
+    subprocess.run([nsys, "profile", "--trace=nvtx", "--sample=none", "--cpuctxsw=none", "-o", str(rep), "--force-overwrite", "true",
+                    sys.executable, str(WORKLOAD), str(STEPS)], check=True, capture_output=True, timeout=300)
+    sqlite_path = tmp / "tagged.sqlite"
+    subprocess.run([nsys, "export", "--type", "sqlite", "-o", str(sqlite_path), "--force-overwrite", "true", str(rep) + ".nsys-rep"],
+                   check=True, capture_output=True, timeout=300)
+    con = sqlite3.connect(sqlite_path)
+    domains = {d: name for d, name in con.execute("SELECT domainId, text FROM NVTX_EVENTS WHERE eventType = 75")}
+    rows = con.execute(
+        "SELECT e.start, e.end, e.globalTid, e.domainId, COALESCE(e.text, s.value) FROM NVTX_EVENTS e "
+        "LEFT JOIN StringIds s ON s.id = e.textId WHERE e.eventType = 59 ORDER BY e.globalTid, e.start, e.end DESC"
+    ).fetchall()
+    return [(start, end, tid, domains.get(dom), name) for start, end, tid, dom, name in rows]
+
+
+def _paths(ranges, domain):
+    """Nesting by containment on each thread, from the raw nsys rows."""
+    out = []
+    stack = []
+    for start, end, tid, dom, name in ranges:
+        if dom != domain:
+            continue
+        while stack and (stack[-1][2] != tid or end > stack[-1][1]):
+            stack.pop()
+        path = (stack[-1][3] + "/" if stack else "") + name
+        stack.append((start, end, tid, path))
+        out.append((path, start, end, tid))
+    return out
+
+
+def test_domain_and_names(nsys_ranges):
+    domains = {dom for *_, dom, _ in nsys_ranges}
+    assert {"headcount", "headcount.step"} <= domains
+    names = {name for *_, dom, name in nsys_ranges if dom == "headcount"}
+    assert names == {"fwd", "bwd", "layer.0", "layer.1", *(f"head.{h}" for h in range(HEADS))}
+    assert not any("/" in n or ":" in n for n in names)
+
+
+def test_one_range_per_layer_head_phase_step(nsys_ranges):
+    counts = Counter(path for path, *_ in _paths(nsys_ranges, "headcount"))
+    for phase in ("fwd", "bwd"):
+        assert counts[phase] == STEPS * LAYERS
+        for layer in range(LAYERS):
+            assert counts[f"{phase}/layer.{layer}"] == STEPS
+            for head in range(HEADS):
+                assert counts[f"{phase}/layer.{layer}/head.{head}"] == STEPS
+    assert sum(counts.values()) == STEPS * 2 * LAYERS * (2 + HEADS)  # nothing else, no stray nesting
+
+
+def test_backward_ranges_follow_forward_in_each_step(nsys_ranges):
+    steps = sorted((s, e) for s, e, _, dom, name in nsys_ranges if dom == "headcount.step")
+    assert len(steps) == STEPS
+    paths = _paths(nsys_ranges, "headcount")
+    for step_start, step_end in steps:
+        inside = [(p, s) for p, s, e, _ in paths if step_start <= s and e <= step_end]
+        fwd = [s for p, s in inside if p == "fwd"]
+        bwd = [s for p, s in inside if p == "bwd"]
+        assert len(fwd) == LAYERS and len(bwd) == LAYERS
+        assert max(fwd) < min(bwd)
+        # backward visits layers in reverse order
+        bwd_layers = [p for p, s in sorted(inside, key=lambda x: x[1]) if p.startswith("bwd/") and p.count("/") == 1]
+        assert bwd_layers == [f"bwd/layer.{l}" for l in reversed(range(LAYERS))]
