@@ -98,7 +98,7 @@ def test_untag_restores_everything(tiny_llama, llama_inputs):
     original = AttentionInterface.get_interface
     state = {k: v.clone() for k, v in tiny_llama.state_dict().items()}
     ref, _ = _train_step(tiny_llama, llama_inputs)
-    tagger = tag(tiny_llama, mode="head")
+    tagger = tag(tiny_llama, mode="head", log_calls=True)
     assert AttentionInterface.get_interface is not original
     _train_step(tiny_llama, llama_inputs)
     untag(tagger)
@@ -106,6 +106,7 @@ def test_untag_restores_everything(tiny_llama, llama_inputs):
     assert all(torch.equal(state[k], v) for k, v in tiny_llama.state_dict().items())
     assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in tiny_llama.modules())
     n = len(tagger.calls)
+    assert n > 0
     again, _ = _train_step(tiny_llama, llama_inputs)
     assert len(tagger.calls) == n  # nothing tagged after untag
     assert torch.equal(ref, again)

@@ -124,11 +124,11 @@ def run(args) -> int:
             progress.update(task, description=f"{impl}: profiling")
             with prof:
                 for i in range(args.steps):
-                    steps.push(f"step.{i}")
+                    token = steps.push(f"step.{i}")
                     try:
                         _step(model, inputs, backward)
                     finally:
-                        steps.pop()
+                        steps.pop(token)
                     progress.advance(task)
             progress.update(task, description=f"{impl}: attributing")
             stats = prof.get_stats()

@@ -3,7 +3,10 @@
 
 Both are thread-local stacks, so a range must be popped on the thread that
 pushed it; the tagger guarantees that (backward ranges are pushed and popped
-by autograd nodes that run on the same engine thread).
+by autograd nodes that run on the same engine thread). ``push`` returns a
+token (the record_function handle, or ``None`` when torch.profiler is not
+recording) that the matching ``pop`` takes, so the two stay balanced even if
+the profiler starts or stops in between.
 
 Cost matters: this sits on every attention call. NVTX event attributes are
 built once per name and reused (they also register the name as an NVTX
@@ -12,8 +15,6 @@ With no tool attached a push/pop pair costs a fraction of a microsecond.
 """
 
 from __future__ import annotations
-
-import threading
 
 import torch
 
@@ -53,46 +54,85 @@ class RangeEmitter:
         self._domain_name = domain
         self._torch_prefix = domain + "@"
         self._attrs: dict[str, object] = {}
-        self._local = threading.local()
         if self.use_nvtx:
             self._domain = _nvtx.get_domain(domain)
             self._handle = self._domain.handle if _NVTX_FAST else None
+        if self.use_nvtx and _NVTX_FAST:
+            self._specialize()
+
+    def _specialize(self) -> None:
+        """Replace push2/pop2 by closures over their constants: every attribute
+        lookup saved is felt on each attention call."""
+        attrs, handle, prefix, use_torch, build = self._attrs, self._handle, self._torch_prefix, self.use_torch, self._attributes
+        push, pop, enabled, enter, leave = _nvtx_push, _nvtx_pop, _profiler_enabled, _record_enter, _record_exit
+
+        def push2(outer: str, inner: str):
+            push(attrs.get(outer) or build(outer), handle)
+            push(attrs.get(inner) or build(inner), handle)
+            if use_torch and enabled():
+                return (enter(prefix + outer, None), enter(prefix + inner, None))
+            return None
+
+        def pop2(tokens=None) -> None:
+            if tokens is not None:
+                leave(tokens[1])
+                leave(tokens[0])
+            pop(handle)
+            pop(handle)
+
+        self.push2 = push2
+        self.pop2 = pop2
 
     def _attributes(self, name: str):
         attrs = self._attrs.get(name)
         if attrs is None:
-            attrs = self._domain.get_event_attributes(name, None, None, None)
-            self._attrs[name] = attrs
+            attrs = self._attrs[name] = self._domain.get_event_attributes(name, None, None, None)
         return attrs
 
-    def _torch_stack(self) -> list:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack
-
-    def push(self, name: str) -> None:
-        """Open range ``name`` on this thread."""
+    def push(self, name: str):
+        """Open range ``name`` on this thread; returns the token :meth:`pop` needs."""
         if self.use_nvtx:
             if _NVTX_FAST:
-                _nvtx_push(self._attributes(name), self._handle)
+                _nvtx_push(self._attrs.get(name) or self._attributes(name), self._handle)
             else:
                 _nvtx.push_range(name, domain=self._domain_name)
-        if self.use_torch:
-            # None marks "no torch range opened" so that pops stay balanced when
-            # the profiler starts or stops between a push and its pop.
-            handle = _record_enter(self._torch_prefix + name, None) if _profiler_enabled() else None
-            self._torch_stack().append(handle)
+        if self.use_torch and _profiler_enabled():
+            return _record_enter(self._torch_prefix + name, None)
+        return None
 
-    def pop(self) -> None:
-        """Close the innermost range this emitter opened on this thread."""
-        if self.use_torch:
-            stack = self._torch_stack()
-            handle = stack.pop() if stack else None
-            if handle is not None:
-                _record_exit(handle)
+    def pop(self, token=None) -> None:
+        """Close the innermost range opened on this thread; ``token`` is what :meth:`push` returned."""
+        if token is not None:
+            _record_exit(token)
         if self.use_nvtx:
             if _NVTX_FAST:
                 _nvtx_pop(self._handle)
             else:
+                _nvtx.pop_range(domain=self._domain_name)
+
+    def push2(self, outer: str, inner: str):
+        """Open ``outer`` then ``inner`` (one call: this is the per-attention hot path)."""
+        if self.use_nvtx and _NVTX_FAST:
+            attrs = self._attrs
+            _nvtx_push(attrs.get(outer) or self._attributes(outer), self._handle)
+            _nvtx_push(attrs.get(inner) or self._attributes(inner), self._handle)
+        elif self.use_nvtx:
+            _nvtx.push_range(outer, domain=self._domain_name)
+            _nvtx.push_range(inner, domain=self._domain_name)
+        if self.use_torch and _profiler_enabled():
+            prefix = self._torch_prefix
+            return (_record_enter(prefix + outer, None), _record_enter(prefix + inner, None))
+        return None
+
+    def pop2(self, tokens=None) -> None:
+        """Close the two ranges :meth:`push2` opened; ``tokens`` is what it returned."""
+        if tokens is not None:
+            _record_exit(tokens[1])
+            _record_exit(tokens[0])
+        if self.use_nvtx:
+            if _NVTX_FAST:
+                _nvtx_pop(self._handle)
+                _nvtx_pop(self._handle)
+            else:
+                _nvtx.pop_range(domain=self._domain_name)
                 _nvtx.pop_range(domain=self._domain_name)

@@ -73,27 +73,41 @@ def from_call(
         layout: ``bhsd`` (transformers, ``F.scaled_dot_product_attention``) or
             ``bshd`` (flash-attn's own functions).
     """
+    return from_meta(metadata(implementation, query, key, value, mask, causal, sliding_window, layout))
+
+
+def metadata(implementation, query, key, value, mask, causal, sliding_window=None, layout="bhsd") -> tuple:
+    """What :func:`from_meta` needs, read cheaply on the hot path (no hashing,
+    no object construction beyond a tuple)."""
+    mask_meta = (mask.shape, mask.dtype) if isinstance(mask, torch.Tensor) else None
+    return (implementation, query.shape, key.shape, value.shape, query.dtype, mask_meta, causal, sliding_window, layout)
+
+
+def from_meta(meta: tuple) -> CallShape:
+    """Build a :class:`CallShape` from :func:`metadata`'s tuple."""
+    implementation, q_shape, k_shape, v_shape, dtype, mask_meta, causal, sliding_window, layout = meta
     h_dim, s_dim = (1, 2) if layout == "bhsd" else (2, 1)
     mask_elements = mask_bytes = 0
     per_head = False
-    if isinstance(mask, torch.Tensor):
-        mask_elements = mask.numel()
-        mask_bytes = mask.element_size()
-        per_head = mask.dim() == 4 and mask.shape[1] == query.shape[h_dim] > 1
-    q_len = query.shape[s_dim]
+    if mask_meta is not None:
+        m_shape, m_dtype = mask_meta
+        mask_elements = int(torch.Size(m_shape).numel())
+        mask_bytes = m_dtype.itemsize
+        per_head = len(m_shape) == 4 and m_shape[1] == q_shape[h_dim] > 1
+    q_len = q_shape[s_dim]
     return CallShape(
         implementation=implementation,
-        batch=int(query.shape[0]),
-        q_heads=int(query.shape[h_dim]),
-        kv_heads=int(key.shape[h_dim]),
+        batch=int(q_shape[0]),
+        q_heads=int(q_shape[h_dim]),
+        kv_heads=int(k_shape[h_dim]),
         q_len=int(q_len),
-        kv_len=int(key.shape[s_dim]),
-        head_dim=int(query.shape[-1]),
-        v_head_dim=int(value.shape[-1]),
-        dtype=_dtype_name(query.dtype),
-        dtype_bytes=int(query.element_size()),
+        kv_len=int(k_shape[s_dim]),
+        head_dim=int(q_shape[-1]),
+        v_head_dim=int(v_shape[-1]),
+        dtype=_dtype_name(dtype),
+        dtype_bytes=int(dtype.itemsize),
         causal=bool(causal and q_len > 1),
-        mask_elements=int(mask_elements),
+        mask_elements=mask_elements,
         mask_dtype_bytes=int(mask_bytes),
         sliding_window=int(sliding_window) if sliding_window else None,
         mask_per_head=per_head,

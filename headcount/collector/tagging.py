@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -38,6 +38,7 @@ from headcount.collector.ranges import RangeEmitter
 from headcount.errors import HeadcountError
 
 MODES = ("layer", "head")
+_ONE_HEAD = "__one_head__"  # marks logged metadata as "this call, restricted to one head"
 
 _graph_task_id = torch._C._current_graph_task_id
 
@@ -84,24 +85,21 @@ class _BackwardRange:
 
     __slots__ = ("tagger", "names", "log", "opened")
 
-    def __init__(self, tagger: "AttentionTagger", names: tuple[str, ...], log: CallLog):
+    def __init__(self, tagger: "AttentionTagger", names: tuple[str, ...], log: tuple):
         self.tagger = tagger
         self.names = names
         self.log = log
-        self.opened = 0
+        self.opened: list[list] = []  # tokens of each open (retain_graph may run backward twice)
 
     def open(self) -> None:
         tagger = self.tagger
         tagger._record(self.log, threading.get_ident())
-        for name in self.names:
-            tagger.emitter.push(name)
-        self.opened += 1
+        self.opened.append([tagger.emitter.push(name) for name in self.names])
 
     def close(self) -> None:
         if self.opened:  # the output may have received no gradient
-            for _ in self.names:
-                self.tagger.emitter.pop()
-            self.opened -= 1
+            for token in reversed(self.opened.pop()):
+                self.tagger.emitter.pop(token)
 
 
 class _OpenOnGrad(torch.autograd.Function):
@@ -180,7 +178,8 @@ def _interface_class():
 def _patched_get_interface(self, attn_implementation, default):
     fn = _original_get_interface(self, attn_implementation, default)
     if _active:
-        return _active[-1]._wrapped(fn, attn_implementation or "eager")
+        tagger = _active[-1]
+        return tagger._wrappers.get((fn, attn_implementation)) or tagger._wrapped(fn, attn_implementation)
     return fn
 
 
@@ -207,22 +206,29 @@ class AttentionTagger:
         auto: register every ``PreTrainedModel`` whose forward runs while active.
         nvtx: emit NVTX ranges; torch_ranges: emit ``record_function`` ranges
             while torch.profiler records.
+        log_calls: keep the per-call log (:attr:`calls`) that the analytic model
+            needs. Without it, layer mode with no gradient tracking only opens
+            and closes the ranges (the cheapest tags; backward tagging and head
+            mode still run).
 
     Raises:
         HeadcountError: unknown mode.
     """
 
-    def __init__(self, models=(), mode: str = "layer", auto: bool = False, nvtx: bool = True, torch_ranges: bool = True):
+    def __init__(self, models=(), mode: str = "layer", auto: bool = False, nvtx: bool = True, torch_ranges: bool = True,
+                 log_calls: bool = True):
         if mode not in MODES:
             raise HeadcountError(f"unknown mode {mode!r}", hint="use mode='layer' or mode='head'")
         self.mode = mode
         self.auto = auto
+        self.log_calls = log_calls
         self.emitter = RangeEmitter(nvtx=nvtx, torch_ranges=torch_ranges)
-        self.calls: list[CallLog] = []
+        self._log: list[tuple] = []  # CallLog fields as tuples: this is the hot path
+        self._shapes: dict[tuple, _shapes.CallShape] = {}
         self._layers: dict[int, LayerInfo] = {}
         self._qualnames: dict[int, tuple[str, str]] = {}  # id(module) -> (qualname, model class)
         self._models: list[torch.nn.Module] = []
-        self._wrappers: dict[tuple[int, str], Callable] = {}
+        self._wrappers: dict[tuple[Callable, str], Callable] = {}
         self._hook = None
         self.active = False
         for model in models or ():
@@ -320,38 +326,82 @@ class AttentionTagger:
         self.deactivate()
 
     # ---------------------------------------------------------------- the per-call path
-    def _record(self, log: CallLog, thread_id: int) -> None:
-        self.calls.append(log if log.thread_id == thread_id else replace(log, thread_id=thread_id))
+    @property
+    def calls(self) -> list[CallLog]:
+        """Every range opened so far, in order (see :class:`CallLog`)."""
+        return [CallLog(*entry[:6], self._shape_of(entry[6]), entry[7]) for entry in self._log]
+
+    def _shape_of(self, meta) -> _shapes.CallShape | None:
+        """Shapes from the metadata logged on the hot path (built once per distinct call)."""
+        if meta is None:
+            return None
+        shape = self._shapes.get(meta)
+        if shape is None:
+            if meta[0] == _ONE_HEAD:
+                shape = self._shape_of(meta[1]).one_head()
+            else:
+                shape = _shapes.from_meta(meta)
+            self._shapes[meta] = shape
+        return shape
+
+    def _record(self, log: tuple, thread_id: int) -> None:
+        if self.log_calls:
+            self._log.append(log if log[0] == thread_id else (thread_id, *log[1:]))
 
     def _wrapped(self, fn: Callable, implementation: str) -> Callable:
-        key = (id(fn), implementation)
-        wrapper = self._wrappers.get(key)
+        cache_key = (fn, implementation)
+        implementation = implementation or "eager"
+        wrapper = self._wrappers.get(cache_key)
         if wrapper is None:
+            layers, log, emitter, grad_enabled = self._layers, self._log, self.emitter, torch.is_grad_enabled
+            log_calls = self.log_calls
 
             @functools.wraps(fn)
             def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
-                info = self._layer_of(module)
+                info = layers.get(id(module)) or self._layer_of(module)
                 if info is None:
                     return fn(module, query, key, value, attention_mask, *args, **kwargs)
+                if not log_calls and self.mode == "layer" and not (
+                    grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+                ):
+                    # tags only (no tool reads the log): two ranges and nothing else
+                    tokens = emitter.push2("recompute" if _graph_task_id() != -1 else "fwd", info.name)
+                    try:
+                        return fn(module, query, key, value, attention_mask, *args, **kwargs)
+                    finally:
+                        emitter.pop2(tokens)
                 causal = kwargs.get("is_causal")
                 if causal is None:
                     causal = getattr(module, "is_causal", False)
-                shape = _shapes.from_call(
-                    implementation, query, key, value, attention_mask, causal, kwargs.get("sliding_window")
-                )
+                meta = (implementation, query.shape, key.shape, value.shape, query.dtype,
+                        (attention_mask.shape, attention_mask.dtype) if isinstance(attention_mask, torch.Tensor) else None,
+                        causal, kwargs.get("sliding_window"), "bhsd")
+                if self.mode == "layer" and not (
+                    grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+                ):
+                    # inference in layer mode: no closures, no autograd nodes
+                    phase = "recompute" if _graph_task_id() != -1 else "fwd"
+                    log.append((threading.get_ident(), phase, info.name, info.index, None, None, meta, info.model))
+                    tokens = emitter.push2(phase, info.name)
+                    try:
+                        return fn(module, query, key, value, attention_mask, *args, **kwargs)
+                    finally:
+                        emitter.pop2(tokens)
 
                 def fused(q, k, v):
                     return fn(module, q, k, v, attention_mask, *args, **kwargs)
 
+                n_heads = query.shape[1]
+
                 def one_head(h, q, k, v):
                     proxy = _OneHeadModule(module)
-                    mask = _head_slice(attention_mask, h, shape.q_heads)
-                    kw = {n: _head_slice(t, h, shape.q_heads) for n, t in kwargs.items()}
+                    mask = _head_slice(attention_mask, h, n_heads)
+                    kw = {n: _head_slice(t, h, n_heads) for n, t in kwargs.items()}
                     return fn(proxy, q, k, v, mask, *args, **kw)
 
-                return self.run(info.name, info.index, info.model, shape, query, key, value, fused, one_head, _join_transformers)
+                return self.run(info.name, info.index, info.model, meta, query, key, value, fused, one_head, _join_transformers)
 
-            self._wrappers[key] = wrapper
+            self._wrappers[cache_key] = wrapper
         return wrapper
 
     def run(
@@ -359,7 +409,7 @@ class AttentionTagger:
         layer_name: str,
         layer_index: int | None,
         model_name: str | None,
-        shape: _shapes.CallShape,
+        meta: tuple | None,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
@@ -371,32 +421,30 @@ class AttentionTagger:
         """Run one attention call inside its ranges.
 
         Args:
+            meta: the call's shape metadata (:func:`headcount.collector.shapes.metadata`).
             fused: ``fused(q, k, v)`` computes the call as the model does.
             one_head: ``one_head(h, q_h, k_h, v_h)`` computes query head ``h`` alone.
             join: ``join(results)`` assembles the per-head results into the fused result.
             head_dim: the head dimension of q, k and v.
         """
         phase = "recompute" if _graph_task_id() != -1 else "fwd"
-        tid = threading.get_ident()
-        log = CallLog(tid, phase, layer_name, layer_index, None, None, shape, model_name)
+        log = (threading.get_ident(), phase, layer_name, layer_index, None, None, meta, model_name)
         track = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
         emitter = self.emitter
         # the identity functions stay outside the forward range so that their
         # own (small) cost is not counted as attention
         if track:
-            bwd = _BackwardRange(self, ("bwd", layer_name), replace(log, phase="bwd"))
+            bwd = _BackwardRange(self, ("bwd", layer_name), (log[0], "bwd", *log[2:]))
             query, key, value = _CloseOnGrad.apply(bwd, query, key, value)
-        self.calls.append(log)
-        emitter.push(phase)
-        emitter.push(layer_name)
+        self._record(log, log[0])
+        tokens = emitter.push2(phase, layer_name)
         try:
             if self.mode == "head":
                 result = self._per_head(log, query, key, value, one_head, join, head_dim, track)
             else:
                 result = fused(query, key, value)
         finally:
-            emitter.pop()
-            emitter.pop()
+            emitter.pop2(tokens)
         if track:
             result = _apply_to_output(result, lambda out: _OpenOnGrad.apply(bwd, out))
         return result
@@ -406,11 +454,12 @@ class AttentionTagger:
         n_kv = key.shape[head_dim]
         if n_kv == 0 or n_q % n_kv:
             raise HeadcountError(
-                f"{log.layer_name}: {n_q} query heads cannot share {n_kv} key/value heads",
+                f"{log[2]}: {n_q} query heads cannot share {n_kv} key/value heads",
                 hint="profile this model in layer mode",
             )
         groups = n_q // n_kv
-        head_shape = log.shape.one_head() if log.shape is not None else None
+        tid, phase, layer_name, layer, _, _, meta, model = log
+        head_meta = (_ONE_HEAD, meta) if meta is not None else None
         kv_slices = {}
         results = []
         emitter = self.emitter
@@ -421,16 +470,16 @@ class AttentionTagger:
             k_h, v_h = kv_slices[g]
             q_h = query.narrow(head_dim, h, 1)
             name = head_name(h)
-            head_log = CallLog(log.thread_id, log.phase, log.layer_name, log.layer, h, g, head_shape, log.model)
+            head_log = (tid, phase, layer_name, layer, h, g, head_meta, model)
             if track:
-                bwd = _BackwardRange(self, (name,), replace(head_log, phase="bwd"))
+                bwd = _BackwardRange(self, (name,), (tid, "bwd", *head_log[2:]))
                 q_h, k_h, v_h = _CloseOnGrad.apply(bwd, q_h, k_h, v_h)
-            self.calls.append(head_log)
-            emitter.push(name)
+            self._record(head_log, tid)
+            token = emitter.push(name)
             try:
                 res = one_head(h, q_h, k_h, v_h)
             finally:
-                emitter.pop()
+                emitter.pop(token)
             if track:
                 res = _apply_to_output(res, lambda out: _OpenOnGrad.apply(bwd, out))
             results.append(res)
@@ -458,13 +507,18 @@ def _join_transformers(results: list) -> tuple:
 # --------------------------------------------------------------------------- public helpers
 
 
-def tag(model: torch.nn.Module, mode: str = "layer") -> AttentionTagger:
-    """Tag ``model``'s attention until :func:`untag` (or ``tagger.deactivate()``).
+def tag(model: torch.nn.Module, mode: str = "layer", log_calls: bool = False) -> AttentionTagger:
+    """Tag ``model``'s attention until :func:`untag` (or ``tagger.deactivate()``),
+    for an external tool (nsys, ncu) to record.
+
+    Args:
+        log_calls: also keep the per-call log (``tagger.calls``); off by
+            default, which makes inference tags the cheapest.
 
     Returns:
-        The active tagger; its ``calls`` log every range opened.
+        The active tagger.
     """
-    return AttentionTagger([model], mode=mode).activate()
+    return AttentionTagger([model], mode=mode, log_calls=log_calls).activate()
 
 
 def untag(tagger: AttentionTagger) -> None:
@@ -506,10 +560,12 @@ def tag_attention(fn: Callable | None = None, *, layer: str | int, layout: str =
             tagger = current_tagger()
             if tagger is None:
                 return func(query, key, value, *args, **kwargs)
-            shape = _shapes.from_call("manual", query, key, value, kwargs.get("attn_mask"), causal or bool(kwargs.get("is_causal")), layout=layout)
+            meta = _shapes.metadata("manual", query, key, value, kwargs.get("attn_mask"),
+                                    causal or bool(kwargs.get("is_causal")), None, layout)
+            n_heads = query.shape[head_dim]
 
             def one_head(h, q, k, v):
-                kw = {n: _head_slice(t, h, shape.q_heads) for n, t in kwargs.items()}
+                kw = {n: _head_slice(t, h, n_heads) for n, t in kwargs.items()}
                 return func(q, k, v, *args, **kw)
 
             def join(results):
@@ -518,7 +574,7 @@ def tag_attention(fn: Callable | None = None, *, layer: str | int, layout: str =
                 return (torch.cat([r[0] for r in results], dim=head_dim), *results[0][1:])
 
             return tagger.run(
-                name, index, None, shape, query, key, value,
+                name, index, None, meta, query, key, value,
                 lambda q, k, v: func(q, k, v, *args, **kwargs), one_head, join, head_dim,
             )
 
@@ -539,18 +595,18 @@ class attention_range:
         self.name = sanitize(f"layer.{layer}" if isinstance(layer, int) else layer)
         self.index = layer if isinstance(layer, int) else None
         self._tagger: AttentionTagger | None = None
+        self._tokens = None
 
     def __enter__(self):
         self._tagger = current_tagger()
         if self._tagger is not None:
             phase = "recompute" if _graph_task_id() != -1 else "fwd"
-            self._tagger.calls.append(CallLog(threading.get_ident(), phase, self.name, self.index, None, None, None, None))
-            self._tagger.emitter.push(phase)
-            self._tagger.emitter.push(self.name)
+            tid = threading.get_ident()
+            self._tagger._record((tid, phase, self.name, self.index, None, None, None, None), tid)
+            self._tokens = self._tagger.emitter.push2(phase, self.name)
         return self
 
     def __exit__(self, *exc) -> None:
         if self._tagger is not None:
-            self._tagger.emitter.pop()
-            self._tagger.emitter.pop()
+            self._tagger.emitter.pop2(self._tokens)
             self._tagger = None

@@ -25,6 +25,6 @@ ids = torch.randint(0, 128, (1, 8))
 steps = RangeEmitter(domain=STEP_DOMAIN, torch_ranges=False)
 with AttentionTagger([model], mode="head", torch_ranges=False):
     for i in range(STEPS):
-        steps.push(f"step.{i}")
+        token = steps.push(f"step.{i}")
         model(input_ids=ids, labels=ids).loss.backward()
-        steps.pop()
+        steps.pop(token)

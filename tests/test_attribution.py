@@ -1,0 +1,115 @@
+"""Attribution invariants, on generated nested ranges (property tests) and on
+the Kineto trace parser's exact nanoseconds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headcount.attribute import attribution
+from headcount.errors import HeadcountError
+from headcount.parsers.kineto import load_trace
+
+
+@st.composite
+def nested_ranges(draw):
+    """A random forest of properly nested ranges on 1-2 threads, and ops."""
+    rows = []
+
+    def build(start, end, depth, tid, prefix):
+        t = start
+        while t < end - 2 and len(rows) < 40:
+            if draw(st.booleans()) or depth > 4:
+                t += draw(st.integers(1, 5))
+                continue
+            length = draw(st.integers(1, max(1, end - t - 1)))
+            s, e = t, min(t + length, end)
+            name = f"r{len(rows)}"
+            rows.append(("1", tid, "headcount", name, s, e, prefix + name))
+            build(s + 1, e, depth + 1, tid, prefix + name + "/")
+            t = e + 1
+
+    for tid in ("10", "11")[: draw(st.integers(1, 2))]:
+        build(0, 200, 0, tid, "")
+    ranges = pd.DataFrame(rows, columns=["pid", "tid", "domain", "name", "start_ns", "end_ns", "expected_path"])
+    ops = draw(st.lists(st.tuples(st.sampled_from(["10", "11"]), st.integers(0, 200), st.integers(0, 6)), max_size=60))
+    ops = pd.DataFrame([("1", tid, s, s + d) for tid, s, d in ops], columns=["pid", "tid", "start_ns", "end_ns"])
+    return ranges, ops
+
+
+@settings(max_examples=150, deadline=None)
+@given(nested_ranges())
+def test_nesting_and_containment_invariants(data):
+    ranges, ops = data
+    nested = attribution.nest_ranges(ranges)
+    assert list(nested["path"]) == list(nested["expected_path"])
+    inner = attribution.innermost_range(ops, nested, "start_ns", "end_ns")
+    by_id = nested.set_index("range_id")
+    for i, rid in enumerate(inner):
+        op = ops.iloc[i]
+        containing = nested[(nested.tid == op.tid) & (nested.start_ns <= op.start_ns) & (nested.end_ns >= op.end_ns)]
+        if rid < 0:
+            assert containing.empty
+        else:
+            # the innermost: the deepest range that contains the op
+            assert by_id.loc[rid, "depth"] == containing["depth"].max()
+            assert by_id.loc[rid, "tid"] == op.tid
+    projected = attribution.project(nested, ops, inner)
+    # totals are preserved: a range counts exactly the ops of its subtree, and
+    # each op counts once per depth
+    for row in projected.itertuples():
+        inside = (nested.loc[inner[inner >= 0], "path"] if len(ops) else pd.Series([], dtype=object))
+        expected = sum(1 for p in inside if p == row.path or p.startswith(row.path + "/"))
+        assert row.op_count == expected
+    roots = projected[projected.depth == 0]["op_count"].sum()
+    assert roots == (inner >= 0).sum()
+    assert (projected["op_count"] >= 0).all()
+
+
+def test_point_launches_use_the_range_open_at_the_call():
+    ranges = attribution.nest_ranges(pd.DataFrame(
+        [("1", "1", "d", "A", 0, 100), ("1", "1", "d", "B", 10, 20), ("1", "1", "d", "C", 50, 60)],
+        columns=["pid", "tid", "domain", "name", "start_ns", "end_ns"]))
+    launches = pd.DataFrame({"pid": "1", "tid": "1", "t": [5, 15, 30, 55, 100, 101]})
+    ids = attribution.innermost_range(launches, ranges, "t", None)
+    names = [ranges.set_index("range_id").loc[i, "path"] if i >= 0 else None for i in ids]
+    assert names == ["A", "A/B", "A", "A/C", "A", None]
+    other_thread = launches.assign(tid="2")
+    assert (attribution.innermost_range(other_thread, ranges, "t", None) == -1).all()
+
+
+def test_kineto_timestamps_are_exact_nanoseconds(tmp_path):
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "headcount@fwd", "pid": 7, "tid": 7, "ts": 5380736711850.809, "dur": 2465.204},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 5380736711851.001, "dur": 0.999},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": "stream 7", "ts": 5380736711852.5, "dur": 3.25,
+         "args": {"correlation": 42, "device": 0, "stream": 7, "grid": [128, 1, 1], "block": [256, 1, 1],
+                  "registers per thread": 96, "shared memory": 49152, "est. achieved occupancy %": 50}},
+        {"ph": "i", "name": "marker", "ts": 1},
+    ]}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace).replace("5380736711850.809", "5380736711850.809"))
+    events = load_trace(path)
+    assert list(events["start_ns"]) == [5380736711850809, 5380736711851001, 5380736711852500]
+    assert list(events["end_ns"] - events["start_ns"]) == [2465204, 999, 3250]
+    kernel = events[events.kind == "kernel"].iloc[0]
+    assert (kernel.grid, kernel.block, kernel.registers_per_thread, kernel.correlation_id) == ("(128, 1, 1)", "(256, 1, 1)", 96, 42)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "invalid JSON"),
+    ('{"foo": 1}', "no traceEvents"),
+    ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": "abc"}]}', "no valid ts/dur"),
+])
+def test_kineto_bad_files(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(HeadcountError, match=message):
+        load_trace(path)
+    with pytest.raises(HeadcountError, match="no such file"):
+        load_trace(tmp_path / "missing.json")
