@@ -1,0 +1,39 @@
+# The two commands a newcomer runs (see README):
+#   make profile   set up .venv, profile the embedded default model, write ./headcount-report
+#   make test      set up .venv, run the test suite
+#
+# torch is installed first and pinned to the CPU build this machine keeps on
+# disk (2.13.0): an unpinned torch would pull a multi-GB CUDA build. On a GPU
+# machine, install the CUDA build of your choice into .venv first (or set
+# TORCH_SPEC); an importable torch is left alone.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+PROFILE_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup profile test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+profile: setup
+	$(VENV)/bin/headcount profile $(PROFILE_ARGS)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) benchmarks/tagging_overhead.py
+	$(PY) benchmarks/profile_default.py
+
+clean:
+	rm -rf $(VENV) headcount-report .pytest_cache .hypothesis
