@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README):
-#   make profile   set up .venv, profile the embedded default model, write ./headcount-report
+#   make profile   set up .venv, profile the embedded default model, (re)write ./headcount-report
 #   make test      set up .venv, run the test suite
 #
 # torch is installed first and pinned to the CPU build this machine keeps on
@@ -11,7 +11,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
-PROFILE_ARGS ?=
+PROFILE_ARGS ?= --force
 PYTEST_ARGS ?=
 
 .PHONY: setup profile test bench clean

@@ -79,12 +79,14 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     # GPU work: at the start of its launch call, on the launching thread
     if len(gpu):
         launch = runtime.dropna(subset=["correlation_id"]).drop_duplicates("correlation_id")
+        # Kineto puts GPU activity in lanes pid=<device>, tid=<stream>: the
+        # launching process and thread come from the runtime call
         gpu = gpu.merge(
-            launch[["correlation_id", "tid", "start_ns", "end_ns"]].rename(
-                columns={"tid": "launch_tid", "start_ns": "api_start_ns", "end_ns": "api_end_ns"}),
+            launch[["correlation_id", "pid", "tid", "start_ns", "end_ns"]].rename(
+                columns={"pid": "launch_pid", "tid": "launch_tid", "start_ns": "api_start_ns", "end_ns": "api_end_ns"}),
             on="correlation_id", how="left",
         )
-        probe = gpu.assign(tid=gpu["launch_tid"])
+        probe = gpu.assign(pid=gpu["launch_pid"], tid=gpu["launch_tid"])
         probe = probe[probe["api_start_ns"].notna()]
         gpu_inner = np.full(len(gpu), -1, dtype=np.int64)
         gpu_inner[probe.index] = attribution.innermost_range(probe.astype({"api_start_ns": "int64"}), main, "api_start_ns", None)
@@ -224,6 +226,7 @@ def _kernels_table(cpu, cpu_inner, gpu, gpu_inner, main, steps, implementation) 
         g = gpu.copy()
         g["device"] = "cuda:" + g["device"].astype(str)
         g["range_id"] = gpu_inner
+        g["pid"] = g["launch_pid"].fillna(g["pid"])
         g["tid"] = g["launch_tid"]
         frames.append(g)
     if not frames:
@@ -243,6 +246,6 @@ def _kernels_table(cpu, cpu_inner, gpu, gpu_inner, main, steps, implementation) 
     k["head"] = pd.array([p.head if p else None for p in parsed], dtype="Int64")
     k["step"] = _step_of(k["start_ns"].to_numpy(), steps) if not len(gpu) else _step_of(
         k["api_start_ns"].fillna(k["start_ns"]).to_numpy(np.int64), steps)
-    k = k.drop(columns=["launch_tid"], errors="ignore")
+    k = k.drop(columns=["launch_pid", "launch_tid"], errors="ignore")
     k["range_id"] = k["range_id"].where(k["range_id"] >= 0).astype("Int64")
     return k

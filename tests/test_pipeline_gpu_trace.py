@@ -17,8 +17,8 @@ from headcount.parsers.kineto import events_frame
 from headcount.pipeline import tables_from_events
 
 
-def _x(cat, name, ts, dur, tid=1, **args):
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+def _x(cat, name, ts, dur, tid=1, pid=4242, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
 
 
 def test_kernels_follow_their_launch_not_their_execution():
@@ -30,8 +30,9 @@ def test_kernels_follow_their_launch_not_their_execution():
         _x("cuda_runtime", "cudaLaunchKernel", 30, 5, correlation=7),
         _x("cuda_runtime", "cudaLaunchKernel", 200, 5, correlation=8),  # after the range: not attention
         # the kernel launched inside the range runs long after the range closed
-        _x("kernel", "flash_fwd_kernel", 400, 60, tid=7, correlation=7, device=0, stream=7, grid=[4, 8, 2], block=[128, 1, 1]),
-        _x("kernel", "other_kernel", 470, 10, tid=7, correlation=8, device=0, stream=7),
+        # Kineto's GPU lanes: pid = device, tid = stream
+        _x("kernel", "flash_fwd_kernel", 400, 60, pid=0, tid=7, correlation=7, device=0, stream=7, grid=[4, 8, 2], block=[128, 1, 1]),
+        _x("kernel", "other_kernel", 470, 10, pid=0, tid=7, correlation=8, device=0, stream=7),
     ]
     shape = CallShape("sdpa", 2, 8, 2, 16, 16, 64, 64, "bfloat16", 2, True)
     calls = [CallLog(1, "fwd", "layer.0", 0, None, None, shape, "M")]
@@ -41,6 +42,7 @@ def test_kernels_follow_their_launch_not_their_execution():
     assert flash.nvtx_path == "fwd/layer.0" and flash.phase == "fwd" and flash.layer == 0
     assert flash.launch_latency_ns == 400_000 - 30_000 and flash.cpu_launch_cost_ns == 5_000
     assert flash.device == "cuda:0" and flash.step == 0
+    assert (flash.pid, flash.tid) == ("4242", "1")  # the launching thread, not the GPU lane
     assert pd.isna(kernels[kernels.name == "other_kernel"].iloc[0].nvtx_path)
     layer = tables["ranges"].query("level == 'layer'").iloc[0]
     assert (layer.gpu_start_ns, layer.gpu_end_ns, layer.gpu_op_count) == (400_000, 460_000, 1)

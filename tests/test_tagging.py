@@ -198,3 +198,16 @@ def test_bad_mode_and_layout():
         tag_attention(layer=0, layout="sbhd")
     with pytest.raises(HeadcountError, match="torch.nn.Module"):
         AttentionTagger(["not a model"])
+
+
+def test_flex_attention_forward_head_mode_equals_fused():
+    """flex_attention (forward only on CPU): its BlockMask is shared by all heads, so head mode may split it."""
+    model = _llama("flex_attention")
+    inputs = inputs_for("llama_gqa")
+    with torch.no_grad():
+        ref = model(**inputs).logits
+        with AttentionTagger([model], mode="head") as tagger:
+            out = model(**inputs).logits
+    assert torch.equal(ref, out)
+    assert {c.shape.implementation for c in tagger.calls} == {"flex_attention"}
+    assert sorted({c.head for c in tagger.calls if c.head is not None}) == [0, 1, 2, 3]

@@ -9,6 +9,7 @@ share one run id and are written in one atomic report.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
@@ -51,6 +52,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="parameter and activation dtype (default float32)")
     p.add_argument("--steps", type=int, default=3, help="profiled steps per implementation, after one warm-up step (default 3)")
     p.add_argument("--no-backward", action="store_true", help="forward only (inference)")
+    p.add_argument("--trace-dir", default=None, help="also keep the raw torch.profiler traces there (<dir>/<impl>/trace.json)")
     p.add_argument("-o", "--out", default=DEFAULT_OUT, help=f"output directory (default ./{DEFAULT_OUT})")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--append", action="store_true", help="add this run to an existing report")
@@ -120,7 +122,11 @@ def run(args) -> int:
             _warm_up(model, inputs, backward, impl)
             extra = {"model": description, "model_config": config_dict(model), "batch": args.batch, "seq": args.seq,
                      "dtype": args.dtype, "steps": args.steps, "backward": backward}
-            prof = AttentionProfiler(model, mode=args.mode, run_id=run_id, metadata=extra)
+            trace_dir = None
+            if args.trace_dir:
+                trace_dir = Path(args.trace_dir) / impl
+                trace_dir.mkdir(parents=True, exist_ok=True)
+            prof = AttentionProfiler(model, mode=args.mode, run_id=run_id, metadata=extra, trace_dir=trace_dir)
             progress.update(task, description=f"{impl}: profiling")
             with prof:
                 for i in range(args.steps):
