@@ -76,20 +76,16 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
 
     # CPU operators: wholly inside the range, on their own thread
     cpu_inner = attribution.innermost_range(cpu, main, "start_ns", "end_ns")
-    # GPU work: at the start of its launch call, on the launching thread
+    # GPU work: by its launch call (wholly inside the range), on the launching thread
     if len(gpu):
-        launch = runtime.dropna(subset=["correlation_id"]).drop_duplicates("correlation_id")
         # Kineto puts GPU activity in lanes pid=<device>, tid=<stream>: the
         # launching process and thread come from the runtime call
-        gpu = gpu.merge(
-            launch[["correlation_id", "pid", "tid", "start_ns", "end_ns"]].rename(
-                columns={"pid": "launch_pid", "tid": "launch_tid", "start_ns": "api_start_ns", "end_ns": "api_end_ns"}),
-            on="correlation_id", how="left",
-        )
+        gpu = attribution.launches(gpu.assign(pid=None), runtime)
         probe = gpu.assign(pid=gpu["launch_pid"], tid=gpu["launch_tid"])
         probe = probe[probe["api_start_ns"].notna()]
         gpu_inner = np.full(len(gpu), -1, dtype=np.int64)
-        gpu_inner[probe.index] = attribution.innermost_range(probe.astype({"api_start_ns": "int64"}), main, "api_start_ns", None)
+        gpu_inner[probe.index] = attribution.innermost_range(
+            probe.astype({"api_start_ns": "int64", "api_end_ns": "int64"}), main, "api_start_ns", "api_end_ns")
     else:
         gpu_inner = np.zeros(0, dtype=np.int64)
 

@@ -2,11 +2,10 @@
 
 One rule for every source (the rule nsys applies in its ``nvtx_gpu_proj_trace``
 report): an op belongs to every range that, on the thread that launched it,
-was open when it was launched. For a GPU kernel "launched" is the start of its
-CUDA runtime/driver call (matched on correlation id within one process); for
-a CPU operator it is the operator itself, which must lie wholly inside the
-range (an autograd node that pops a range starts inside it and ends outside,
-so it belongs to the parent).
+wholly contains its launch. For GPU work the launch is its CUDA runtime or
+driver call (matched on correlation id within one process); for a CPU
+operator it is the operator itself (an autograd node that pops a range starts
+inside it and ends outside, so it belongs to the parent).
 
 Push/pop ranges are properly nested per thread and domain, so nesting is a
 stack sweep and "innermost open range at time t" is a binary search followed
@@ -21,18 +20,23 @@ import pandas as pd
 RANGE_KEYS = ["pid", "tid", "domain"]
 
 
-def nest_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
+def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS) -> pd.DataFrame:
     """Add ``range_id``, ``parent_range_id``, ``depth`` (0 = outermost) and
     ``path`` (names joined with ``/``, outermost first) to push/pop ranges.
 
+    A range's parent is the tightest range of the same group that contains it
+    (the rule of nsys's ``nvtx_gpu_proj_trace``), found by a stack sweep.
+
     Args:
-        ranges: columns ``pid``, ``tid``, ``domain``, ``name``, ``start_ns``, ``end_ns``.
+        ranges: columns ``pid``, ``tid``, ``name``, ``start_ns``, ``end_ns`` and the ``keys``;
+            an existing ``range_id`` column is kept (else the row position is used).
+        keys: ranges nest within groups of these columns: per thread and domain
+            by default; nsys nests all domains of a thread together (``["pid", "tid"]``).
 
     Returns:
-        A copy sorted by (pid, tid, domain, start, -end); ``range_id`` is the row
-        position, ``parent_range_id`` is -1 for outermost ranges.
+        A copy sorted by (keys, start, -end); ``parent_range_id`` is -1 for outermost ranges.
     """
-    out = ranges.sort_values(RANGE_KEYS + ["start_ns", "end_ns"], ascending=[True] * 4 + [False], kind="stable")
+    out = ranges.sort_values(keys + ["start_ns", "end_ns"], ascending=[True] * (len(keys) + 1) + [False], kind="stable")
     out = out.reset_index(drop=True)
     n = len(out)
     parent = np.full(n, -1, dtype=np.int64)
@@ -41,7 +45,7 @@ def nest_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
     ends = out["end_ns"].to_numpy()
     names = out["name"].to_numpy(dtype=object)
     paths = np.empty(n, dtype=object)
-    group_ids = out.groupby(RANGE_KEYS, sort=False, dropna=False).ngroup().to_numpy()
+    group_ids = out.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
     stack: list[int] = []
     current_group = None
     for i in range(n):
@@ -52,14 +56,16 @@ def nest_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
         while stack and ends[i] > ends[stack[-1]]:
             stack.pop()
         if stack:
-            parent[i] = stack[-1]
+            parent[i] = stack[-1]  # a row position here; turned into a range_id below
             depth[i] = depth[stack[-1]] + 1
             paths[i] = paths[stack[-1]] + "/" + names[i]
         else:
             paths[i] = names[i]
         stack.append(i)
-    out["range_id"] = np.arange(n, dtype=np.int64)
-    out["parent_range_id"] = parent
+    if "range_id" not in out.columns:
+        out["range_id"] = np.arange(n, dtype=np.int64)
+    ids = out["range_id"].to_numpy(dtype=np.int64)
+    out["parent_range_id"] = np.where(parent >= 0, ids[np.maximum(parent, 0)], -1)
     out["depth"] = depth
     out["path"] = paths
     return out
@@ -77,8 +83,8 @@ def innermost_range(
         ops: columns ``pid``, ``tid`` and ``time_col`` (and ``end_col``).
         ranges: output of :func:`nest_ranges`, restricted to one domain.
         time_col: the op's launch time (ns) on its thread.
-        end_col: if given, the range must also contain this time (CPU ops);
-            ``None`` for GPU kernels, whose launch call is a point in time.
+        end_col: if given, the range must also contain this time (the end of
+            the CPU op or of the launch call); ``None`` for a point in time.
     """
     result = np.full(len(ops), -1, dtype=np.int64)
     if len(ops) == 0 or len(ranges) == 0:
@@ -86,9 +92,10 @@ def innermost_range(
     r_start = ranges["start_ns"].to_numpy()
     r_end = ranges["end_ns"].to_numpy()
     r_parent = ranges["parent_range_id"].to_numpy()
-    r_ids = ranges["range_id"].to_numpy()
-    pos_of_id = {int(rid): pos for pos, rid in enumerate(r_ids)}
-    parent_pos = np.array([pos_of_id.get(int(p), -1) for p in r_parent], dtype=np.int64)
+    r_ids = ranges["range_id"].to_numpy(dtype=np.int64)
+    pos_of_id = np.full(int(r_ids.max()) + 1, -1, dtype=np.int64)
+    pos_of_id[r_ids] = np.arange(len(r_ids))
+    parent_pos = np.where(r_parent >= 0, pos_of_id[np.maximum(r_parent, 0)], -1)
     op_groups = ops.groupby(["pid", "tid"], sort=False).indices
     range_groups = ranges.groupby(["pid", "tid"], sort=False).indices
     op_time = ops[time_col].to_numpy()
@@ -113,12 +120,30 @@ def innermost_range(
     return result
 
 
+def launches(gpu: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
+    """Give GPU work its launch call: ``launch_pid``, ``launch_tid``,
+    ``api_start_ns``, ``api_end_ns`` (null where no call matches), matched on
+    correlation id within one process.
+
+    Args:
+        gpu: with ``pid`` (the launching process; ``None`` to match on the id
+            alone, for traces whose GPU lanes do not name it) and ``correlation_id``.
+        runtime: runtime/driver calls with ``pid``, ``tid``, ``correlation_id``, ``start_ns``, ``end_ns``.
+    """
+    calls = runtime.dropna(subset=["correlation_id"]).rename(columns={
+        "pid": "launch_pid", "tid": "launch_tid", "start_ns": "api_start_ns", "end_ns": "api_end_ns"})
+    calls = calls[["launch_pid", "launch_tid", "correlation_id", "api_start_ns", "api_end_ns"]]
+    if gpu["pid"].isna().all():
+        calls = calls.drop_duplicates("correlation_id")
+        return gpu.merge(calls, on="correlation_id", how="left")
+    calls = calls.drop_duplicates(["launch_pid", "correlation_id"])
+    return gpu.merge(calls, left_on=["pid", "correlation_id"], right_on=["launch_pid", "correlation_id"], how="left")
+
+
 def ancestors_matrix(ranges: pd.DataFrame, innermost: np.ndarray) -> list[np.ndarray]:
     """Level by level, the ancestor ``range_id`` of each op (self first), -1 past the root."""
-    parent_of = dict(zip(ranges["range_id"].to_numpy().tolist(), ranges["parent_range_id"].to_numpy().tolist()))
     lookup = np.full(int(ranges["range_id"].max()) + 2 if len(ranges) else 1, -1, dtype=np.int64)
-    for rid, par in parent_of.items():
-        lookup[rid] = par
+    lookup[ranges["range_id"].to_numpy(dtype=np.int64)] = ranges["parent_range_id"].to_numpy(dtype=np.int64)
     levels = []
     cur = innermost.copy()
     while (cur >= 0).any():
@@ -154,3 +179,34 @@ def project(ranges: pd.DataFrame, ops: pd.DataFrame, innermost: np.ndarray) -> p
     out["op_end_ns"] = pd.array(np.where(has, last[ids] if n else 0, 0), dtype="Int64")
     out.loc[~has, ["op_start_ns", "op_end_ns"]] = pd.NA
     return out
+
+
+def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, keys: list[str] = ["pid", "tid"]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """NVTX ranges projected onto GPU time, as nsys's ``nvtx_gpu_proj_trace``.
+
+    Args:
+        ranges: ``range_id``, ``pid``, ``tid``, ``name``, ``start_ns``, ``end_ns`` (+ ``keys``).
+        runtime: launch calls (``pid``, ``tid``, ``correlation_id``, ``start_ns``, ``end_ns``).
+        gpu: GPU work (``pid`` of the launching process, ``correlation_id``, ``start_ns``, ``end_ns``).
+        keys: nesting groups (nsys: all domains of a thread together).
+
+    Returns:
+        ``(ranges, gpu)``: ranges with ``parent_range_id``, ``depth``, ``path``,
+        ``gpu_op_count``, ``gpu_start_ns``, ``gpu_end_ns``, ``child_count``
+        (children that launched GPU work); GPU work with its launch columns and
+        the ``range_id`` of its innermost range (-1 if none).
+    """
+    nested = nest_ranges(ranges, keys=keys)
+    work = launches(gpu, runtime).reset_index(drop=True)
+    probe = work[work["api_start_ns"].notna()]
+    inner = np.full(len(work), -1, dtype=np.int64)
+    if len(probe):
+        probe = probe.assign(tid=probe["launch_tid"]).astype({"api_start_ns": "int64", "api_end_ns": "int64"})
+        inner[probe.index.to_numpy()] = innermost_range(probe, nested, "api_start_ns", "api_end_ns")
+    work["range_id"] = inner
+    projected = project(nested, work, inner).rename(columns={
+        "op_count": "gpu_op_count", "op_start_ns": "gpu_start_ns", "op_end_ns": "gpu_end_ns"})
+    with_ops = projected[projected["gpu_op_count"] > 0]
+    children = with_ops[with_ops["parent_range_id"] >= 0].groupby("parent_range_id").size()
+    projected["child_count"] = projected["range_id"].map(children).fillna(0).astype(np.int64)
+    return projected, work

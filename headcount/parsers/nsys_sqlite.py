@@ -1,0 +1,212 @@
+"""Read an nsys SQLite export into events tables (ranges, runtime calls, GPU ops).
+
+Columns and tables differ between nsys versions, so every query names only
+the columns the file has (``PRAGMA table_info``) and optional tables may be
+absent. Facts used (checked on the fixtures and nsys 2023.4.4's own
+``nvtx_gpu_proj_trace`` report):
+
+- NVTX ranges are ``NVTX_EVENTS`` rows of ``eventType`` 59 (push/pop), 60
+  (start/end), 70/71 (NVTX-T variants); 75 creates a domain (name in
+  ``text``), per process. A range's name is ``text`` or, when registered,
+  ``StringIds.value`` via ``textId``. Start/end ranges that end on another
+  thread (``endGlobalTid`` set) are left out, as nsys does; a range with no
+  end extends to the last NVTX timestamp.
+- ``globalTid`` holds the process id in bits 24–47 and the thread id in
+  bits 0–23; GPU activity carries ``globalPid`` (the same with tid 0).
+- GPU work (``CUPTI_ACTIVITY_KIND_KERNEL``, ``…_MEMCPY``, ``…_MEMSET``) joins
+  its launch in ``CUPTI_ACTIVITY_KIND_RUNTIME`` (and ``…_DRIVER`` where
+  present) on ``correlationId`` within one process.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from headcount.errors import HeadcountError
+
+RANGE_EVENT_TYPES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
+DOMAIN_CREATE = 75
+GPU_TABLES = {"CUPTI_ACTIVITY_KIND_KERNEL": "kernel", "CUPTI_ACTIVITY_KIND_MEMCPY": "memcpy", "CUPTI_ACTIVITY_KIND_MEMSET": "memset"}
+API_TABLES = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER")
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(16)
+    except FileNotFoundError as exc:
+        raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
+    except OSError as exc:
+        raise HeadcountError(f"{path}: cannot be read ({exc.strerror})", hint="check its permissions") from exc
+    if magic != _SQLITE_MAGIC:
+        raise HeadcountError(f"{path}: not an SQLite file", hint="export the report with `nsys export --type sqlite`")
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        con.execute("PRAGMA schema_version").fetchone()
+        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as exc:
+        con.close()
+        raise HeadcountError(f"{path}: damaged or truncated SQLite export ({exc})", hint="export the report again") from exc
+    return con
+
+
+def _tables(con) -> set[str]:
+    return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+
+
+def _columns(con, table: str) -> set[str]:
+    return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+
+
+def _query(con, sql: str, path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_sql_query(sql, con)
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+        raise HeadcountError(f"{path}: damaged or truncated SQLite export ({str(exc).splitlines()[0]})", hint="export the report again") from exc
+
+
+def _split_tid(global_tid: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    g = global_tid.to_numpy(dtype=np.int64)
+    return (g >> 24) & 0xFFFFFF, g & 0xFFFFFF
+
+
+def read_export(path: str | Path) -> dict[str, pd.DataFrame | dict]:
+    """Read an nsys SQLite export.
+
+    Returns:
+        ``ranges`` (range_id = NVTX_EVENTS rowid, pid, tid, domain, name,
+        full_name — ``domain:name`` as nsys prints it —, style, start_ns,
+        end_ns, end_missing), ``runtime`` (launch calls: pid, tid,
+        correlation_id, start_ns, end_ns, name), ``gpu`` (kind, name, pid,
+        device, stream, correlation_id, start_ns, end_ns, grid, block,
+        registers_per_thread, shared_memory_bytes), ``meta`` (export metadata).
+
+    Raises:
+        HeadcountError: not an SQLite file, damaged, or holding neither NVTX
+            ranges nor GPU activity.
+    """
+    path = Path(path)
+    con = _open(path)
+    try:
+        tables = _tables(con)
+        meta = {}
+        for meta_table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+            if meta_table in tables:
+                meta.update(dict(con.execute(f"SELECT name, value FROM {meta_table}").fetchall()))
+        strings = "StringIds" in tables
+        ranges = _read_ranges(con, tables, strings, path)
+        runtime = _read_runtime(con, tables, strings, path)
+        gpu = _read_gpu(con, tables, strings, path)
+    finally:
+        con.close()
+    if ranges.empty and gpu.empty:
+        raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
+    return {"ranges": ranges, "runtime": runtime, "gpu": gpu, "meta": meta}
+
+
+def _read_ranges(con, tables, strings, path) -> pd.DataFrame:
+    cols = ["range_id", "pid", "tid", "domain", "name", "full_name", "style", "start_ns", "end_ns", "end_missing"]
+    if "NVTX_EVENTS" not in tables:
+        return pd.DataFrame(columns=cols)
+    have = _columns(con, "NVTX_EVENTS")
+    text_id = "e.textId" if "textId" in have else "NULL"
+    domain_id = "e.domainId" if "domainId" in have else "NULL"
+    end_tid = "e.endGlobalTid" if "endGlobalTid" in have else "NULL"
+    name = f"COALESCE(s.value, e.text)" if strings and "textId" in have else "e.text"
+    join = "LEFT JOIN StringIds s ON s.id = e.textId" if strings and "textId" in have else ""
+    types = ",".join(str(t) for t in (*RANGE_EVENT_TYPES, DOMAIN_CREATE))
+    frame = _query(con, f"""
+        SELECT e.rowid AS range_id, e.start AS start_ns, e.end AS end_ns, e.eventType AS event_type,
+               e.globalTid AS global_tid, {end_tid} AS end_global_tid, {domain_id} AS domain_id,
+               {text_id} AS text_id, {name} AS name
+        FROM NVTX_EVENTS e {join}
+        WHERE e.eventType IN ({types})""", path)
+    domains = frame[frame["event_type"] == DOMAIN_CREATE]
+    frame = frame[frame["event_type"] != DOMAIN_CREATE]
+    frame = frame[frame["end_global_tid"].isna()]
+    if frame.empty:
+        return pd.DataFrame(columns=cols)
+    pid, tid = _split_tid(frame["global_tid"])
+    out = pd.DataFrame({"range_id": frame["range_id"].to_numpy(np.int64), "pid": pid, "tid": tid})
+    # domains are per process: (domainId, pid) -> name
+    dpid, _ = _split_tid(domains["global_tid"]) if len(domains) else (np.zeros(0, np.int64), None)
+    dmap = {(int(d), int(p)): n for d, p, n in zip(domains["domain_id"], dpid, domains["name"]) if pd.notna(d)}
+    dom_ids = frame["domain_id"].to_numpy()
+    out["domain"] = [dmap.get((int(d), int(p))) if pd.notna(d) else None for d, p in zip(dom_ids, pid)]
+    out["name"] = frame["name"].to_numpy(dtype=object)
+    out["full_name"] = [f"{d}:{n}" if d is not None else n for d, n in zip(out["domain"], out["name"])]
+    out["style"] = frame["event_type"].map(RANGE_EVENT_TYPES).to_numpy()
+    starts = frame["start_ns"].to_numpy(np.int64)
+    ends = frame["end_ns"]
+    last = int(max(starts.max(), ends.max() if ends.notna().any() else starts.max()))
+    out["start_ns"] = starts
+    out["end_missing"] = ends.isna().to_numpy()
+    out["end_ns"] = ends.fillna(last).to_numpy(np.int64)
+    out["pid"] = out["pid"].astype(str)
+    out["tid"] = out["tid"].astype(str)
+    return out
+
+
+def _read_runtime(con, tables, strings, path) -> pd.DataFrame:
+    frames = []
+    for table in API_TABLES:
+        if table not in tables:
+            continue
+        have = _columns(con, table)
+        name = "s.value" if strings and "nameId" in have else "NULL"
+        join = "LEFT JOIN StringIds s ON s.id = r.nameId" if strings and "nameId" in have else ""
+        frames.append(_query(con, f"""
+            SELECT r.globalTid AS global_tid, r.correlationId AS correlation_id, r.start AS start_ns, r.end AS end_ns,
+                   {name} AS name
+            FROM {table} r {join}""", path))
+    if not frames:
+        return pd.DataFrame(columns=["pid", "tid", "correlation_id", "start_ns", "end_ns", "name"])
+    frame = pd.concat(frames, ignore_index=True)
+    pid, tid = _split_tid(frame["global_tid"])
+    return pd.DataFrame({
+        "pid": pid.astype(str), "tid": tid.astype(str), "correlation_id": frame["correlation_id"].to_numpy(np.int64),
+        "start_ns": frame["start_ns"].to_numpy(np.int64), "end_ns": frame["end_ns"].to_numpy(np.int64),
+        "name": frame["name"].to_numpy(dtype=object),
+    })
+
+
+def _read_gpu(con, tables, strings, path) -> pd.DataFrame:
+    frames = []
+    for table, kind in GPU_TABLES.items():
+        if table not in tables:
+            continue
+        have = _columns(con, table)
+
+        def col(name, alias, default="NULL"):
+            return f"g.{name} AS {alias}" if name in have else f"{default} AS {alias}"
+
+        name_col = next((c for c in ("shortName", "demangledName") if c in have), None)
+        if kind == "kernel" and strings and name_col:
+            name, join = "s.value AS name", f"LEFT JOIN StringIds s ON s.id = g.{name_col}"
+        else:
+            name, join = f"'{kind}' AS name", ""
+        grid = "'(' || g.gridX || ', ' || g.gridY || ', ' || g.gridZ || ')' AS grid" if {"gridX", "gridY", "gridZ"} <= have else "NULL AS grid"
+        block = "'(' || g.blockX || ', ' || g.blockY || ', ' || g.blockZ || ')' AS block" if {"blockX", "blockY", "blockZ"} <= have else "NULL AS block"
+        shared = ("g.staticSharedMemory + g.dynamicSharedMemory AS shared_memory_bytes"
+                  if {"staticSharedMemory", "dynamicSharedMemory"} <= have else "NULL AS shared_memory_bytes")
+        frame = _query(con, f"""
+            SELECT '{kind}' AS kind, {name}, g.globalPid AS global_pid, {col('deviceId', 'device')}, {col('streamId', 'stream')},
+                   g.correlationId AS correlation_id, g.start AS start_ns, g.end AS end_ns, {grid}, {block},
+                   {col('registersPerThread', 'registers_per_thread')}, {shared}, {col('bytes', 'bytes')}
+            FROM {table} g {join}""", path)
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame(columns=["kind", "name", "pid", "device", "stream", "correlation_id", "start_ns", "end_ns"])
+    frame = pd.concat(frames, ignore_index=True)
+    pid, _ = _split_tid(frame["global_pid"])
+    frame.insert(2, "pid", pid.astype(str))
+    frame = frame.drop(columns=["global_pid"])
+    for c in ("start_ns", "end_ns", "correlation_id"):
+        frame[c] = frame[c].astype(np.int64)
+    return frame

@@ -1,0 +1,117 @@
+"""nsys SQLite exports: reading, and projecting NVTX ranges onto the GPU
+exactly as nsys's own ``nvtx_gpu_proj_trace`` report does."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from headcount.attribute.attribution import project_gpu
+from headcount.errors import HeadcountError
+from headcount.parsers.nsys_sqlite import read_export
+
+from nsight import nsight_bin
+
+FIX = Path(__file__).parent / "fixtures" / "nsys"
+H100 = FIX / "h100x2_pytorch_nsys2026.2.sqlite"
+A100 = FIX / "a100x4_cloverleaf_nsys2024.5.sqlite"
+
+
+def _compare(projected: pd.DataFrame, reference: pd.DataFrame, work: pd.DataFrame) -> None:
+    # nsys adds one nameless row for the GPU work launched outside every range
+    outside = reference[reference["RangeId"].isna()]
+    launched = work[work["api_start_ns"].notna()]
+    expected_outside = int((launched["range_id"] < 0).sum())
+    assert (int(outside["NumGPUOps"].sum()) if len(outside) else 0) == expected_outside
+    reference = reference[reference["RangeId"].notna()].astype({"RangeId": "int64"})
+    mine = projected[projected["gpu_op_count"] > 0].set_index("range_id")
+    ref = reference.set_index("RangeId")
+    assert set(mine.index) == set(ref.index)
+    j = ref.join(mine, how="inner")
+    assert (j["Projected Start:ts_ns"] == j["gpu_start_ns"]).all()
+    assert (j["Projected Duration:dur_ns"] == j["gpu_end_ns"] - j["gpu_start_ns"]).all()
+    assert (j["NumGPUOps"] == j["gpu_op_count"]).all()
+    assert (j["ParentId"].fillna(-1).astype("int64") == j["parent_range_id"]).all()
+    assert (j["Lvl"] == j["depth"]).all()
+    assert (j["NumChild"] == j["child_count"]).all()
+    assert (j["Name"] == j["full_name"]).all()
+    assert (j["PID"].astype(str) == j["pid"]).all() and (j["TID"].astype(str) == j["tid"]).all()
+    assert (j["Orig Start:ts_ns"] == j["start_ns"]).all()
+    assert (j["Orig Duration:dur_ns"] == j["end_ns"] - j["start_ns"]).all()
+
+
+def test_h100x2_projection_equals_nsys_reference_for_every_range():
+    export = read_export(H100)
+    projected, work = project_gpu(export["ranges"], export["runtime"], export["gpu"])
+    reference = pd.read_csv(FIX / "h100x2_pytorch_nsys2026.2.nvtx_gpu_proj_trace.csv")
+    assert len(reference) == 3242
+    _compare(projected, reference, work)
+    # two processes, two GPUs: no op is ever attributed to another process's range
+    by_id = projected.set_index("range_id")
+    attributed = work[work["range_id"] >= 0]
+    assert (by_id.loc[attributed["range_id"], "pid"].to_numpy() == attributed["pid"].to_numpy()).all()
+    assert set(export["gpu"]["pid"]) == {"111", "112"} and export["gpu"]["device"].nunique() == 2
+
+
+def _live_reference(sqlite_path: Path) -> pd.DataFrame:
+    report = nsight_bin("nsys-report")
+    out = subprocess.run([report, "nvtx_gpu_proj_trace", str(sqlite_path)], capture_output=True, text=True, timeout=300, check=True)
+    return pd.read_csv(io.StringIO(out.stdout))
+
+
+def test_live_nsys_report_on_a_truncated_capture(tmp_path):
+    """Run nsys's reference report live on an export cut on purpose, as when a
+    capture stops mid-step: every range open at the cut has no end (it extends
+    to the last NVTX timestamp), nothing starts after the cut, and launch calls
+    that straddle range ends stay in."""
+    cut_export = tmp_path / "cut.sqlite"
+    shutil.copy(H100, cut_export)
+    con = sqlite3.connect(cut_export)
+    lo, hi = con.execute("SELECT min(start), max(end) FROM NVTX_EVENTS WHERE eventType = 59").fetchone()
+    cut = lo + (hi - lo) * 2 // 3
+    con.execute("DELETE FROM NVTX_EVENTS WHERE eventType = 59 AND start > ?", (cut,))
+    open_at_cut = con.execute("UPDATE NVTX_EVENTS SET end = NULL WHERE eventType = 59 AND end > ?", (cut,)).rowcount
+    con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start > ?", (cut,))
+    con.commit()
+    con.close()
+    export = read_export(cut_export)
+    assert export["ranges"]["end_missing"].sum() == open_at_cut > 0
+    projected, work = project_gpu(export["ranges"], export["runtime"], export["gpu"])
+    reference = _live_reference(cut_export)
+    assert len(reference) > 100
+    _compare(projected, reference, work)
+
+
+def test_a100x4_no_nvtx():
+    export = read_export(A100)
+    assert export["ranges"].empty
+    gpu = export["gpu"]
+    assert (gpu["kind"] == "kernel").sum() == 1312 and (gpu["kind"] == "memcpy").any()
+    assert export["meta"].get("EXPORT_PRODUCT_VERSION", "").startswith("2024.5")
+    projected, work = project_gpu(export["ranges"], export["runtime"], gpu)
+    assert projected.empty and (work["range_id"] == -1).all()
+    assert work["api_start_ns"].notna().mean() > 0.99  # launches found within each process
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.write_text("not a database"), "not an SQLite file"),
+    (lambda p: p.write_bytes(H100.read_bytes()[:300_000]), "damaged or truncated"),
+    (lambda p: sqlite3.connect(p).execute("CREATE TABLE t (x)").connection.commit(), "neither NVTX ranges nor GPU activity"),
+])
+def test_bad_sqlite_inputs(tmp_path, make, message):
+    path = tmp_path / "bad.sqlite"
+    make(path)
+    with pytest.raises(HeadcountError, match=message) as info:
+        read_export(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(HeadcountError, match="no such file"):
+        read_export(tmp_path / "none.sqlite")
