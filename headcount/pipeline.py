@@ -245,3 +245,58 @@ def _kernels_table(cpu, cpu_inner, gpu, gpu_inner, main, steps, implementation) 
     k = k.drop(columns=["launch_pid", "launch_tid"], errors="ignore")
     k["range_id"] = k["range_id"].where(k["range_id"] >= 0).astype("Int64")
     return k
+
+
+def tables_from_nsys(export: dict, run_id: str) -> dict[str, pd.DataFrame]:
+    """Build headcount's tables from an nsys export (:func:`headcount.parsers.nsys_sqlite.read_export`).
+
+    Ranges are projected onto the GPU exactly as nsys's ``nvtx_gpu_proj_trace``
+    (all domains of a thread nest together). Ranges named by headcount's
+    scheme (domain ``headcount``) give the layers/heads tables; a capture
+    without them (someone else's code) is aggregated by NVTX path instead:
+    one ``layers`` row per distinct path that launched GPU work (rows of
+    nested paths overlap). No call log exists here, so analytic FLOPs and
+    bytes are null.
+    """
+    projected, work = attribution.project_gpu(export["ranges"], export["runtime"], export["gpu"])
+    steps = projected[projected["domain"] == STEP_DOMAIN]
+    ranges_table = _label_ranges(projected, steps)
+    ours = (ranges_table["domain"] == DOMAIN).to_numpy()
+    for col in ("phase", "layer_name"):
+        ranges_table.loc[~ours, col] = None
+    ranges_table.loc[~ours, ["layer", "head"]] = pd.NA
+    ranges_table.loc[~ours, "level"] = "other"
+    if not (ranges_table["level"] == "layer").any():
+        by_path = ranges_table["gpu_op_count"] > 0
+        ranges_table.loc[by_path, "level"] = "layer"
+        ranges_table.loc[by_path, "layer_name"] = ranges_table.loc[by_path, "path"]
+    ranges_table["duration_ns"] = (ranges_table["gpu_end_ns"] - ranges_table["gpu_start_ns"]).astype("float64")
+    ranges_table["duration_basis"] = "gpu_projected"
+    ranges_table["implementation"] = "unknown"
+    ranges_table["op_count"] = ranges_table["gpu_op_count"]
+    for col in ("flop", "analytic_min_bytes"):
+        ranges_table[col] = np.nan
+    ranges_table["kv_head"] = pd.array([pd.NA] * len(ranges_table), dtype="Int64")  # GQA mapping needs the call log
+
+    layers = aggregate.layers_table(ranges_table)
+    heads = aggregate.heads_table(ranges_table, layers) if (ranges_table["level"] == "head").any() else layers.iloc[0:0].assign(head=pd.NA, kv_head=pd.NA)
+
+    paths = dict(zip(projected["range_id"], projected["path"]))
+    k = work.copy()
+    k["source"] = "nsys"
+    k["implementation"] = "unknown"
+    k["device"] = "cuda:" + k["device"].astype(str)
+    k["pid"] = k["launch_pid"].fillna(k["pid"])
+    k["tid"] = k["launch_tid"]
+    k["duration_ns"] = k["end_ns"] - k["start_ns"]
+    k["launch_latency_ns"] = (k["start_ns"] - k["api_start_ns"]).astype("Float64")
+    k["cpu_launch_cost_ns"] = (k["api_end_ns"] - k["api_start_ns"]).astype("Float64")
+    k["nvtx_path"] = [paths.get(r) for r in k["range_id"]]
+    labels = ranges_table.set_index("range_id")[["phase", "layer_name", "layer", "head"]]
+    k = k.join(labels, on="range_id")
+    k["step"] = _step_of(k["api_start_ns"].fillna(k["start_ns"]).to_numpy(np.int64), steps)
+    k["range_id"] = k["range_id"].where(k["range_id"] >= 0).astype("Int64")
+    tables = {"kernels": k, "ranges": ranges_table, "layers": layers, "heads": heads}
+    for table in tables.values():
+        table.insert(0, "run_id", run_id)
+    return tables

@@ -22,7 +22,7 @@ STEPS, LAYERS, HEADS = 2, 2, 4
 
 
 @pytest.fixture(scope="module")
-def nsys_ranges(tmp_path_factory):
+def nsys_sqlite_path(tmp_path_factory):
     nsys = nsight_bin("nsys")
     tmp = tmp_path_factory.mktemp("nsys")
     rep = tmp / "tagged"
@@ -31,7 +31,12 @@ def nsys_ranges(tmp_path_factory):
     sqlite_path = tmp / "tagged.sqlite"
     subprocess.run([nsys, "export", "--type", "sqlite", "-o", str(sqlite_path), "--force-overwrite", "true", str(rep) + ".nsys-rep"],
                    check=True, capture_output=True, timeout=300)
-    con = sqlite3.connect(sqlite_path)
+    return sqlite_path
+
+
+@pytest.fixture(scope="module")
+def nsys_ranges(nsys_sqlite_path):
+    con = sqlite3.connect(nsys_sqlite_path)
     domains = {d: name for d, name in con.execute("SELECT domainId, text FROM NVTX_EVENTS WHERE eventType = 75")}
     rows = con.execute(
         "SELECT e.start, e.end, e.globalTid, e.domainId, COALESCE(e.text, s.value) FROM NVTX_EVENTS e "
@@ -87,3 +92,18 @@ def test_backward_ranges_follow_forward_in_each_step(nsys_ranges):
         # backward visits layers in reverse order
         bwd_layers = [p for p, s in sorted(inside, key=lambda x: x[1]) if p.startswith("bwd/") and p.count("/") == 1]
         assert bwd_layers == [f"bwd/layer.{l}" for l in reversed(range(LAYERS))]
+
+
+def test_cpu_only_capture_parses_into_ranges(nsys_sqlite_path):
+    """An export with NVTX ranges but no CUDA activity: a ranges table, no GPU work."""
+    from headcount.parsers.nsys_sqlite import read_export
+    from headcount.pipeline import tables_from_nsys
+
+    export = read_export(nsys_sqlite_path)
+    assert export["gpu"].empty
+    tables = tables_from_nsys(export, "cpu-run")
+    ranges = tables["ranges"]
+    ours = ranges[ranges["domain"] == "headcount"]
+    assert set(ours["level"]) == {"phase", "layer", "head"}
+    assert (ours["gpu_op_count"] == 0).all() and tables["kernels"].empty
+    assert set(ours.loc[ours.level == "head", "step"]) == {0, 1}

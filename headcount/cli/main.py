@@ -11,7 +11,7 @@ import sys
 import traceback
 
 from headcount import __version__
-from headcount.cli import profile_cmd
+from headcount.cli import parse_cmd, profile_cmd
 from headcount.errors import HeadcountError
 
 EXAMPLES = """\
@@ -19,6 +19,7 @@ examples:
   headcount profile                      profile the embedded default model (eager vs sdpa)
   headcount profile --mode head          measure every attention head on its own
   headcount profile --help               all options of the profile command
+  headcount parse run.sqlite -o report/  an existing nsys SQLite export into the same tables
 
 Read the report:
   python -c "import pandas as pd; print(pd.read_parquet('headcount-report/layers'))"
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     profile_cmd.add_parser(sub)
+    parse_cmd.add_parser(sub)
     return parser
 
 
