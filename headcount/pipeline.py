@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.attribute import attribution
-from headcount.attribute.calls import SHAPE_COLUMNS, attach_calls, calls_frame
+from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.collector.naming import DOMAIN, STEP_DOMAIN, parse_path
 from headcount.derive import aggregate, analytic
 from headcount.errors import HeadcountError

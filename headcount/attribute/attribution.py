@@ -41,7 +41,6 @@ def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS) -> pd.DataFr
     n = len(out)
     parent = np.full(n, -1, dtype=np.int64)
     depth = np.zeros(n, dtype=np.int64)
-    starts = out["start_ns"].to_numpy()
     ends = out["end_ns"].to_numpy()
     names = out["name"].to_numpy(dtype=object)
     paths = np.empty(n, dtype=object)

@@ -28,7 +28,7 @@ import functools
 import inspect
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 

@@ -118,7 +118,7 @@ def _read_ranges(con, tables, strings, path) -> pd.DataFrame:
     text_id = "e.textId" if "textId" in have else "NULL"
     domain_id = "e.domainId" if "domainId" in have else "NULL"
     end_tid = "e.endGlobalTid" if "endGlobalTid" in have else "NULL"
-    name = f"COALESCE(s.value, e.text)" if strings and "textId" in have else "e.text"
+    name = "COALESCE(s.value, e.text)" if strings and "textId" in have else "e.text"
     join = "LEFT JOIN StringIds s ON s.id = e.textId" if strings and "textId" in have else ""
     types = ",".join(str(t) for t in (*RANGE_EVENT_TYPES, DOMAIN_CREATE))
     frame = _query(con, f"""
