@@ -76,18 +76,11 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
 
     # CPU operators: wholly inside the range, on their own thread
     cpu_inner = attribution.innermost_range(cpu, main, "start_ns", "end_ns")
-    # GPU work: by its launch call (wholly inside the range), on the launching thread
-    if len(gpu):
-        # Kineto puts GPU activity in lanes pid=<device>, tid=<stream>: the
-        # launching process and thread come from the runtime call
-        gpu = attribution.launches(gpu.assign(pid=None), runtime)
-        probe = gpu.assign(pid=gpu["launch_pid"], tid=gpu["launch_tid"])
-        probe = probe[probe["api_start_ns"].notna()]
-        gpu_inner = np.full(len(gpu), -1, dtype=np.int64)
-        gpu_inner[probe.index] = attribution.innermost_range(
-            probe.astype({"api_start_ns": "int64", "api_end_ns": "int64"}), main, "api_start_ns", "api_end_ns")
-    else:
-        gpu_inner = np.zeros(0, dtype=np.int64)
+    # GPU work: by its launch call (wholly inside the range), on the launching
+    # thread; Kineto puts GPU activity in lanes pid=<device>, tid=<stream>, so
+    # the launching process and thread come from the runtime call
+    gpu = attribution.launches(gpu.assign(pid=None), runtime)
+    gpu_inner = attribution.launched_in(gpu, main)
 
     projected = attribution.project(main, cpu, cpu_inner)
     if len(gpu):
@@ -125,7 +118,10 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     breakdown_src = heads if (ranges_table["level"] == "head").any() else layers
     breakdown = breakdown_src.reindex(columns=BREAKDOWN_COLUMNS)
 
-    kernels = _kernels_table(cpu, cpu_inner, gpu, gpu_inner, main, steps, implementation)
+    frames = [cpu.assign(device="cpu", range_id=cpu_inner)]
+    if len(gpu):
+        frames.append(_gpu_rows(gpu, gpu_inner))
+    kernels = _kernels_table(frames, main, steps, "torch", implementation)
     tables = {"kernels": kernels, "ranges": ranges_table, "layers": layers, "heads": heads, "attention_breakdown": breakdown}
     for name, table in tables.items():
         table.insert(0, "run_id", run_id)
@@ -210,39 +206,41 @@ def _step_of(times: np.ndarray, steps: pd.DataFrame) -> pd.arrays.IntegerArray:
     return pd.array([v if v >= 0 else None for v in result.tolist()], dtype="Int64")
 
 
-def _kernels_table(cpu, cpu_inner, gpu, gpu_inner, main, steps, implementation) -> pd.DataFrame:
-    paths = dict(zip(main["range_id"], main["path"]))
-    frames = []
-    if len(cpu):
-        c = cpu.copy()
-        c["device"] = "cpu"
-        c["range_id"] = cpu_inner
-        frames.append(c)
-    if len(gpu):
-        g = gpu.copy()
-        g["device"] = "cuda:" + g["device"].astype(str)
-        g["range_id"] = gpu_inner
-        g["pid"] = g["launch_pid"].fillna(g["pid"])
-        g["tid"] = g["launch_tid"]
-        frames.append(g)
+def _gpu_rows(work: pd.DataFrame, inner: np.ndarray) -> pd.DataFrame:
+    """GPU operations as kernels-table rows: named by their launching process and thread."""
+    g = work.reset_index(drop=True).copy()
+    g["device"] = "cuda:" + g["device"].astype(str)
+    g["range_id"] = inner
+    g["pid"] = g["launch_pid"].fillna(g["pid"])
+    g["tid"] = g["launch_tid"]
+    return g.drop(columns=["launch_pid", "launch_tid"])
+
+
+def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.DataFrame, source: str,
+                   implementation: str) -> pd.DataFrame:
+    """One table of CPU operators and GPU operations, each labelled with the
+    path, phase, layer and head of its innermost range and with its step
+    (GPU work by its launch call)."""
+    frames = [f for f in frames if len(f)]
     if not frames:
         return pd.DataFrame(columns=["source", "kind", "name", "start_ns", "end_ns", "duration_ns", "nvtx_path"])
     k = pd.concat(frames, ignore_index=True)
-    k["source"] = "torch"
+    k["source"] = source
     k["implementation"] = implementation
     k["duration_ns"] = k["end_ns"] - k["start_ns"]
+    step_time = k["start_ns"]
     if "api_start_ns" in k:
         k["launch_latency_ns"] = (k["start_ns"] - k["api_start_ns"]).astype("Float64")
         k["cpu_launch_cost_ns"] = (k["api_end_ns"] - k["api_start_ns"]).astype("Float64")
+        step_time = k["api_start_ns"].fillna(k["start_ns"])
+    paths = dict(zip(ranges["range_id"], ranges["path"]))
     k["nvtx_path"] = [paths.get(r) for r in k["range_id"]]
     parsed = [parse_path(p) if isinstance(p, str) else None for p in k["nvtx_path"]]
     k["phase"] = [p.phase if p else None for p in parsed]
     k["layer_name"] = [p.layer_name if p else None for p in parsed]
     k["layer"] = pd.array([p.layer if p else None for p in parsed], dtype="Int64")
     k["head"] = pd.array([p.head if p else None for p in parsed], dtype="Int64")
-    k["step"] = _step_of(k["start_ns"].to_numpy(), steps) if not len(gpu) else _step_of(
-        k["api_start_ns"].fillna(k["start_ns"]).to_numpy(np.int64), steps)
-    k = k.drop(columns=["launch_pid", "launch_tid"], errors="ignore")
+    k["step"] = _step_of(step_time.to_numpy(np.int64), steps)
     k["range_id"] = k["range_id"].where(k["range_id"] >= 0).astype("Int64")
     return k
 
@@ -279,23 +277,8 @@ def tables_from_nsys(export: dict, run_id: str) -> dict[str, pd.DataFrame]:
     ranges_table["kv_head"] = pd.array([pd.NA] * len(ranges_table), dtype="Int64")  # GQA mapping needs the call log
 
     layers = aggregate.layers_table(ranges_table)
-    heads = aggregate.heads_table(ranges_table, layers) if (ranges_table["level"] == "head").any() else layers.iloc[0:0].assign(head=pd.NA, kv_head=pd.NA)
-
-    paths = dict(zip(projected["range_id"], projected["path"]))
-    k = work.copy()
-    k["source"] = "nsys"
-    k["implementation"] = "unknown"
-    k["device"] = "cuda:" + k["device"].astype(str)
-    k["pid"] = k["launch_pid"].fillna(k["pid"])
-    k["tid"] = k["launch_tid"]
-    k["duration_ns"] = k["end_ns"] - k["start_ns"]
-    k["launch_latency_ns"] = (k["start_ns"] - k["api_start_ns"]).astype("Float64")
-    k["cpu_launch_cost_ns"] = (k["api_end_ns"] - k["api_start_ns"]).astype("Float64")
-    k["nvtx_path"] = [paths.get(r) for r in k["range_id"]]
-    labels = ranges_table.set_index("range_id")[["phase", "layer_name", "layer", "head"]]
-    k = k.join(labels, on="range_id")
-    k["step"] = _step_of(k["api_start_ns"].fillna(k["start_ns"]).to_numpy(np.int64), steps)
-    k["range_id"] = k["range_id"].where(k["range_id"] >= 0).astype("Int64")
+    heads = aggregate.heads_table(ranges_table, layers)
+    k = _kernels_table([_gpu_rows(work, work["range_id"].to_numpy())], projected, steps, "nsys", "unknown")
     tables = {"kernels": k, "ranges": ranges_table, "layers": layers, "heads": heads}
     for table in tables.values():
         table.insert(0, "run_id", run_id)

@@ -139,6 +139,23 @@ def launches(gpu: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
     return gpu.merge(calls, left_on=["pid", "correlation_id"], right_on=["launch_pid", "correlation_id"], how="left")
 
 
+def launched_in(work: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
+    """Innermost range (``range_id``, -1 if none) that wholly contains each GPU
+    operation's launch call on the launching thread.
+
+    Args:
+        work: output of :func:`launches`.
+        ranges: nested ranges (:func:`nest_ranges`).
+    """
+    work = work.reset_index(drop=True)
+    inner = np.full(len(work), -1, dtype=np.int64)
+    probe = work[work["api_start_ns"].notna()]
+    if len(probe):
+        probe = probe.assign(pid=probe["launch_pid"], tid=probe["launch_tid"]).astype({"api_start_ns": "int64", "api_end_ns": "int64"})
+        inner[probe.index.to_numpy()] = innermost_range(probe, ranges, "api_start_ns", "api_end_ns")
+    return inner
+
+
 def ancestors_matrix(ranges: pd.DataFrame, innermost: np.ndarray) -> list[np.ndarray]:
     """Level by level, the ancestor ``range_id`` of each op (self first), -1 past the root."""
     lookup = np.full(int(ranges["range_id"].max()) + 2 if len(ranges) else 1, -1, dtype=np.int64)
@@ -197,11 +214,7 @@ def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, 
     """
     nested = nest_ranges(ranges, keys=keys)
     work = launches(gpu, runtime).reset_index(drop=True)
-    probe = work[work["api_start_ns"].notna()]
-    inner = np.full(len(work), -1, dtype=np.int64)
-    if len(probe):
-        probe = probe.assign(tid=probe["launch_tid"]).astype({"api_start_ns": "int64", "api_end_ns": "int64"})
-        inner[probe.index.to_numpy()] = innermost_range(probe, nested, "api_start_ns", "api_end_ns")
+    inner = launched_in(work, nested)
     work["range_id"] = inner
     projected = project(nested, work, inner).rename(columns={
         "op_count": "gpu_op_count", "op_start_ns": "gpu_start_ns", "op_end_ns": "gpu_end_ns"})
