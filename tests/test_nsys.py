@@ -22,14 +22,20 @@ STEPS, LAYERS, HEADS = 2, 2, 4
 
 
 @pytest.fixture(scope="module")
-def nsys_sqlite_path(tmp_path_factory):
+def nsys_rep_path(tmp_path_factory):
     nsys = nsight_bin("nsys")
     tmp = tmp_path_factory.mktemp("nsys")
     rep = tmp / "tagged"
     subprocess.run([nsys, "profile", "--trace=nvtx", "--sample=none", "--cpuctxsw=none", "-o", str(rep), "--force-overwrite", "true",
                     sys.executable, str(WORKLOAD), str(STEPS)], check=True, capture_output=True, timeout=300)
-    sqlite_path = tmp / "tagged.sqlite"
-    subprocess.run([nsys, "export", "--type", "sqlite", "-o", str(sqlite_path), "--force-overwrite", "true", str(rep) + ".nsys-rep"],
+    return Path(str(rep) + ".nsys-rep")
+
+
+@pytest.fixture(scope="module")
+def nsys_sqlite_path(nsys_rep_path):
+    nsys = nsight_bin("nsys")
+    sqlite_path = nsys_rep_path.with_suffix(".sqlite")
+    subprocess.run([nsys, "export", "--type", "sqlite", "-o", str(sqlite_path), "--force-overwrite", "true", str(nsys_rep_path)],
                    check=True, capture_output=True, timeout=300)
     return sqlite_path
 
@@ -107,3 +113,36 @@ def test_cpu_only_capture_parses_into_ranges(nsys_sqlite_path):
     assert set(ours["level"]) == {"phase", "layer", "head"}
     assert (ours["gpu_op_count"] == 0).all() and tables["kernels"].empty
     assert set(ours.loc[ours.level == "head", "step"]) == {0, 1}
+
+
+def test_parse_nsys_rep_with_the_nsys_on_path(nsys_rep_path, tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    from headcount.cli.main import main
+
+    monkeypatch.setenv("HEADCOUNT_NSYS", nsight_bin("nsys"))
+    out = tmp_path / "r"
+    assert main(["parse", str(nsys_rep_path), "-o", str(out)]) == 0
+    ranges = pd.read_parquet(out / "ranges")
+    # all domains of a thread nest together, as in nsys: the step range leads the path
+    assert (ranges["path"] == "step.0/bwd/layer.1/head.3").sum() == 1
+    assert (ranges["path"].str.endswith("bwd/layer.1/head.3")).sum() == STEPS
+    assert "no GPU operation was launched" in capsys.readouterr().err
+
+    monkeypatch.setenv("HEADCOUNT_NSYS", "")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nsys anywhere
+    assert main(["parse", str(nsys_rep_path), "-o", str(tmp_path / "r2")]) == 2
+    assert "no nsys on PATH" in capsys.readouterr().err
+    assert not (tmp_path / "r2").exists()
+
+
+def test_damaged_nsys_rep(tmp_path, monkeypatch, capsys):
+    from headcount.cli.main import main
+
+    monkeypatch.setenv("HEADCOUNT_NSYS", nsight_bin("nsys"))
+    bad = tmp_path / "bad.nsys-rep"
+    bad.write_bytes(b"\x00" * 4096)
+    assert main(["parse", str(bad), "-o", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "nsys could not export the report" in err and str(bad) in err
+    assert not (tmp_path / "r").exists()

@@ -1,6 +1,7 @@
 """``headcount parse``: turn existing profiles into headcount's Parquet report.
 
-Supported so far: nsys SQLite exports (``nsys export --type sqlite``). Every
+Supported so far: nsys SQLite exports and ``.nsys-rep`` reports (exported by
+the nsys on PATH). Every
 file is read and attributed before anything is written; each file becomes one
 run of the report.
 """
@@ -14,6 +15,7 @@ from rich.console import Console
 
 from headcount.api import runs_row
 from headcount.errors import HeadcountError
+from headcount.parsers.nsys_rep import read_report
 from headcount.parsers.nsys_sqlite import read_export
 from headcount.pipeline import tables_from_nsys
 from headcount.reports import dataset
@@ -23,15 +25,16 @@ EXAMPLES = """\
 examples:
   nsys export --type sqlite -o run.sqlite run.nsys-rep
   headcount parse run.sqlite -o report/
+  headcount parse run.nsys-rep -o report/        exported with the nsys on PATH ($HEADCOUNT_NSYS to choose one)
   headcount parse rank0.sqlite rank1.sqlite -o report/ --append
 """
 
-SUPPORTED = "nsys SQLite exports (.sqlite)"
+SUPPORTED = "nsys SQLite exports (.sqlite) and .nsys-rep reports"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "parse", help="turn existing profiles (nsys SQLite exports) into the Parquet report",
+        "parse", help="turn existing profiles (nsys SQLite exports, .nsys-rep) into the Parquet report",
         description=f"Read existing profiles into headcount's tables, attributing each GPU operation to the NVTX ranges "
         f"that launched it (the rule of nsys's nvtx_gpu_proj_trace). Supported: {SUPPORTED}.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -51,6 +54,8 @@ def _read(path: Path) -> dict:
     suffix = path.suffix.lower()
     if suffix in (".sqlite", ".db", ".sqlite3"):
         return read_export(path)
+    if suffix == ".nsys-rep":
+        return read_report(path)
     raise HeadcountError(f"{path}: {suffix or 'this'} input is not supported yet", hint=f"supported: {SUPPORTED}")
 
 

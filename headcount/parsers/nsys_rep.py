@@ -1,0 +1,61 @@
+"""``.nsys-rep`` reports: exported to SQLite by the ``nsys`` on PATH, then read
+by :mod:`headcount.parsers.nsys_sqlite`.
+
+A report written by a newer nsys cannot be opened by an older one; nsys's own
+message is passed on with the hint to export on the machine that recorded it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from headcount.errors import HeadcountError
+from headcount.parsers.nsys_sqlite import read_export
+
+
+def find_nsys() -> str:
+    """Path of the nsys to use: ``$HEADCOUNT_NSYS`` or ``nsys`` on PATH.
+
+    Raises:
+        HeadcountError: none found.
+    """
+    nsys = os.environ.get("HEADCOUNT_NSYS") or shutil.which("nsys")
+    if not nsys:
+        raise HeadcountError(
+            "no nsys on PATH to export the .nsys-rep report",
+            hint="install Nsight Systems, set HEADCOUNT_NSYS, or pass `nsys export --type sqlite` output instead",
+        )
+    return nsys
+
+
+def read_report(path: str | Path, timeout_s: int = 1800) -> dict:
+    """Export ``path`` to SQLite in a temporary directory and read it.
+
+    Raises:
+        HeadcountError: no nsys, the file is missing, or nsys cannot export it
+            (damaged, or written by a newer nsys).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise HeadcountError(f"{path}: no such file", hint="check the path")
+    nsys = find_nsys()
+    with tempfile.TemporaryDirectory(prefix="headcount-nsys-") as tmp:
+        out = Path(tmp) / "export.sqlite"
+        try:
+            done = subprocess.run(
+                [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(out), str(path)],
+                capture_output=True, text=True, timeout=timeout_s,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise HeadcountError(f"{path}: nsys export did not finish in {timeout_s} s", hint="export it yourself with `nsys export --type sqlite`") from exc
+        if done.returncode != 0 or not out.exists():
+            detail = " ".join((done.stderr or done.stdout or "").split())[:300] or f"exit status {done.returncode}"
+            raise HeadcountError(
+                f"{path}: nsys could not export the report ({detail})",
+                hint="a report from a newer nsys needs that nsys: export it to SQLite where it was recorded",
+            )
+        return read_export(out)
