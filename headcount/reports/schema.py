@@ -29,7 +29,8 @@ KERNELS = pa.schema([
     ("api_start_ns", I), ("api_end_ns", I), ("launch_latency_ns", F), ("cpu_launch_cost_ns", F),
     ("grid", S), ("block", S), ("registers_per_thread", I), ("shared_memory_bytes", I),
     ("theoretical_occupancy_pct", F), ("est_achieved_occupancy_pct", F), ("achieved_occupancy_pct", F),
-    ("dram_read_bytes", F), ("dram_write_bytes", F), ("l2_bytes", F),
+    ("dram_bytes", F), ("dram_read_bytes", F), ("dram_write_bytes", F), ("dram_throughput_pct", F), ("l2_bytes", F),
+    ("tensor_pipe_pct", F), ("ncu_id", I), ("incomplete", B), ("missing_metrics", S),
     *_ATTRIBUTION,
 ])
 

@@ -1,0 +1,125 @@
+"""What headcount reads from an Nsight Compute result, whatever the file.
+
+Both ncu readers (CSV and ``.ncu-rep`` through ``ncu_report``) reduce each
+profiled kernel to ``{metric name: (value, unit)}`` and call
+:func:`kernels_frame`, so the two paths give identical tables by
+construction of this one step; the tests check the readers up to it.
+
+Units are normalized to base units (ns, bytes, %, counts) from the unit ncu
+names (``usecond``, ``Mbyte``, …; SI prefixes, powers of 1000). A metric
+whose value is ``nan``, ``inf``, ``no data`` or empty stays null, never 0,
+and the kernel row is marked ``incomplete`` (ncu's "incomplete result");
+counters that were simply not collected are listed in ``missing_metrics``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+# headcount column -> ncu metric names, first present wins
+METRICS: dict[str, tuple[str, ...]] = {
+    "duration_ns": ("gpu__time_duration.sum",),
+    "dram_read_bytes": ("dram__bytes_read.sum",),
+    "dram_write_bytes": ("dram__bytes_write.sum",),
+    "dram_bytes": ("dram__bytes.sum",),
+    "dram_throughput_pct": ("dram__throughput.avg.pct_of_peak_sustained_elapsed",),
+    "achieved_occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active",),
+    "theoretical_occupancy_pct": ("sm__maximum_warps_per_active_cycle_pct",),
+    "l2_bytes": ("lts__t_bytes.sum",),
+    "tensor_pipe_pct": ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+                        "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active"),
+    "registers_per_thread": ("launch__registers_per_thread",),
+    "shared_memory_static_bytes": ("launch__shared_mem_per_block_static",),
+    "shared_memory_dynamic_bytes": ("launch__shared_mem_per_block_dynamic",),
+}
+
+# counters a headcount report needs; ``missing_metrics`` names those not collected
+CORE = ("duration_ns", "achieved_occupancy_pct")
+
+_SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_TIME = {"nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9, "ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+_MISSING = {"", "nan", "-nan", "inf", "-inf", "no data", "n/a", "nan%"}
+
+
+def unit_factor(unit: str | None) -> float:
+    """Factor from ``unit`` to headcount's base unit (ns for time, bytes for
+    data, 1 for %, counts and anything else)."""
+    unit = (unit or "").strip()
+    base = unit.partition("/")[0]  # "byte/block", "register/thread": the numerator decides
+    if base in _TIME:
+        factor = _TIME[base]
+    elif base.endswith("byte") and base[:-4] in _SCALE:
+        factor = _SCALE[base[:-4]]
+    else:
+        factor = 1.0
+    return factor
+
+
+def to_float(value) -> float | None:
+    """A metric value as a finite float, or ``None`` (nan, inf, no data, empty)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    text = str(value).strip()
+    if text.lower() in _MISSING:
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
+    """Normalize ncu kernels.
+
+    Args:
+        kernels: one dict per profiled kernel: identity fields (``ncu_id``,
+            ``name``, ``pid``, ``device``, ``stream``, ``grid``, ``block``,
+            ``nvtx_path``) and ``metrics``: ``{ncu metric: (value, unit)}`` with
+            values already parsed to float or ``None``.
+        source: ``ncu`` (recorded in each row).
+
+    Returns:
+        The kernels table (schema of :data:`headcount.reports.schema.KERNELS`),
+        plus ``incomplete`` and ``missing_metrics``.
+    """
+    rows = []
+    for k in kernels:
+        metrics = k["metrics"]
+        row = {key: k.get(key) for key in ("ncu_id", "name", "pid", "device", "stream", "grid", "block", "nvtx_path")}
+        missing, broken = [], False
+        for column, names in METRICS.items():
+            present = next((n for n in names if n in metrics), None)
+            value = None
+            if present is not None:
+                raw, unit = metrics[present]
+                broken |= raw is None
+                value = None if raw is None else raw * unit_factor(unit)
+            elif column in CORE:
+                missing.append(names[0])
+            row[column] = value
+        row["incomplete"] = broken
+        row["missing_metrics"] = ",".join(missing) or None
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    frame["source"] = source
+    frame["kind"] = "kernel"
+    static, dynamic = frame.pop("shared_memory_static_bytes"), frame.pop("shared_memory_dynamic_bytes")
+    frame["shared_memory_bytes"] = (static + dynamic).astype("Float64")
+    for col in ("duration_ns", "registers_per_thread", "ncu_id", "stream"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce").round().astype("Int64")
+    total = frame["dram_read_bytes"] + frame["dram_write_bytes"]
+    frame["dram_bytes"] = frame["dram_bytes"].where(frame["dram_bytes"].notna(), total)
+    for col in ("dram_bytes", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "dram_throughput_pct", "achieved_occupancy_pct",
+                "theoretical_occupancy_pct", "tensor_pipe_pct"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Float64")
+    frame["device"] = frame["device"].map(lambda d: None if d is None or (isinstance(d, float) and np.isnan(d)) else f"cuda:{int(float(d))}")
+    frame["pid"] = frame["pid"].map(lambda p: None if p is None else str(int(float(p))))
+    return frame

@@ -1,0 +1,99 @@
+"""Read ``.ncu-rep`` reports through NVIDIA's ``ncu_report`` module (the
+``ncu-report`` wheel, or the one shipped in Nsight Compute's ``extras/python``).
+It reads reports without a GPU.
+
+``ncu_report`` exposes no process id, so ``pid`` stays null on this path (the
+CSV export carries it). Values are exact doubles here, where the CSV prints
+them rounded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from headcount.errors import HeadcountError
+from headcount.parsers.ncu_metrics import METRICS, kernels_frame, to_float
+
+
+def _module():
+    try:
+        import ncu_report
+    except ImportError as exc:
+        raise HeadcountError(
+            "reading .ncu-rep files needs NVIDIA's ncu_report module",
+            hint="pip install ncu-report, or export with `ncu --import R --csv --page raw` and pass the CSV",
+        ) from exc
+    return ncu_report
+
+
+def _metric(action, name: str):
+    metric = action.metric_by_name(name)
+    if metric is None:
+        return None
+    try:
+        return metric.as_double()
+    except Exception:  # noqa: BLE001 - string metrics have no double value
+        return to_float(metric.value())
+
+
+def _nvtx_path(action) -> str | None:
+    """Push/pop ranges open at the launch, ``domain@a/b/c`` per domain, joined with ``;``."""
+    state = action.nvtx_state()
+    if state is None:
+        return None
+    parts = []
+    for domain_id in state.domains():
+        domain = state.domain_by_id(domain_id)
+        ranges = list(domain.push_pop_ranges())
+        if ranges:
+            parts.append(f"{domain.name()}@{'/'.join(ranges)}")
+    return ";".join(parts) or None
+
+
+def read_report(path: str | Path) -> pd.DataFrame:
+    """Read every profiled kernel of an ``.ncu-rep`` into headcount's kernels table.
+
+    Raises:
+        HeadcountError: no ncu_report module, the file is missing, not a report, or empty.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise HeadcountError(f"{path}: no such file", hint="check the path")
+    with path.open("rb") as fh:
+        if fh.read(4) != b"NVR\x00":  # the magic of every .ncu-rep seen so far
+            raise HeadcountError(f"{path}: not a readable Nsight Compute report (no NVR header)", hint="pass a file written by `ncu -o`")
+    ncu_report = _module()
+    try:
+        context = ncu_report.load_report(str(path))
+    except Exception as exc:  # noqa: BLE001 - the module raises its own exception types
+        raise HeadcountError(f"{path}: not a readable Nsight Compute report ({str(exc).strip()[:200]})",
+                             hint="a report from a newer ncu needs a newer ncu-report package") from exc
+    wanted = {n for names in METRICS.values() for n in names}
+    kernels = []
+    for r in range(context.num_ranges()):
+        rng = context.range_by_idx(r)
+        for a in range(rng.num_actions()):
+            action = rng.action_by_idx(a)
+            names = set(action.metric_names())
+            metrics = {}
+            for name in wanted & names:
+                metrics[name] = (_metric(action, name), action.metric_by_name(name).unit())
+            dims = [_metric(action, f"launch__{k}_dim_{ax}") for k in ("grid", "block") for ax in "xyz"]
+            grid = f"({int(dims[0])}, {int(dims[1])}, {int(dims[2])})" if None not in dims[:3] else None
+            block = f"({int(dims[3])}, {int(dims[4])}, {int(dims[5])})" if None not in dims[3:] else None
+            kernels.append({
+                "ncu_id": len(kernels),
+                "name": action.name(ncu_report.IAction.NameBase_DEMANGLED),
+                "pid": None,
+                "device": _metric(action, "launch__device_id"),
+                "stream": _metric(action, "launch__stream_id"),
+                "grid": grid,
+                "block": block,
+                "nvtx_path": _nvtx_path(action),
+                "metrics": metrics,
+            })
+    if not kernels:
+        raise HeadcountError(f"{path}: holds no profiled kernel", hint="check that ncu profiled something")
+    return kernels_frame(kernels, "ncu")

@@ -1,0 +1,165 @@
+"""Nsight Compute: CSV (raw and details pages, any locale) and .ncu-rep
+through ncu_report give the same kernels; bad files get one clear error."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from headcount.errors import HeadcountError
+from headcount.parsers.ncu_csv import read_csv
+from headcount.parsers.ncu_rep import read_report
+
+from nsight import nsight_bin
+
+FIX = Path(__file__).parent / "fixtures" / "ncu"
+REP = FIX / "rtx2080ti_two_kernels.ncu-rep"
+RAW_C = FIX / "rtx2080ti_two_kernels.raw.C.csv"
+
+EXACT = ["ncu_id", "name", "duration_ns", "registers_per_thread", "shared_memory_bytes", "grid", "block", "device",
+         "stream", "dram_bytes", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "incomplete"]
+PERCENT = ["achieved_occupancy_pct", "theoretical_occupancy_pct", "dram_throughput_pct", "tensor_pipe_pct"]
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame, percent_tol: float = 0.0) -> None:
+    pd.testing.assert_frame_equal(a[EXACT].reset_index(drop=True), b[EXACT].reset_index(drop=True), check_dtype=False)
+    for col in PERCENT:
+        x, y = a[col].astype("float64").to_numpy(), b[col].astype("float64").to_numpy()
+        assert np.array_equal(np.isnan(x), np.isnan(y)), col
+        assert np.allclose(x[~np.isnan(x)], y[~np.isnan(y)], atol=percent_tol, rtol=0), col
+
+
+def test_raw_csv_in_c_and_en_us_locales_are_identical():
+    c = read_csv(RAW_C)
+    en = read_csv(FIX / "rtx2080ti_two_kernels.raw.en_US.csv")
+    pd.testing.assert_frame_equal(c, en)
+    assert list(c["duration_ns"]) == [1_168_077_824, 993_024]
+    assert list(c["grid"]) == ["(256000, 1, 1)"] * 2 and list(c["pid"]) == ["12541"] * 2
+
+
+def test_german_numbers_mean_the_same(tmp_path):
+    """de_DE swaps the separators ("1.168.077.824", "99,89"); this file is the
+    C export with its numbers rewritten that way (no de_DE export exists yet)."""
+    rows = list(csv.reader(RAW_C.open()))
+
+    def german(cell):
+        try:
+            value = float(cell)
+        except ValueError:
+            return cell
+        text = f"{value:,.2f}" if not value.is_integer() else f"{int(value):,}"
+        return text.replace(",", "X").replace(".", ",").replace("X", ".")
+
+    rows = rows[:2] + [[german(c) if i > 10 else c for i, c in enumerate(r)] for r in rows[2:]]
+    path = tmp_path / "de.csv"
+    with path.open("w", newline="") as fh:
+        csv.writer(fh, quoting=csv.QUOTE_ALL).writerows(rows)
+    assert "1.168.077.824" in path.read_text()
+    pd.testing.assert_frame_equal(read_csv(path), read_csv(RAW_C))
+    pd.testing.assert_frame_equal(read_csv(path, locale="de_DE"), read_csv(RAW_C))
+
+
+def test_details_page_agrees_with_raw_page_to_its_printed_precision():
+    details = read_csv(FIX / "rtx2080ti_two_kernels.details.C.csv")
+    raw = read_csv(RAW_C)
+    # the details page prints durations with three significant digits ("1.17 second")
+    assert np.allclose(details["duration_ns"].astype(float), raw["duration_ns"].astype(float), rtol=5e-3)
+    assert list(details["achieved_occupancy_pct"]) == list(raw["achieved_occupancy_pct"])
+    assert list(details["registers_per_thread"]) == list(raw["registers_per_thread"])
+
+
+def test_ncu_report_path_equals_csv_path():
+    rep = read_report(REP)
+    raw = read_csv(RAW_C)
+    assert rep["pid"].isna().all()  # ncu_report exposes no process id
+    _same(rep, raw, percent_tol=0.005)  # the CSV prints percentages with two decimals
+
+
+@pytest.mark.parametrize("lang", ["C", "en_US.UTF-8"])
+def test_live_ncu_import_csv_equals_ncu_report(tmp_path, lang):
+    ncu = nsight_bin("ncu")
+    env = {**os.environ, "LC_ALL": lang}
+    out = subprocess.run([ncu, "--import", str(REP), "--csv", "--page", "raw", "--print-units", "base"],
+                         capture_output=True, text=True, env=env, timeout=300, check=True)
+    path = tmp_path / f"raw.{lang}.csv"
+    path.write_text(out.stdout)
+    _same(read_csv(path), read_report(REP), percent_tol=0.005)
+
+
+def test_incomplete_results_stay_null_not_zero():
+    h800 = read_csv(FIX / "h800_flash_fwd_raw.C.csv")
+    flash = h800[h800["name"].str.contains("flash_fwd_kernel")].iloc[0]
+    assert flash["incomplete"] and pd.isna(flash["duration_ns"]) and pd.isna(flash["dram_bytes"])
+    others = h800[~h800["name"].str.contains("flash_fwd_kernel")]
+    assert not others["incomplete"].any() and (others["duration_ns"] > 0).all()
+    assert list(others["dram_read_bytes"]) == [8448, 8448, 11008, 40192]
+
+
+def test_ncu_2021_details_page():
+    old = read_csv(FIX / "a100_bert_flashattn_details_ncu2021.csv")
+    assert len(old) == 10 and old["name"].str.contains("fmha_fwd_loop_kernel").sum() == 1
+    # only LaunchStats and Occupancy were collected: no duration, and the row says so
+    assert old["duration_ns"].isna().all() and (old["missing_metrics"] == "gpu__time_duration.sum").all()
+    assert not old["incomplete"].any()
+    fmha = old[old["name"].str.contains("fmha")].iloc[0]
+    assert fmha["registers_per_thread"] == 125 and fmha["shared_memory_bytes"] == 10752
+
+
+def test_warning_lines_are_skipped(tmp_path):
+    lines = RAW_C.read_text().splitlines()
+    mixed = ["==PROF== Connected to process 1", lines[0], "==WARNING== something", *lines[1:], "==PROF== Disconnected"]
+    path = tmp_path / "mixed.csv"
+    path.write_text("\n".join(mixed) + "\n")
+    pd.testing.assert_frame_equal(read_csv(path), read_csv(RAW_C))
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", "empty file"),
+    ('"a","b"\n"1","2"\n', "not an ncu CSV"),
+    (RAW_C.read_text()[: len(RAW_C.read_text()) - 900], "cut mid-row"),
+    ("\x00\x01binary", "binary data"),
+])
+def test_bad_csv(tmp_path, content, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    with pytest.raises(HeadcountError, match=message) as info:
+        read_csv(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("content", [b"not a report", b"NVR\x00" + b"\x00" * 64, REP.read_bytes()[:2000]])
+def test_bad_report(tmp_path, content):
+    path = tmp_path / "bad.ncu-rep"
+    path.write_bytes(content)
+    with pytest.raises(HeadcountError, match="not a readable Nsight Compute report|holds no profiled kernel") as info:
+        read_report(path)
+    assert str(path) in str(info.value)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_csv_gives_a_table_or_a_clear_error(tmp_path, data):
+    text = RAW_C.read_text()
+    cut = data.draw(st.integers(0, len(text)))
+    flips = data.draw(st.lists(st.tuples(st.integers(0, max(cut - 1, 0)), st.sampled_from(list('",\n x9.-'))), max_size=5))
+    chars = list(text[:cut])
+    for pos, ch in flips:
+        if pos < len(chars):
+            chars[pos] = ch
+    path = tmp_path / "m.csv"
+    path.write_text("".join(chars))
+    try:
+        frame = read_csv(path)
+    except HeadcountError as exc:
+        assert str(path) in str(exc)
+    else:
+        assert set(EXACT) <= set(frame.columns) and len(frame) >= 1
