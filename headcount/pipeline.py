@@ -283,3 +283,40 @@ def tables_from_nsys(export: dict, run_id: str) -> dict[str, pd.DataFrame]:
     for table in tables.values():
         table.insert(0, "run_id", run_id)
     return tables
+
+
+def tables_from_ncu(kernels: pd.DataFrame, run_id: str) -> dict[str, pd.DataFrame]:
+    """Build headcount's tables from ncu kernels (:mod:`headcount.parsers.ncu_csv`,
+    :mod:`headcount.parsers.ncu_rep`).
+
+    Kernels whose NVTX stack follows headcount's naming (domain ``headcount``)
+    are aggregated into ``layers`` (and ``heads`` in head mode) with measured
+    DRAM bytes; ncu has no range instances, so ``ranges`` is empty.
+    """
+    k = kernels.copy()
+    k["implementation"] = "unknown"
+    paths = [_headcount_stack(p) for p in k["nvtx_path"]]
+    parsed = [parse_path(p) if p else None for p in paths]
+    k["phase"] = [p.phase if p else None for p in parsed]
+    k["layer_name"] = [p.layer_name if p else None for p in parsed]
+    k["layer"] = pd.array([p.layer if p else None for p in parsed], dtype="Int64")
+    k["head"] = pd.array([p.head if p else None for p in parsed], dtype="Int64")
+    k["kv_head"] = pd.array([pd.NA] * len(k), dtype="Int64")
+    with_head = k[k["head"].notna()]
+    layers = aggregate.from_kernels(k, aggregate.GROUP_LAYER)
+    heads = aggregate.from_kernels(with_head, aggregate.GROUP_HEAD)
+    tables = {"kernels": k, "ranges": pd.DataFrame(), "layers": layers, "heads": heads}
+    for table in tables.values():
+        table.insert(0, "run_id", run_id)
+    return tables
+
+
+def _headcount_stack(nvtx: str | None) -> str | None:
+    """``headcount@fwd/layer.3;other@x`` → ``fwd/layer.3`` (headcount's domain only)."""
+    if not isinstance(nvtx, str):
+        return None
+    for part in nvtx.split(";"):
+        domain, _, stack = part.partition("@")
+        if domain == DOMAIN:
+            return stack
+    return None

@@ -13,8 +13,9 @@ measured-or-not quantity has a ``<quantity>_provenance`` column:
   time is ``analytic``.
 
 ``duration_basis`` says what the duration is: ``cpu_range`` (wall time of the
-range on the CPU thread — the CPU torch source) or ``gpu_projected`` (first
-kernel start to last kernel end of the range on the GPU).
+range on the CPU thread — the CPU torch source), ``gpu_projected`` (first
+kernel start to last kernel end of the range on the GPU) or
+``gpu_kernel_sum`` (sum of kernel durations — ncu, which serializes kernels).
 """
 
 from __future__ import annotations
@@ -140,3 +141,34 @@ def _apportion(layer_ranges: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame
         table[col] = np.where(table[col].isna(), None, "apportioned")
     table["provenance"] = "apportioned"
     return table
+
+
+def from_kernels(kernels: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Aggregate per-kernel hardware counters (ncu) by ``keys``.
+
+    ncu replays kernels one at a time, so a group's time is the sum of its
+    kernels' durations (``duration_basis`` ``gpu_kernel_sum``), its DRAM bytes
+    the sum of their measured bytes, its occupancy the duration-weighted mean.
+    ``calls`` is unknown here (ncu records kernels, not range instances).
+    """
+    k = kernels[kernels["layer_name"].notna()].copy()
+    k["duration_ns"] = k["duration_ns"].astype("float64")
+    k["_occ_x_t"] = k["achieved_occupancy_pct"].astype("float64") * k["duration_ns"]
+    grouped = k.groupby(keys, dropna=False, sort=True)
+    out = grouped.agg(
+        op_count=("name", "size"),
+        duration_ns=("duration_ns", lambda s: s.sum(min_count=1)),
+        dram_bytes_measured=("dram_bytes", lambda s: s.astype("float64").sum(min_count=1)),
+        _occ=("_occ_x_t", lambda s: s.sum(min_count=1)),
+        incomplete=("incomplete", "any"),
+    ).reset_index()
+    out["achieved_occupancy_pct"] = out.pop("_occ") / out["duration_ns"]
+    out["calls"] = pd.NA
+    out["steps"] = pd.NA
+    out["duration_basis"] = "gpu_kernel_sum"
+    out["flop"] = np.nan
+    out["analytic_min_bytes"] = np.nan
+    out = _derive(out, "measured")
+    out["duration_per_call_ns"] = np.nan
+    out["provenance"] = "measured"
+    return out

@@ -51,7 +51,7 @@ _AGG = [
     ("dram_bytes", F), ("dram_bytes_provenance", S), ("bandwidth_gbps", F), ("bandwidth_provenance", S),
     ("intensity_flop_per_byte", F), ("intensity_provenance", S), ("excess_traffic", F),
     ("roofline_class", S), ("launch_latency_p50_ns", F), ("launch_latency_p99_ns", F),
-    ("achieved_occupancy_pct", F), ("provenance", S),
+    ("achieved_occupancy_pct", F), ("incomplete", B), ("provenance", S),
 ]
 
 LAYERS = pa.schema([
