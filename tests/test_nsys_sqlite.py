@@ -115,3 +115,20 @@ def test_bad_sqlite_inputs(tmp_path, make, message):
 def test_missing_file(tmp_path):
     with pytest.raises(HeadcountError, match="no such file"):
         read_export(tmp_path / "none.sqlite")
+
+
+def test_columns_whose_first_rows_are_null(tmp_path):
+    """SQLite columns have no fixed type: NULL ends and names in the first
+    rows, text names later, must read the same as the original."""
+    path = tmp_path / "nulls.sqlite"
+    shutil.copy(H100, path)
+    con = sqlite3.connect(path)
+    first = [r[0] for r in con.execute("SELECT rowid FROM NVTX_EVENTS ORDER BY rowid LIMIT 3000")]
+    con.execute("UPDATE NVTX_EVENTS SET text = NULL, textId = NULL, end = NULL WHERE rowid <= 3000")
+    con.execute("UPDATE NVTX_EVENTS SET text = 'named', textId = NULL WHERE rowid > 10000")
+    con.commit()
+    con.close()
+    ranges = read_export(path)["ranges"].set_index("range_id")
+    assert (ranges.loc[ranges.index > 10000, "name"] == "named").all()
+    assert ranges.loc[first, "name"].isna().all() and ranges.loc[first, "end_missing"].all()
+    assert ranges.loc[ranges.index > 3000, "name"].notna().all()

@@ -25,7 +25,8 @@ def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS) -> pd.DataFr
     ``path`` (names joined with ``/``, outermost first) to push/pop ranges.
 
     A range's parent is the tightest range of the same group that contains it
-    (the rule of nsys's ``nvtx_gpu_proj_trace``), found by a stack sweep.
+    (the rule of nsys's ``nvtx_gpu_proj_trace``): found by counting open ranges
+    (vectorized) when ranges nest properly, else by a stack sweep.
 
     Args:
         ranges: columns ``pid``, ``tid``, ``name``, ``start_ns``, ``end_ns`` and the ``keys``;
@@ -39,28 +40,17 @@ def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS) -> pd.DataFr
     out = ranges.sort_values(keys + ["start_ns", "end_ns"], ascending=[True] * (len(keys) + 1) + [False], kind="stable")
     out = out.reset_index(drop=True)
     n = len(out)
-    parent = np.full(n, -1, dtype=np.int64)
-    depth = np.zeros(n, dtype=np.int64)
-    ends = out["end_ns"].to_numpy()
-    names = out["name"].to_numpy(dtype=object)
-    paths = np.empty(n, dtype=object)
     group_ids = out.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
-    stack: list[int] = []
-    current_group = None
-    for i in range(n):
-        if group_ids[i] != current_group:
-            current_group = group_ids[i]
-            stack.clear()
-        # a range is inside the top of the stack iff the top contains it
-        while stack and ends[i] > ends[stack[-1]]:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]  # a row position here; turned into a range_id below
-            depth[i] = depth[stack[-1]] + 1
-            paths[i] = paths[stack[-1]] + "/" + names[i]
-        else:
-            paths[i] = names[i]
-        stack.append(i)
+    starts = out["start_ns"].to_numpy(dtype=np.int64)
+    ends = out["end_ns"].to_numpy(dtype=np.int64)
+    parent, depth = _nest_by_counting(group_ids, starts, ends)
+    if parent is None:  # not properly nested somewhere: the exact stack sweep
+        parent, depth = _nest_by_stack(group_ids, ends)
+    names = out["name"].to_numpy(dtype=object)
+    paths = names.copy()
+    for d in range(1, int(depth.max()) + 1 if n else 0):
+        rows = np.flatnonzero(depth == d)
+        paths[rows] = paths[parent[rows]] + "/" + names[rows]
     if "range_id" not in out.columns:
         out["range_id"] = np.arange(n, dtype=np.int64)
     ids = out["range_id"].to_numpy(dtype=np.int64)
@@ -68,6 +58,60 @@ def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS) -> pd.DataFr
     out["depth"] = depth
     out["path"] = paths
     return out
+
+
+def _nest_by_counting(group_ids, starts, ends):
+    """Parent row and depth of ranges sorted by (group, start, -end), vectorized:
+    a range's depth is the number of ranges open at its start, its parent the
+    last range one level up that started before it. Exact when ranges nest
+    properly (push/pop ranges, and ranges left open at the end of a capture);
+    returns ``(None, None)`` when some found parent does not contain its child."""
+    n = len(starts)
+    parent = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return parent, np.zeros(0, dtype=np.int64)
+    rows = np.arange(n)
+    ev_group = np.concatenate([group_ids, group_ids])
+    ev_time = np.concatenate([starts, ends])
+    ev_kind = np.concatenate([np.ones(n, np.int8), np.zeros(n, np.int8)])  # at equal times, ends first
+    ev_row = np.concatenate([rows, rows])
+    order = np.lexsort((ev_row, ev_kind, ev_time, ev_group))
+    open_after = np.cumsum(np.where(ev_kind[order] == 1, 1, -1))
+    is_start = ev_kind[order] == 1
+    depth = np.empty(n, dtype=np.int64)
+    depth[ev_row[order][is_start]] = open_after[is_start] - 1
+    for d in range(1, int(depth.max()) + 1):
+        children = np.flatnonzero(depth == d)
+        candidates = np.flatnonzero(depth == d - 1)
+        pos = np.searchsorted(candidates, children) - 1
+        parent[children] = np.where(pos >= 0, candidates[np.maximum(pos, 0)], -1)
+    has = parent >= 0
+    p = parent[has]
+    ok = (group_ids[p] == group_ids[has]) & (starts[p] <= starts[has]) & (ends[p] >= ends[has])
+    if not ok.all() or (depth[~has] != 0).any():
+        return None, None
+    return parent, depth
+
+
+def _nest_by_stack(group_ids, ends):
+    """Parent row and depth by a stack sweep (rows sorted by group, start, -end):
+    the top of the stack is the parent while it contains the range."""
+    n = len(ends)
+    parent = np.full(n, -1, dtype=np.int64)
+    depth = np.zeros(n, dtype=np.int64)
+    stack: list[int] = []
+    current_group = None
+    for i in range(n):
+        if group_ids[i] != current_group:
+            current_group = group_ids[i]
+            stack.clear()
+        while stack and ends[i] > ends[stack[-1]]:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+            depth[i] = depth[stack[-1]] + 1
+        stack.append(i)
+    return parent, depth
 
 
 def innermost_range(
@@ -109,8 +153,8 @@ def innermost_range(
         t_end = op_end[op_idx]
         cand = np.searchsorted(starts, t, side="right") - 1
         cand = np.where(cand >= 0, r_idx[np.maximum(cand, 0)], -1)
-        # walk up until the range contains the op (bounded by the nesting depth)
-        for _ in range(64):
+        # walk up until the range contains the op (at most the nesting depth)
+        while True:
             bad = (cand >= 0) & (r_end[np.maximum(cand, 0)] < t_end)
             if not bad.any():
                 break
