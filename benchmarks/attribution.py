@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import io
 import multiprocessing as mp
-import os
 import resource
 import shutil
 import sqlite3

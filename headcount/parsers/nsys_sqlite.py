@@ -21,6 +21,7 @@ absent. Facts used (checked on the fixtures and nsys 2023.4.4's own
 from __future__ import annotations
 
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -86,24 +87,34 @@ def _fetch(path: Path, sql: str) -> pa.Table:
         con.close()
 
 
-def _query(path: Path, sql: str, types: dict[str, str]) -> pd.DataFrame:
-    """Run ``sql`` and return the columns of ``types`` (``int`` or ``text``;
-    ``int!`` for a column the schema declares NOT NULL, read as is).
+NULL_INT = -1  # no timestamp, id, count or size in an nsys export is negative
 
-    SQLite columns have no fixed type, and the ADBC driver infers one from the
-    first rows, so every column is cast and its NULLs are carried in a flag
-    (a NULL-only start of a text column would otherwise be read as integers).
-    NULLs come back as ``<NA>`` (ints, nullable Int64) or ``None`` (text).
+
+def _query(path: Path, sql: str | list[str], types: dict[str, str]) -> pd.DataFrame:
+    """Run ``sql`` and return the columns of ``types``: ``int`` (NULL comes
+    back as ``<NA>``), ``int!`` (a column the schema declares NOT NULL, read
+    as is) or ``text`` (NULL or empty comes back as ``None``).
+
+    SQLite columns have no fixed type and the ADBC driver infers one from the
+    first rows, so NULLs are replaced in SQL (integers by -1, which no nsys
+    value can be; text by '') and restored here. Several ``sql`` (parts of
+    one table) run on two threads: the driver releases the GIL.
     """
     cols = []
     for col, kind in types.items():
         if kind == "int!":
             cols.append(col)
-            continue
-        cast = f"CAST(IFNULL({col}, 0) AS INTEGER)" if kind == "int" else f"CAST(IFNULL({col}, '') AS TEXT)"
-        cols += [f"{cast} AS {col}", f"({col} IS NULL) AS {col}__null"]
+        elif kind == "int":
+            cols.append(f"IFNULL({col}, {NULL_INT}) AS {col}")
+        else:
+            cols.append(f"CAST(IFNULL({col}, '') AS TEXT) AS {col}")
+    selects = [f"SELECT {', '.join(cols)} FROM ({part})" for part in ([sql] if isinstance(sql, str) else sql)]
     try:
-        table = _fetch(path, f"SELECT {', '.join(cols)} FROM ({sql})")
+        if len(selects) > 1:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                table = pa.concat_tables(list(pool.map(lambda select: _fetch(path, select), selects)))
+        else:
+            table = _fetch(path, selects[0])
     except Exception as exc:  # noqa: BLE001 - sqlite3 and ADBC raise different types for a damaged file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HeadcountError(f"{path}: damaged or truncated SQLite export ({first})", hint="export the report again") from exc
@@ -111,15 +122,32 @@ def _query(path: Path, sql: str, types: dict[str, str]) -> pd.DataFrame:
     for col, kind in types.items():
         if kind == "int!":
             frame[col] = frame[col].astype(np.int64)
-            continue
-        null = table.column(f"{col}__null").to_numpy(zero_copy_only=False).astype(bool)
-        if kind == "int":
-            frame[col] = frame[col].astype(np.int64)
-            if null.any():
-                frame[col] = frame[col].astype("Int64").mask(null)
-        elif null.any():
-            frame[col] = frame[col].astype(object).where(~null, None)
+        elif kind == "int":
+            values = frame[col].astype(np.int64)
+            null = values == NULL_INT
+            frame[col] = values.astype("Int64").mask(null) if null.any() else values
+        else:
+            values = frame[col].astype(object)
+            frame[col] = values.where(values != "", None)
     return frame
+
+
+def nsys_name(ranges: pd.DataFrame) -> pd.Series:
+    """Range names as nsys's reports print them: ``domain:name``, or the name alone."""
+    has_domain = ranges["domain"].notna()
+    return ranges["name"].where(~has_domain, ranges["domain"].astype(object) + ":" + ranges["name"].astype(object))
+
+
+SPLIT_ROWS = 100_000  # tables larger than this are read in two halves, on two threads
+
+
+def _halves(con, table: str, id_col: str) -> list[str]:
+    """Two WHERE conditions on ``id_col`` (the table's rowid) splitting it in half."""
+    lo, hi = con.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
+    if lo is None or hi - lo < SPLIT_ROWS:
+        return []
+    mid = (lo + hi) // 2
+    return [f"{id_col} <= {mid}", f"{id_col} > {mid}"]
 
 
 def _split_tid(global_tid: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -132,7 +160,7 @@ def read_export(path: str | Path) -> dict[str, pd.DataFrame | dict]:
 
     Returns:
         ``ranges`` (range_id = NVTX_EVENTS rowid, pid, tid, domain, name,
-        full_name — ``domain:name`` as nsys prints it —, style, start_ns,
+        style, start_ns,
         end_ns, end_missing), ``runtime`` (launch calls: pid, tid,
         correlation_id, start_ns, end_ns, name), ``gpu`` (kind, name, pid,
         device, stream, correlation_id, start_ns, end_ns, grid, block,
@@ -162,7 +190,7 @@ def read_export(path: str | Path) -> dict[str, pd.DataFrame | dict]:
 
 
 def _read_ranges(con, tables, strings, path) -> pd.DataFrame:
-    cols = ["range_id", "pid", "tid", "domain", "name", "full_name", "style", "start_ns", "end_ns", "end_missing"]
+    cols = ["range_id", "pid", "tid", "domain", "name", "style", "start_ns", "end_ns", "end_missing"]
     if "NVTX_EVENTS" not in tables:
         return pd.DataFrame(columns=cols)
     have = _columns(con, "NVTX_EVENTS")
@@ -171,14 +199,15 @@ def _read_ranges(con, tables, strings, path) -> pd.DataFrame:
     text_id = "e.textId" if "textId" in have else "NULL"
     types = ",".join(str(t) for t in (*RANGE_EVENT_TYPES, DOMAIN_CREATE))
     # registered names (textId) are looked up in pandas: a join per row costs more than the read
-    frame = _query(path, f"""
+    sql = f"""
         SELECT e.rowid AS range_id, e.start AS start_ns, e.end AS end_ns, e.eventType AS event_type,
                e.globalTid AS global_tid, {end_tid} AS end_global_tid, {domain_id} AS domain_id,
                {text_id} AS text_id, e.text AS text
         FROM NVTX_EVENTS e
-        WHERE e.eventType IN ({types})""", {"range_id": "int!", "start_ns": "int!", "end_ns": "int", "event_type": "int!",
-                                            "global_tid": "int", "end_global_tid": "int", "domain_id": "int",
-                                            "text_id": "int", "text": "text"})
+        WHERE e.eventType IN ({types})"""
+    frame = _query(path, [f"{sql} AND {half}" for half in _halves(con, "NVTX_EVENTS", "e.rowid")] or sql, {
+        "range_id": "int!", "start_ns": "int!", "end_ns": "int", "event_type": "int!", "global_tid": "int",
+        "end_global_tid": "int", "domain_id": "int", "text_id": "int", "text": "text"})
     registered = (pd.Series(dict(con.execute("SELECT id, value FROM StringIds").fetchall()))
                   if strings and "textId" in have else pd.Series(dtype=object))
     names = frame["text_id"].map(registered) if len(registered) else pd.Series(None, index=frame.index, dtype=object)
@@ -197,8 +226,6 @@ def _read_ranges(con, tables, strings, path) -> pd.DataFrame:
     keys = pd.MultiIndex.from_arrays([frame["domain_id"].to_numpy(), pid])
     out["domain"] = names_by_key.reindex(keys).to_numpy(dtype=object) if len(names_by_key) else None
     out["name"] = frame["name"].to_numpy(dtype=object)
-    has_domain = pd.notna(out["domain"])
-    out["full_name"] = out["name"].where(~has_domain, out["domain"].astype(object) + ":" + out["name"].astype(object))
     out["style"] = frame["event_type"].map(RANGE_EVENT_TYPES).to_numpy()
     starts = frame["start_ns"].to_numpy(np.int64)
     ends = frame["end_ns"]
