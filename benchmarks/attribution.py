@@ -78,7 +78,8 @@ def _headcount(path: str, queue) -> None:
     t0 = time.perf_counter()
     export = read_export(path)
     t1 = time.perf_counter()
-    projected, _ = project_gpu(export["ranges"], export["runtime"], export["gpu"])
+    # the projection nsys's report computes; headcount's tables add the path strings on top
+    projected, _ = project_gpu(export["ranges"], export["runtime"], export["gpu"], with_paths=False)
     t2 = time.perf_counter()
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     answer = projected.loc[projected["gpu_op_count"] > 0, ["range_id", "gpu_start_ns", "gpu_end_ns", "gpu_op_count", "parent_range_id", "depth"]]

@@ -20,7 +20,7 @@ import pandas as pd
 RANGE_KEYS = ["pid", "tid", "domain"]
 
 
-def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS) -> pd.DataFrame:
+def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS, with_paths: bool = True) -> pd.DataFrame:
     """Add ``range_id``, ``parent_range_id``, ``depth`` (0 = outermost) and
     ``path`` (names joined with ``/``, outermost first) to push/pop ranges.
 
@@ -33,6 +33,8 @@ def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS) -> pd.DataFr
             an existing ``range_id`` column is kept (else the row position is used).
         keys: ranges nest within groups of these columns: per thread and domain
             by default; nsys nests all domains of a thread together (``["pid", "tid"]``).
+        with_paths: build the ``path`` strings (one new string per range: on
+            millions of ranges the largest cost in time and memory).
 
     Returns:
         A copy sorted by (keys, start, -end); ``parent_range_id`` is -1 for outermost ranges.
@@ -46,17 +48,18 @@ def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS) -> pd.DataFr
     parent, depth = _nest_by_counting(group_ids, starts, ends)
     if parent is None:  # not properly nested somewhere: the exact stack sweep
         parent, depth = _nest_by_stack(group_ids, ends)
-    names = out["name"].to_numpy(dtype=object)
-    paths = names.copy()
-    for d in range(1, int(depth.max()) + 1 if n else 0):
-        rows = np.flatnonzero(depth == d)
-        paths[rows] = paths[parent[rows]] + "/" + names[rows]
+    if with_paths:
+        names = out["name"].to_numpy(dtype=object)
+        paths = names.copy()
+        for d in range(1, int(depth.max()) + 1 if n else 0):
+            rows = np.flatnonzero(depth == d)
+            paths[rows] = paths[parent[rows]] + "/" + names[rows]
+        out["path"] = paths
     if "range_id" not in out.columns:
         out["range_id"] = np.arange(n, dtype=np.int64)
     ids = out["range_id"].to_numpy(dtype=np.int64)
     out["parent_range_id"] = np.where(parent >= 0, ids[np.maximum(parent, 0)], -1)
     out["depth"] = depth
-    out["path"] = paths
     return out
 
 
@@ -212,14 +215,17 @@ def ancestors_matrix(ranges: pd.DataFrame, innermost: np.ndarray) -> list[np.nda
     return levels
 
 
-def project(ranges: pd.DataFrame, ops: pd.DataFrame, innermost: np.ndarray) -> pd.DataFrame:
+def project(ranges: pd.DataFrame, ops: pd.DataFrame, innermost: np.ndarray, copy: bool = True) -> pd.DataFrame:
     """Per range: ops launched inside it at any depth, first op start, last op end.
+
+    Args:
+        copy: work on a copy of ``ranges`` (``False``: add the columns to it).
 
     Returns:
         ``ranges`` with ``op_count`` (0 where none), ``op_start_ns`` and ``op_end_ns``
         (null where none).
     """
-    out = ranges.copy()
+    out = ranges.copy() if copy else ranges
     n = int(out["range_id"].max()) + 1 if len(out) else 0
     count = np.zeros(n, dtype=np.int64)
     first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
@@ -241,7 +247,8 @@ def project(ranges: pd.DataFrame, ops: pd.DataFrame, innermost: np.ndarray) -> p
     return out
 
 
-def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, keys: list[str] = ["pid", "tid"]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, keys: list[str] = ["pid", "tid"],
+                with_paths: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """NVTX ranges projected onto GPU time, as nsys's ``nvtx_gpu_proj_trace``.
 
     Args:
@@ -249,6 +256,7 @@ def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, 
         runtime: launch calls (``pid``, ``tid``, ``correlation_id``, ``start_ns``, ``end_ns``).
         gpu: GPU work (``pid`` of the launching process, ``correlation_id``, ``start_ns``, ``end_ns``).
         keys: nesting groups (nsys: all domains of a thread together).
+        with_paths: also build ``path`` (see :func:`nest_ranges`).
 
     Returns:
         ``(ranges, gpu)``: ranges with ``parent_range_id``, ``depth``, ``path``,
@@ -256,12 +264,13 @@ def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, 
         (children that launched GPU work); GPU work with its launch columns and
         the ``range_id`` of its innermost range (-1 if none).
     """
-    nested = nest_ranges(ranges, keys=keys)
+    nested = nest_ranges(ranges, keys=keys, with_paths=with_paths)
     work = launches(gpu, runtime).reset_index(drop=True)
     inner = launched_in(work, nested)
     work["range_id"] = inner
-    projected = project(nested, work, inner).rename(columns={
-        "op_count": "gpu_op_count", "op_start_ns": "gpu_start_ns", "op_end_ns": "gpu_end_ns"})
+    projected = project(nested, work, inner, copy=False)
+    projected.columns = [{"op_count": "gpu_op_count", "op_start_ns": "gpu_start_ns", "op_end_ns": "gpu_end_ns"}.get(c, c)
+                         for c in projected.columns]
     with_ops = projected[projected["gpu_op_count"] > 0]
     children = with_ops[with_ops["parent_range_id"] >= 0].groupby("parent_range_id").size()
     projected["child_count"] = projected["range_id"].map(children).fillna(0).astype(np.int64)
