@@ -146,3 +146,17 @@ def test_damaged_nsys_rep(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "nsys could not export the report" in err and str(bad) in err
     assert not (tmp_path / "r").exists()
+
+
+def test_real_parquetdir_export_equals_sqlite_export(nsys_rep_path, nsys_sqlite_path, tmp_path):
+    from headcount.parsers.nsys_sqlite import read_export
+
+    nsys = nsight_bin("nsys")
+    pqdir = tmp_path / "pq"
+    subprocess.run([nsys, "export", "--type", "parquetdir", "-o", str(pqdir), "--force-overwrite", "true", str(nsys_rep_path)],
+                   check=True, capture_output=True, timeout=300)
+    import pandas as pd
+
+    a, b = read_export(pqdir)["ranges"], read_export(nsys_sqlite_path)["ranges"]
+    assert len(a) == STEPS * 2 * LAYERS * (2 + HEADS) + STEPS  # headcount ranges + step ranges
+    pd.testing.assert_frame_equal(a, b, check_dtype=False)  # range ids included: rowid = row position

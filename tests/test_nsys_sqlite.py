@@ -141,3 +141,25 @@ def test_reading_in_two_halves_gives_the_same_tables(monkeypatch):
     monkeypatch.setattr(reader, "SPLIT_ROWS", 1000)
     halves = read_export(H100)["ranges"]
     pd.testing.assert_frame_equal(whole, halves)
+
+
+def test_parquetdir_export_gives_the_same_projection(tmp_path):
+    """The H100×2 tables written as a parquetdir (one Parquet file per table,
+    converted here with pyarrow from the SQLite export; nsys itself writes the
+    same layout — the real nsys parquetdir is checked in test_nsys.py)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pqdir = tmp_path / "export"
+    pqdir.mkdir()
+    con = sqlite3.connect(H100)
+    for table in ("NVTX_EVENTS", "StringIds", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL",
+                  "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET", "META_DATA_EXPORT"):
+        frame = pd.read_sql_query(f"SELECT * FROM {table} ORDER BY rowid", con)
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), pqdir / f"{table}.parquet")
+    con.close()
+    export = read_export(pqdir)
+    sqlite_export = read_export(H100)
+    pd.testing.assert_frame_equal(export["ranges"], sqlite_export["ranges"], check_dtype=False)
+    projected, work = project_gpu(export["ranges"], export["runtime"], export["gpu"])
+    _compare(projected, pd.read_csv(FIX / "h100x2_pytorch_nsys2026.2.nvtx_gpu_proj_trace.csv"), work)

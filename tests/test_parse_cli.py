@@ -58,6 +58,7 @@ def test_bad_inputs_write_nothing(tmp_path, capsys, name, content, message):
     assert not out.exists()
 
 
-def test_directory_input_is_refused(tmp_path, capsys):
+def test_directory_that_is_not_a_parquetdir_export(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("x")
     assert main(["parse", str(tmp_path), "-o", str(tmp_path / "r")]) == 2
-    assert "not supported yet" in capsys.readouterr().err
+    assert "not an nsys parquetdir export" in capsys.readouterr().err

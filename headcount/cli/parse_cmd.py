@@ -1,8 +1,8 @@
 """``headcount parse``: turn existing profiles into headcount's Parquet report.
 
 Supported: nsys SQLite exports, ``.nsys-rep`` reports (exported by the nsys
-on PATH), ncu CSV exports (raw or details page) and ``.ncu-rep`` reports
-(through ``ncu_report``). Not yet: nsys ``parquetdir`` exports. Every file is
+on PATH), nsys ``parquetdir`` exports (directories), ncu CSV exports (raw or
+details page) and ``.ncu-rep`` reports (through ``ncu_report``). Every file is
 read and attributed before anything is written; each file becomes one run of
 the report.
 """
@@ -27,13 +27,14 @@ EXAMPLES = """\
 examples:
   nsys export --type sqlite -o run.sqlite run.nsys-rep
   headcount parse run.sqlite -o report/
+  headcount parse run-parquet/ -o report/         nsys export --type parquetdir
   headcount parse run.nsys-rep -o report/        exported with the nsys on PATH ($HEADCOUNT_NSYS to choose one)
   headcount parse kernels.ncu-rep -o report/      per-kernel counters, read with ncu_report
   ncu --import kernels.ncu-rep --csv --page raw --print-units base > raw.csv && headcount parse raw.csv -o report/
   headcount parse rank0.sqlite rank1.sqlite -o report/ --append
 """
 
-SUPPORTED = "nsys SQLite exports (.sqlite), .nsys-rep reports, ncu CSV exports (.csv), .ncu-rep reports"
+SUPPORTED = "nsys SQLite exports (.sqlite), nsys parquetdir exports (directories), .nsys-rep reports, ncu CSV exports (.csv), .ncu-rep reports"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -56,7 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _read(path: Path, locale: str | None):
     """``("nsys", export)`` or ``("ncu", kernels)``."""
     if path.is_dir():
-        raise HeadcountError(f"{path}: directories (nsys parquetdir exports) are not supported yet", hint=f"supported: {SUPPORTED}")
+        return "nsys", read_export(path)  # an nsys parquetdir export
     suffix = path.suffix.lower()
     if suffix in (".sqlite", ".db", ".sqlite3"):
         return "nsys", read_export(path)

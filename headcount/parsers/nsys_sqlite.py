@@ -1,4 +1,5 @@
-"""Read an nsys SQLite export into events tables (ranges, runtime calls, GPU ops).
+"""Read an nsys SQLite or ``parquetdir`` export into events tables (ranges,
+runtime calls, GPU ops).
 
 Columns and tables differ between nsys versions, so every query names only
 the columns the file has (``PRAGMA table_info``) and optional tables may be
@@ -38,59 +39,110 @@ API_TABLES = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def _open(path: Path) -> sqlite3.Connection:
-    try:
-        with path.open("rb") as fh:
-            magic = fh.read(16)
-    except FileNotFoundError as exc:
-        raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
-    except OSError as exc:
-        raise HeadcountError(f"{path}: cannot be read ({exc.strerror})", hint="check its permissions") from exc
-    if magic != _SQLITE_MAGIC:
-        raise HeadcountError(f"{path}: not an SQLite file", hint="export the report with `nsys export --type sqlite`")
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        con.execute("PRAGMA schema_version").fetchone()
-        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.DatabaseError as exc:
-        con.close()
-        raise HeadcountError(f"{path}: damaged or truncated SQLite export ({exc})", hint="export the report again") from exc
-    return con
+class _SqliteSource:
+    """An nsys SQLite export: metadata queries through sqlite3, bulk reads
+    through the ADBC SQLite driver (columnar, ~6× faster than sqlite3 + pandas
+    on millions of rows)."""
 
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            with path.open("rb") as fh:
+                magic = fh.read(16)
+        except FileNotFoundError as exc:
+            raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
+        except OSError as exc:
+            raise HeadcountError(f"{path}: cannot be read ({exc.strerror})", hint="check its permissions") from exc
+        if magic != _SQLITE_MAGIC:
+            raise HeadcountError(f"{path}: not an SQLite file", hint="export the report with `nsys export --type sqlite`")
+        self.con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            self.con.execute("PRAGMA schema_version").fetchone()
+            self.con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.DatabaseError as exc:
+            self.con.close()
+            raise HeadcountError(f"{path}: damaged or truncated SQLite export ({exc})", hint="export the report again") from exc
 
-def _tables(con) -> set[str]:
-    return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+    def int_expr(self, col: str) -> str:
+        return f"IFNULL({col}, {NULL_INT})"  # a CAST would cost a third of the read
 
+    def tables(self) -> set[str]:
+        return {r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
 
-def _columns(con, table: str) -> set[str]:
-    return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+    def columns(self, table: str) -> set[str]:
+        return {r[1] for r in self.con.execute(f"PRAGMA table_info({table})")}
 
+    def rows(self, sql: str) -> list[tuple]:
+        return self.con.execute(sql).fetchall()
 
-def _fetch(path: Path, sql: str) -> pa.Table:
-    """Run ``sql`` on the export and return Arrow: through the ADBC SQLite
-    driver (columnar, ~6× faster than sqlite3 + pandas on millions of rows),
-    else the standard library."""
-    try:
-        import adbc_driver_sqlite.dbapi as adbc
-    except ImportError:  # pragma: no cover - adbc-driver-sqlite is a dependency
-        adbc = None
-    if adbc is not None:
-        with adbc.connect(f"file:{path.absolute()}?mode=ro") as con, con.cursor() as cur:
+    def arrow(self, sql: str) -> pa.Table:
+        try:
+            import adbc_driver_sqlite.dbapi as adbc
+        except ImportError:  # pragma: no cover - adbc-driver-sqlite is a dependency
+            cur = self.con.execute(sql)
+            names = [d[0] for d in cur.description]
+            return pa.Table.from_pandas(pd.DataFrame(cur.fetchall(), columns=names), preserve_index=False)
+        with adbc.connect(f"file:{self.path.absolute()}?mode=ro") as con, con.cursor() as cur:
             cur.execute(sql)
             return cur.fetch_arrow_table()
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        cur = con.execute(sql)
-        names = [d[0] for d in cur.description]
-        return pa.Table.from_pandas(pd.DataFrame(cur.fetchall(), columns=names), preserve_index=False)
-    finally:
-        con.close()
+
+    def close(self) -> None:
+        self.con.close()
+
+
+class _ParquetDirSource:
+    """An nsys ``parquetdir`` export (one ``<TABLE>.parquet`` per table), queried
+    with DuckDB through views named like the SQLite tables; ``rowid`` is the
+    row's position in its file, counted from 1 as SQLite counts rowids."""
+
+    def __init__(self, path: Path):
+        import duckdb
+
+        self.path = path
+        files = sorted(path.glob("*.parquet"))
+        if not files:
+            raise HeadcountError(f"{path}: not an nsys parquetdir export (no .parquet files)",
+                                 hint="export with `nsys export --type parquetdir`, or pass a .sqlite export")
+        self.con = duckdb.connect()
+        self._tables = set()
+        for file in files:
+            name = file.stem
+            if not name.replace("_", "").isalnum():
+                continue
+            try:
+                self.con.execute(f"CREATE VIEW {name} AS SELECT *, file_row_number + 1 AS rowid "
+                                 f"FROM read_parquet('{file.as_posix()}', file_row_number = true)")
+                self.con.execute(f"SELECT * FROM {name} LIMIT 0")
+            except duckdb.Error as exc:
+                raise HeadcountError(f"{file}: unreadable Parquet ({str(exc).splitlines()[0]})", hint="export the report again") from exc
+            self._tables.add(name)
+        if not self._tables & {"NVTX_EVENTS", *GPU_TABLES}:
+            raise HeadcountError(f"{path}: not an nsys parquetdir export (no NVTX_EVENTS or CUPTI tables)",
+                                 hint="export with `nsys export --type parquetdir`")
+
+    def int_expr(self, col: str) -> str:
+        return f"IFNULL(CAST({col} AS BIGINT), {NULL_INT})"  # Parquet ids are unsigned
+
+    def tables(self) -> set[str]:
+        return set(self._tables)
+
+    def columns(self, table: str) -> set[str]:
+        return {r[0] for r in self.con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall()}
+
+    def rows(self, sql: str) -> list[tuple]:
+        return self.con.execute(sql).fetchall()
+
+    def arrow(self, sql: str) -> pa.Table:
+        return self.con.cursor().sql(sql).to_arrow_table()
+
+    def close(self) -> None:
+        self.con.close()
 
 
 NULL_INT = -1  # no timestamp, id, count or size in an nsys export is negative
 
 
-def _query(path: Path, sql: str | list[str], types: dict[str, str]) -> pd.DataFrame:
+def _query(src, sql: str | list[str], types: dict[str, str]) -> pd.DataFrame:
     """Run ``sql`` and return the columns of ``types``: ``int`` (NULL comes
     back as ``<NA>``), ``int!`` (a column the schema declares NOT NULL, read
     as is) or ``text`` (NULL or empty comes back as ``None``).
@@ -105,19 +157,19 @@ def _query(path: Path, sql: str | list[str], types: dict[str, str]) -> pd.DataFr
         if kind == "int!":
             cols.append(col)
         elif kind == "int":
-            cols.append(f"IFNULL({col}, {NULL_INT}) AS {col}")
+            cols.append(f"{src.int_expr(col)} AS {col}")
         else:
             cols.append(f"CAST(IFNULL({col}, '') AS TEXT) AS {col}")
     selects = [f"SELECT {', '.join(cols)} FROM ({part})" for part in ([sql] if isinstance(sql, str) else sql)]
     try:
         if len(selects) > 1:
             with ThreadPoolExecutor(max_workers=2) as pool:
-                table = pa.concat_tables(list(pool.map(lambda select: _fetch(path, select), selects)))
+                table = pa.concat_tables(list(pool.map(src.arrow, selects)))
         else:
-            table = _fetch(path, selects[0])
-    except Exception as exc:  # noqa: BLE001 - sqlite3 and ADBC raise different types for a damaged file
+            table = src.arrow(selects[0])
+    except Exception as exc:  # noqa: BLE001 - sqlite3, ADBC and DuckDB raise different types for a damaged file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise HeadcountError(f"{path}: damaged or truncated SQLite export ({first})", hint="export the report again") from exc
+        raise HeadcountError(f"{src.path}: damaged or truncated export ({first})", hint="export the report again") from exc
     frame = pd.DataFrame({col: table.column(col).to_numpy(zero_copy_only=False) for col in types})
     for col, kind in types.items():
         if kind == "int!":
@@ -141,9 +193,9 @@ def nsys_name(ranges: pd.DataFrame) -> pd.Series:
 SPLIT_ROWS = 100_000  # tables larger than this are read in two halves, on two threads
 
 
-def _halves(con, table: str, id_col: str) -> list[str]:
+def _halves(src, table: str, id_col: str) -> list[str]:
     """Two WHERE conditions on ``id_col`` (the table's rowid) splitting it in half."""
-    lo, hi = con.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
+    lo, hi = src.rows(f"SELECT min(rowid), max(rowid) FROM {table}")[0]
     if lo is None or hi - lo < SPLIT_ROWS:
         return []
     mid = (lo + hi) // 2
@@ -156,7 +208,7 @@ def _split_tid(global_tid: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_export(path: str | Path) -> dict[str, pd.DataFrame | dict]:
-    """Read an nsys SQLite export.
+    """Read an nsys SQLite export (a file) or ``parquetdir`` export (a directory).
 
     Returns:
         ``ranges`` (range_id = NVTX_EVENTS rowid, pid, tid, domain, name,
@@ -167,33 +219,33 @@ def read_export(path: str | Path) -> dict[str, pd.DataFrame | dict]:
         registers_per_thread, shared_memory_bytes), ``meta`` (export metadata).
 
     Raises:
-        HeadcountError: not an SQLite file, damaged, or holding neither NVTX
-            ranges nor GPU activity.
+        HeadcountError: not an SQLite file / not a parquetdir export, damaged,
+            or holding neither NVTX ranges nor GPU activity.
     """
     path = Path(path)
-    con = _open(path)
+    src = _ParquetDirSource(path) if path.is_dir() else _SqliteSource(path)
     try:
-        tables = _tables(con)
+        tables = src.tables()
         meta = {}
         for meta_table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
             if meta_table in tables:
-                meta.update(dict(con.execute(f"SELECT name, value FROM {meta_table}").fetchall()))
+                meta.update(dict(src.rows(f"SELECT name, value FROM {meta_table}")))
         strings = "StringIds" in tables
-        ranges = _read_ranges(con, tables, strings, path)
-        runtime = _read_runtime(con, tables, strings, path)
-        gpu = _read_gpu(con, tables, strings, path)
+        ranges = _read_ranges(src, tables, strings)
+        runtime = _read_runtime(src, tables, strings)
+        gpu = _read_gpu(src, tables, strings)
     finally:
-        con.close()
+        src.close()
     if ranges.empty and gpu.empty:
         raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     return {"ranges": ranges, "runtime": runtime, "gpu": gpu, "meta": meta}
 
 
-def _read_ranges(con, tables, strings, path) -> pd.DataFrame:
+def _read_ranges(src, tables, strings) -> pd.DataFrame:
     cols = ["range_id", "pid", "tid", "domain", "name", "style", "start_ns", "end_ns", "end_missing"]
     if "NVTX_EVENTS" not in tables:
         return pd.DataFrame(columns=cols)
-    have = _columns(con, "NVTX_EVENTS")
+    have = src.columns("NVTX_EVENTS")
     domain_id = "e.domainId" if "domainId" in have else "NULL"
     end_tid = "e.endGlobalTid" if "endGlobalTid" in have else "NULL"
     text_id = "e.textId" if "textId" in have else "NULL"
@@ -205,10 +257,10 @@ def _read_ranges(con, tables, strings, path) -> pd.DataFrame:
                {text_id} AS text_id, e.text AS text
         FROM NVTX_EVENTS e
         WHERE e.eventType IN ({types})"""
-    frame = _query(path, [f"{sql} AND {half}" for half in _halves(con, "NVTX_EVENTS", "e.rowid")] or sql, {
+    frame = _query(src, [f"{sql} AND {half}" for half in _halves(src, "NVTX_EVENTS", "e.rowid")] or sql, {
         "range_id": "int!", "start_ns": "int!", "end_ns": "int", "event_type": "int!", "global_tid": "int",
         "end_global_tid": "int", "domain_id": "int", "text_id": "int", "text": "text"})
-    registered = (pd.Series(dict(con.execute("SELECT id, value FROM StringIds").fetchall()))
+    registered = (pd.Series(dict(src.rows("SELECT id, value FROM StringIds")))
                   if strings and "textId" in have else pd.Series(dtype=object))
     names = frame["text_id"].map(registered) if len(registered) else pd.Series(None, index=frame.index, dtype=object)
     frame["name"] = names.astype(object).where(names.notna(), frame["text"])
@@ -238,15 +290,15 @@ def _read_ranges(con, tables, strings, path) -> pd.DataFrame:
     return out
 
 
-def _read_runtime(con, tables, strings, path) -> pd.DataFrame:
+def _read_runtime(src, tables, strings) -> pd.DataFrame:
     frames = []
     for table in API_TABLES:
         if table not in tables:
             continue
-        have = _columns(con, table)
+        have = src.columns(table)
         name = "s.value" if strings and "nameId" in have else "NULL"
         join = "LEFT JOIN StringIds s ON s.id = r.nameId" if strings and "nameId" in have else ""
-        frames.append(_query(path, f"""
+        frames.append(_query(src, f"""
             SELECT r.globalTid AS global_tid, r.correlationId AS correlation_id, r.start AS start_ns, r.end AS end_ns,
                    {name} AS name
             FROM {table} r {join}""", {"global_tid": "int", "correlation_id": "int", "start_ns": "int", "end_ns": "int", "name": "text"}))
@@ -261,12 +313,12 @@ def _read_runtime(con, tables, strings, path) -> pd.DataFrame:
     })
 
 
-def _read_gpu(con, tables, strings, path) -> pd.DataFrame:
+def _read_gpu(src, tables, strings) -> pd.DataFrame:
     frames = []
     for table, kind in GPU_TABLES.items():
         if table not in tables:
             continue
-        have = _columns(con, table)
+        have = src.columns(table)
 
         def col(name, alias, default="NULL"):
             return f"g.{name} AS {alias}" if name in have else f"{default} AS {alias}"
@@ -280,7 +332,7 @@ def _read_gpu(con, tables, strings, path) -> pd.DataFrame:
         block = "'(' || g.blockX || ', ' || g.blockY || ', ' || g.blockZ || ')' AS block" if {"blockX", "blockY", "blockZ"} <= have else "NULL AS block"
         shared = ("g.staticSharedMemory + g.dynamicSharedMemory AS shared_memory_bytes"
                   if {"staticSharedMemory", "dynamicSharedMemory"} <= have else "NULL AS shared_memory_bytes")
-        frame = _query(path, f"""
+        frame = _query(src, f"""
             SELECT '{kind}' AS kind, {name}, g.globalPid AS global_pid, {col('deviceId', 'device')}, {col('streamId', 'stream')},
                    g.correlationId AS correlation_id, g.start AS start_ns, g.end AS end_ns, {grid}, {block},
                    {col('registersPerThread', 'registers_per_thread')}, {shared}, {col('bytes', 'bytes')}
