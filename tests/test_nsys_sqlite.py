@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from headcount.attribute.attribution import project_gpu
 from headcount.errors import HeadcountError
@@ -163,3 +165,47 @@ def test_parquetdir_export_gives_the_same_projection(tmp_path):
     pd.testing.assert_frame_equal(export["ranges"], sqlite_export["ranges"], check_dtype=False)
     projected, work = project_gpu(export["ranges"], export["runtime"], export["gpu"])
     _compare(projected, pd.read_csv(FIX / "h100x2_pytorch_nsys2026.2.nvtx_gpu_proj_trace.csv"), work)
+
+
+_SMALL = None
+
+
+def _small_export(tmp_dir: Path) -> bytes:
+    """A small real export (the H100×2 file cut down to its first 400 NVTX rows
+    and the launches they hold), as bytes to mutate."""
+    global _SMALL
+    if _SMALL is None:
+        path = tmp_dir / "small.sqlite"
+        shutil.copy(H100, path)
+        con = sqlite3.connect(path)
+        con.execute("DELETE FROM NVTX_EVENTS WHERE rowid > 400")
+        hi = con.execute("SELECT max(end) FROM NVTX_EVENTS").fetchone()[0]
+        for table in ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+            con.execute(f"DELETE FROM {table} WHERE start > ?", (hi,))
+        con.commit()
+        con.execute("VACUUM")
+        con.close()
+        _SMALL = path.read_bytes()
+    return _SMALL
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_sqlite_gives_tables_or_a_clear_error(tmp_path, data):
+    """Truncated or byte-flipped exports: either the reader's tables or one
+    HeadcountError naming the file, never another exception."""
+    blob = bytearray(_small_export(tmp_path))
+    cut = data.draw(st.integers(0, len(blob)))
+    blob = blob[:cut]
+    for pos, byte in data.draw(st.lists(st.tuples(st.integers(0, max(len(blob) - 1, 0)), st.integers(0, 255)), max_size=8)):
+        if pos < len(blob):
+            blob[pos] = byte
+    path = tmp_path / "mutated.sqlite"
+    path.write_bytes(bytes(blob))
+    try:
+        export = read_export(path)
+    except HeadcountError as exc:
+        assert str(path) in str(exc)
+    else:
+        assert {"ranges", "runtime", "gpu"} <= set(export)
+        assert (export["ranges"]["end_ns"] >= 0).all() if len(export["ranges"]) else True
