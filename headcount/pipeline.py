@@ -15,7 +15,7 @@ import pandas as pd
 from headcount.attribute import attribution
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.collector.naming import DOMAIN, STEP_DOMAIN, parse_path
-from headcount.derive import aggregate, analytic
+from headcount.derive import aggregate, analytic, sampling
 from headcount.errors import HeadcountError
 
 BREAKDOWN_COLUMNS = [
@@ -279,6 +279,9 @@ def tables_from_nsys(export: dict, run_id: str) -> dict[str, pd.DataFrame]:
     layers = aggregate.layers_table(ranges_table)
     heads = aggregate.heads_table(ranges_table, layers)
     k = _kernels_table([_gpu_rows(work, work["range_id"].to_numpy())], projected, steps, "nsys", "unknown")
+    samples = export.get("gpu_metrics")
+    if samples is not None and len(samples):
+        k = sampling.apportion(k, samples)
     tables = {"kernels": k, "ranges": ranges_table, "layers": layers, "heads": heads}
     for table in tables.values():
         table.insert(0, "run_id", run_id)

@@ -216,7 +216,9 @@ def read_export(path: str | Path) -> dict[str, pd.DataFrame | dict]:
         end_ns, end_missing), ``runtime`` (launch calls: pid, tid,
         correlation_id, start_ns, end_ns, name), ``gpu`` (kind, name, pid,
         device, stream, correlation_id, start_ns, end_ns, grid, block,
-        registers_per_thread, shared_memory_bytes), ``meta`` (export metadata).
+        registers_per_thread, shared_memory_bytes), ``gpu_metrics`` (device-wide
+        samples: device, metric, timestamp_ns, value; empty without
+        ``--gpu-metrics-devices``), ``meta`` (export metadata).
 
     Raises:
         HeadcountError: not an SQLite file / not a parquetdir export, damaged,
@@ -234,11 +236,12 @@ def read_export(path: str | Path) -> dict[str, pd.DataFrame | dict]:
         ranges = _read_ranges(src, tables, strings)
         runtime = _read_runtime(src, tables, strings)
         gpu = _read_gpu(src, tables, strings)
+        metrics = _read_gpu_metrics(src, tables)
     finally:
         src.close()
     if ranges.empty and gpu.empty:
         raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
-    return {"ranges": ranges, "runtime": runtime, "gpu": gpu, "meta": meta}
+    return {"ranges": ranges, "runtime": runtime, "gpu": gpu, "gpu_metrics": metrics, "meta": meta}
 
 
 def _read_ranges(src, tables, strings) -> pd.DataFrame:
@@ -349,3 +352,21 @@ def _read_gpu(src, tables, strings) -> pd.DataFrame:
     for c in ("start_ns", "end_ns", "correlation_id"):
         frame[c] = frame[c].astype(np.int64)
     return frame
+
+
+def _read_gpu_metrics(src, tables) -> pd.DataFrame:
+    """nsys GPU-metrics samples: ``GPU_METRICS`` (typeId, metricId, timestamp,
+    value) named through ``TARGET_INFO_GPU_METRICS`` (typeId, metricId,
+    metricName). The GPU of a sample is ``typeId & 0xFF`` (nsys's encoding)."""
+    cols = ["device", "metric", "timestamp_ns", "value"]
+    if not {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= tables:
+        return pd.DataFrame(columns=cols)
+    frame = _query(src, """
+        SELECT m.typeId AS type_id, m.metricId AS metric_id, m.timestamp AS timestamp_ns, m.value AS value
+        FROM GPU_METRICS m""", {"type_id": "int!", "metric_id": "int!", "timestamp_ns": "int!", "value": "int"})
+    names = pd.DataFrame(src.rows("SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS"),
+                         columns=["type_id", "metric_id", "metric"])
+    frame = frame.merge(names, on=["type_id", "metric_id"], how="left")
+    frame["device"] = (frame["type_id"] & 0xFF).astype(np.int64)
+    frame["value"] = frame["value"].astype("float64")
+    return frame[cols].sort_values(["device", "metric", "timestamp_ns"], kind="stable").reset_index(drop=True)

@@ -31,6 +31,7 @@ KERNELS = pa.schema([
     ("theoretical_occupancy_pct", F), ("est_achieved_occupancy_pct", F), ("achieved_occupancy_pct", F),
     ("dram_bytes", F), ("dram_read_bytes", F), ("dram_write_bytes", F), ("dram_throughput_pct", F), ("l2_bytes", F),
     ("tensor_pipe_pct", F), ("ncu_id", I), ("incomplete", B), ("missing_metrics", S),
+    ("dram_read_sampled_pct", F), ("dram_write_sampled_pct", F), ("sm_active_sampled_pct", F), ("sampling_interval_ns", F),
     *_ATTRIBUTION,
 ])
 
