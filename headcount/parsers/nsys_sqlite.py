@@ -202,6 +202,13 @@ def _halves(src, table: str, id_col: str) -> list[str]:
     return [f"{id_col} <= {mid}", f"{id_col} > {mid}"]
 
 
+def _ids_as_text(ids: np.ndarray) -> pd.Categorical:
+    """Process/thread ids as text (the tables' type for them), built once per
+    distinct id: a handful of threads carry millions of rows."""
+    unique, codes = np.unique(ids, return_inverse=True)
+    return pd.Categorical.from_codes(codes, categories=unique.astype(str).tolist())
+
+
 def _split_tid(global_tid: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     g = global_tid.to_numpy(dtype=np.int64)
     return (g >> 24) & 0xFFFFFF, g & 0xFFFFFF
@@ -288,8 +295,8 @@ def _read_ranges(src, tables, strings) -> pd.DataFrame:
     out["start_ns"] = starts
     out["end_missing"] = ends.isna().to_numpy()
     out["end_ns"] = ends.fillna(last).to_numpy(dtype=np.int64)
-    out["pid"] = out["pid"].astype(str)
-    out["tid"] = out["tid"].astype(str)
+    out["pid"] = _ids_as_text(out["pid"].to_numpy())
+    out["tid"] = _ids_as_text(out["tid"].to_numpy())
     return out
 
 
@@ -310,7 +317,7 @@ def _read_runtime(src, tables, strings) -> pd.DataFrame:
     frame = pd.concat(frames, ignore_index=True)
     pid, tid = _split_tid(frame["global_tid"])
     return pd.DataFrame({
-        "pid": pid.astype(str), "tid": tid.astype(str), "correlation_id": frame["correlation_id"].to_numpy(np.int64),
+        "pid": _ids_as_text(pid), "tid": _ids_as_text(tid), "correlation_id": frame["correlation_id"].to_numpy(np.int64),
         "start_ns": frame["start_ns"].to_numpy(np.int64), "end_ns": frame["end_ns"].to_numpy(np.int64),
         "name": frame["name"].to_numpy(dtype=object),
     })
@@ -347,7 +354,7 @@ def _read_gpu(src, tables, strings) -> pd.DataFrame:
         return pd.DataFrame(columns=["kind", "name", "pid", "device", "stream", "correlation_id", "start_ns", "end_ns"])
     frame = pd.concat(frames, ignore_index=True)
     pid, _ = _split_tid(frame["global_pid"])
-    frame.insert(2, "pid", pid.astype(str))
+    frame.insert(2, "pid", _ids_as_text(pid))
     frame = frame.drop(columns=["global_pid"])
     for c in ("start_ns", "end_ns", "correlation_id"):
         frame[c] = frame[c].astype(np.int64)
