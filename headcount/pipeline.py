@@ -136,19 +136,26 @@ def _label_ranges(ranges: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     out["layer_name"] = [p.layer_name for p in parsed]
     out["layer"] = pd.array([p.layer for p in parsed], dtype="Int64")
     out["head"] = pd.array([p.head for p in parsed], dtype="Int64")
+    name = out["name"].astype(object)  # names may be Arrow-backed (nsys) and null
     level = np.where(
-        out["name"] == out["phase"], "phase",
-        np.where(out["name"] == out["layer_name"], "layer", np.where(out["head"].notna() & out["name"].str.startswith("head."), "head", "other")),
+        _true(name == out["phase"]), "phase",
+        np.where(_true(name == out["layer_name"]), "layer",
+                 np.where(_true(out["head"].notna() & name.str.startswith("head.")), "head", "other")),
     )
     # a range directly under a phase that the naming scheme does not know is a
     # manual layer name (tag_attention(layer="my_block"))
-    parent_is_phase = out["parent_range_id"].map(dict(zip(out["range_id"], out["name"].isin(["fwd", "bwd", "recompute"])))).fillna(False)
+    parent_is_phase = out["parent_range_id"].map(dict(zip(out["range_id"], name.isin(["fwd", "bwd", "recompute"])))).fillna(False)
     manual = (level == "other") & parent_is_phase.to_numpy(dtype=bool)
     out.loc[manual, "layer_name"] = out.loc[manual, "name"]
     level = np.where(manual, "layer", level)
     out["level"] = level
     out["step"] = _step_of(out["start_ns"].to_numpy(), steps)
     return out
+
+
+def _true(mask) -> np.ndarray:
+    """A boolean mask with missing values as False."""
+    return pd.Series(mask).fillna(False).to_numpy(dtype=bool)
 
 
 def _step_index(name: str | None) -> int | None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from headcount.errors import HeadcountError
 
@@ -170,18 +171,24 @@ def _query(src, sql: str | list[str], types: dict[str, str]) -> pd.DataFrame:
     except Exception as exc:  # noqa: BLE001 - sqlite3, ADBC and DuckDB raise different types for a damaged file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HeadcountError(f"{src.path}: damaged or truncated export ({first})", hint="export the report again") from exc
-    frame = pd.DataFrame({col: table.column(col).to_numpy(zero_copy_only=False) for col in types})
+    columns = {}
     for col, kind in types.items():
-        if kind == "int!":
-            frame[col] = frame[col].astype(np.int64)
-        elif kind == "int":
-            values = frame[col].astype(np.int64)
+        values = table.column(col)
+        if kind == "text":
+            # stays Arrow-backed: millions of names never become Python strings
+            values = values.cast(pa.string())  # an empty result can come back typed as integers
+            values = pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
+            columns[col] = pd.arrays.ArrowExtensionArray(values)
+            continue
+        values = values.to_numpy().astype(np.int64, copy=False)
+        if kind == "int":
             null = values == NULL_INT
-            frame[col] = values.astype("Int64").mask(null) if null.any() else values
-        else:
-            values = frame[col].astype(object)
-            frame[col] = values.where(values != "", None)
-    return frame
+            if null.any():
+                columns[col] = pd.array(values, dtype="Int64").copy()
+                columns[col][null] = pd.NA
+                continue
+        columns[col] = values
+    return pd.DataFrame(columns)
 
 
 def nsys_name(ranges: pd.DataFrame) -> pd.Series:
@@ -270,10 +277,7 @@ def _read_ranges(src, tables, strings) -> pd.DataFrame:
     frame = _query(src, [f"{sql} AND {half}" for half in _halves(src, "NVTX_EVENTS", "e.rowid")] or sql, {
         "range_id": "int!", "start_ns": "int!", "end_ns": "int", "event_type": "int!", "global_tid": "int",
         "end_global_tid": "int", "domain_id": "int", "text_id": "int", "text": "text"})
-    registered = (pd.Series(dict(src.rows("SELECT id, value FROM StringIds")))
-                  if strings and "textId" in have else pd.Series(dtype=object))
-    names = frame["text_id"].map(registered) if len(registered) else pd.Series(None, index=frame.index, dtype=object)
-    frame["name"] = names.astype(object).where(names.notna(), frame["text"])
+    frame["name"] = _names(frame, src.rows("SELECT id, value FROM StringIds") if strings and "textId" in have else [])
     domains = frame[frame["event_type"] == DOMAIN_CREATE]
     frame = frame[(frame["event_type"] != DOMAIN_CREATE) & frame["end_global_tid"].isna()]
     if frame.empty:
@@ -287,7 +291,7 @@ def _read_ranges(src, tables, strings) -> pd.DataFrame:
     names_by_key = names_by_key[~names_by_key.index.duplicated()]
     keys = pd.MultiIndex.from_arrays([frame["domain_id"].to_numpy(), pid])
     out["domain"] = names_by_key.reindex(keys).to_numpy(dtype=object) if len(names_by_key) else None
-    out["name"] = frame["name"].to_numpy(dtype=object)
+    out["name"] = frame["name"].array
     out["style"] = frame["event_type"].map(RANGE_EVENT_TYPES).to_numpy()
     starts = frame["start_ns"].to_numpy(np.int64)
     ends = frame["end_ns"]
@@ -298,6 +302,22 @@ def _read_ranges(src, tables, strings) -> pd.DataFrame:
     out["pid"] = _ids_as_text(out["pid"].to_numpy())
     out["tid"] = _ids_as_text(out["tid"].to_numpy())
     return out
+
+
+def _names(frame: pd.DataFrame, registered: list[tuple[int, str]]) -> pd.arrays.ArrowExtensionArray:
+    """Range names: the registered string of ``text_id`` (``StringIds``), else ``text``."""
+    # __arrow_array__ hands over the Arrow data as is (pa.array() would rebuild multi-chunk columns)
+    text = frame["text"].array.__arrow_array__() if len(frame) else pa.chunked_array([], pa.string())
+    if not registered:
+        return pd.arrays.ArrowExtensionArray(text)
+    registered = sorted(registered)
+    ids = np.array([i for i, _ in registered], dtype=np.int64)
+    values = pa.array([v for _, v in registered], type=pa.string())
+    wanted = frame["text_id"].fillna(-1).to_numpy(dtype=np.int64)
+    pos = np.minimum(np.searchsorted(ids, wanted), len(ids) - 1)
+    hit = (ids[pos] == wanted) & (wanted >= 0)
+    taken = pc.take(values, pa.array(np.where(hit, pos, 0), mask=~hit))
+    return pd.arrays.ArrowExtensionArray(pc.coalesce(taken, text))
 
 
 def _read_runtime(src, tables, strings) -> pd.DataFrame:
