@@ -114,10 +114,12 @@ def test_kineto_bad_files(tmp_path, content, message):
         load_trace(tmp_path / "missing.json")
 
 
-def test_partially_overlapping_ranges_fall_back_to_the_stack_rule():
-    # B starts inside A and ends after it (start/end ranges can do that)
-    ranges = pd.DataFrame([("1", "1", "d", "A", 0, 10), ("1", "1", "d", "B", 5, 15), ("1", "1", "d", "C", 6, 8)],
+def test_partially_overlapping_ranges_take_the_tightest_container():
+    # B starts inside A and ends after it (start/end ranges can do that); C is
+    # inside both, with less slack in A (6 + 1) than in B (1 + 11)
+    ranges = pd.DataFrame([("1", "1", "d", "A", 0, 10), ("1", "1", "d", "B", 5, 20), ("1", "1", "d", "C", 6, 9)],
                           columns=["pid", "tid", "domain", "name", "start_ns", "end_ns"])
     nested = attribution.nest_ranges(ranges)
-    assert list(nested["path"]) == ["A", "B", "B/C"]
+    assert list(nested["path"]) == ["A", "B", "A/C"]
     assert list(nested["depth"]) == [0, 0, 1]
+    assert not nested["nested"].any()

@@ -209,3 +209,24 @@ def test_mutated_sqlite_gives_tables_or_a_clear_error(tmp_path, data):
     else:
         assert {"ranges", "runtime", "gpu"} <= set(export)
         assert (export["ranges"]["end_ns"] >= 0).all() if len(export["ranges"]) else True
+
+
+def test_live_nsys_report_with_partially_overlapping_start_end_ranges(tmp_path):
+    """Start/end ranges may overlap without nesting. Here 40 are added to the
+    H100×2 export on the threads that launch work, each starting halfway
+    through a push/pop range and ending after it; nsys's report, run live,
+    gives parents by least slack and counts a launch for every range that
+    contains it."""
+    path = tmp_path / "overlap.sqlite"
+    shutil.copy(H100, path)
+    con = sqlite3.connect(path)
+    base = con.execute("""SELECT start, end, globalTid FROM NVTX_EVENTS WHERE eventType = 59 AND end - start > 1000
+                          ORDER BY start LIMIT 400""").fetchall()[::10]
+    con.executemany("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) VALUES (?, ?, 60, ?, ?)",
+                    [(s + (e - s) // 2, e + (e - s), f"overlap.{i}", g) for i, (s, e, g) in enumerate(base)])
+    con.commit()
+    con.close()
+    export = read_export(path)
+    projected, work = project_gpu(export["ranges"], export["runtime"], export["gpu"])
+    assert not projected["nested"].all()  # the overlapping path is exercised
+    _compare(projected, _live_reference(path), work)

@@ -45,9 +45,9 @@ def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS, with_paths: 
     group_ids = out.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
     starts = out["start_ns"].to_numpy(dtype=np.int64)
     ends = out["end_ns"].to_numpy(dtype=np.int64)
-    parent, depth = _nest_by_counting(group_ids, starts, ends)
-    if parent is None:  # not properly nested somewhere: the exact stack sweep
-        parent, depth = _nest_by_stack(group_ids, ends)
+    parent, depth, improper = _nest_by_counting(group_ids, starts, ends)
+    if improper.any():  # ranges that overlap without nesting: nsys's tightest-container rule
+        parent, depth = _nest_by_tightest(group_ids, starts, ends, parent, improper)
     if with_paths:
         names = out["name"].to_numpy(dtype=object)
         paths = names.copy()
@@ -60,19 +60,25 @@ def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS, with_paths: 
     ids = out["range_id"].to_numpy(dtype=np.int64)
     out["parent_range_id"] = np.where(parent >= 0, ids[np.maximum(parent, 0)], -1)
     out["depth"] = depth
+    out["nested"] = ~improper[group_ids] if n else np.zeros(0, dtype=bool)  # False: group with partial overlaps
     return out
 
 
 def _nest_by_counting(group_ids, starts, ends):
     """Parent row and depth of ranges sorted by (group, start, -end), vectorized:
     a range's depth is the number of ranges open at its start, its parent the
-    last range one level up that started before it. Exact when ranges nest
-    properly (push/pop ranges, and ranges left open at the end of a capture);
-    returns ``(None, None)`` when some found parent does not contain its child."""
+    last range one level up that started before it. Exact where ranges nest
+    properly (push/pop ranges, and ranges left open at the end of a capture).
+
+    Returns:
+        ``(parent, depth, improper)``: ``improper[g]`` is True for a group in
+        which some found parent does not contain its child (partial overlaps).
+    """
     n = len(starts)
     parent = np.full(n, -1, dtype=np.int64)
+    n_groups = int(group_ids.max()) + 1 if n else 0
     if n == 0:
-        return parent, np.zeros(0, dtype=np.int64)
+        return parent, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
     rows = np.arange(n)
     ev_group = np.concatenate([group_ids, group_ids])
     ev_time = np.concatenate([starts, ends])
@@ -88,32 +94,41 @@ def _nest_by_counting(group_ids, starts, ends):
         candidates = np.flatnonzero(depth == d - 1)
         pos = np.searchsorted(candidates, children) - 1
         parent[children] = np.where(pos >= 0, candidates[np.maximum(pos, 0)], -1)
-    has = parent >= 0
-    p = parent[has]
-    ok = (group_ids[p] == group_ids[has]) & (starts[p] <= starts[has]) & (ends[p] >= ends[has])
-    if not ok.all() or (depth[~has] != 0).any():
-        return None, None
-    return parent, depth
+    p = np.maximum(parent, 0)
+    bad = (parent >= 0) & ((group_ids[p] != group_ids) | (starts[p] > starts) | (ends[p] < ends))
+    bad |= (parent < 0) & (depth != 0)
+    improper = np.zeros(n_groups, dtype=bool)
+    improper[group_ids[bad]] = True
+    return parent, depth, improper
 
 
-def _nest_by_stack(group_ids, ends):
-    """Parent row and depth by a stack sweep (rows sorted by group, start, -end):
-    the top of the stack is the parent while it contains the range."""
-    n = len(ends)
-    parent = np.full(n, -1, dtype=np.int64)
-    depth = np.zeros(n, dtype=np.int64)
-    stack: list[int] = []
-    current_group = None
-    for i in range(n):
-        if group_ids[i] != current_group:
-            current_group = group_ids[i]
-            stack.clear()
-        while stack and ends[i] > ends[stack[-1]]:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-            depth[i] = depth[stack[-1]] + 1
-        stack.append(i)
+def _nest_by_tightest(group_ids, starts, ends, parent, improper, block: int = 2048):
+    """Parents in groups with partial overlaps: the containing range with the
+    least slack, (child start − parent start) + (parent end − child end), as
+    nsys picks it; depth follows the parents. Quadratic in the group's size,
+    so used only where ranges do not nest."""
+    parent = parent.copy()
+    for g in np.flatnonzero(improper):
+        rows = np.flatnonzero(group_ids == g)
+        s, e = starts[rows], ends[rows]
+        for lo in range(0, len(rows), block):
+            cs, ce = s[lo:lo + block, None], e[lo:lo + block, None]
+            contains = (s[None, :] <= cs) & (e[None, :] >= ce)
+            # identical intervals: the earlier row is the parent (no cycles)
+            cols, own = np.arange(len(rows))[None, :], np.arange(lo, lo + len(cs))[:, None]
+            contains &= ~((s[None, :] == cs) & (e[None, :] == ce)) | (cols < own)
+            contains[np.arange(len(cs)), np.arange(lo, lo + len(cs))] = False
+            slack = np.where(contains, (cs - s[None, :]) + (e[None, :] - ce), np.iinfo(np.int64).max)
+            best = slack.argmin(axis=1)
+            parent[rows[lo:lo + block]] = np.where(contains.any(axis=1), rows[best], -1)
+    depth = np.zeros(len(parent), dtype=np.int64)
+    cur = parent.copy()
+    for _ in range(len(parent)):  # depth = length of the parent chain
+        live = cur >= 0
+        if not live.any():
+            break
+        depth[live] += 1
+        cur[live] = parent[cur[live]]
     return parent, depth
 
 
@@ -184,6 +199,44 @@ def launches(gpu: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
         return gpu.merge(calls, on="correlation_id", how="left")
     calls = calls.drop_duplicates(["launch_pid", "correlation_id"])
     return gpu.merge(calls, left_on=["pid", "correlation_id"], right_on=["launch_pid", "correlation_id"], how="left")
+
+
+def _project_overlapping(projected: pd.DataFrame, work: pd.DataFrame, block: int = 1024) -> None:
+    """On threads whose ranges overlap without nesting, count each GPU
+    operation for every range that contains its launch call (not only its
+    ancestors), and give each operation its tightest such range. In place."""
+    loose = projected[~projected["nested"]]
+    for (pid, tid), ranges in loose.groupby(["pid", "tid"], observed=True):
+        mine = (work["launch_pid"] == pid) & (work["launch_tid"] == tid) & work["api_start_ns"].notna()
+        ops = work[mine.fillna(False).to_numpy(dtype=bool)]
+        a_s = ops["api_start_ns"].to_numpy(np.int64)
+        a_e = ops["api_end_ns"].to_numpy(np.int64)
+        o_s = ops["start_ns"].to_numpy(np.int64)
+        o_e = ops["end_ns"].to_numpy(np.int64)
+        r_s = ranges["start_ns"].to_numpy(np.int64)
+        r_e = ranges["end_ns"].to_numpy(np.int64)
+        count = np.zeros(len(ranges), dtype=np.int64)
+        first = np.full(len(ranges), np.iinfo(np.int64).max)
+        last = np.full(len(ranges), np.iinfo(np.int64).min)
+        best_slack = np.full(len(ops), np.iinfo(np.int64).max)
+        best = np.full(len(ops), -1, dtype=np.int64)
+        ids = ranges["range_id"].to_numpy(np.int64)
+        for lo in range(0, len(ranges), block):
+            contains = (r_s[lo:lo + block, None] <= a_s[None, :]) & (r_e[lo:lo + block, None] >= a_e[None, :])
+            count[lo:lo + block] = contains.sum(axis=1)
+            first[lo:lo + block] = np.where(contains, o_s[None, :], first[0]).min(axis=1, initial=first[0])
+            last[lo:lo + block] = np.where(contains, o_e[None, :], last[0]).max(axis=1, initial=last[0])
+            slack = np.where(contains, (a_s[None, :] - r_s[lo:lo + block, None]) + (r_e[lo:lo + block, None] - a_e[None, :]),
+                             np.iinfo(np.int64).max)
+            pick = slack.argmin(axis=0)
+            better = slack[pick, np.arange(len(ops))] < best_slack
+            best_slack = np.where(better, slack[pick, np.arange(len(ops))], best_slack)
+            best = np.where(better, ids[lo + pick], best)
+        has = count > 0
+        projected.loc[ranges.index, "gpu_op_count"] = count
+        projected.loc[ranges.index, "gpu_start_ns"] = pd.Series(first, index=ranges.index, dtype="Int64").where(has)
+        projected.loc[ranges.index, "gpu_end_ns"] = pd.Series(last, index=ranges.index, dtype="Int64").where(has)
+        work.loc[ops.index, "range_id"] = best
 
 
 def launched_in(work: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
@@ -271,6 +324,8 @@ def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, 
     projected = project(nested, work, inner, copy=False)
     projected.columns = [{"op_count": "gpu_op_count", "op_start_ns": "gpu_start_ns", "op_end_ns": "gpu_end_ns"}.get(c, c)
                          for c in projected.columns]
+    if not projected["nested"].all():
+        _project_overlapping(projected, work)
     with_ops = projected[projected["gpu_op_count"] > 0]
     children = with_ops[with_ops["parent_range_id"] >= 0].groupby("parent_range_id").size()
     projected["child_count"] = projected["range_id"].map(children).fillna(0).astype(np.int64)
