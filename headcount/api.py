@@ -13,15 +13,41 @@ from pathlib import Path
 
 import pandas as pd
 
+import contextlib
+
+from headcount.collector import cupti_source
+from headcount.collector.naming import STEP_DOMAIN
+from headcount.collector.ranges import CorrelatedEmitter, RangeEmitter
 from headcount.collector.tagging import MODES, AttentionTagger
 from headcount.collector.torch_source import TorchRecorder
-from headcount.errors import HeadcountError
+from headcount.derive import launch, occupancy
+from headcount.errors import HeadcountError, notice
+from headcount.parsers import cupti_records
 from headcount.parsers.kineto import load_trace
 from headcount.pipeline import tables_from_events
 from headcount.reports import dataset
 from headcount.reports.metadata import new_run_id, run_metadata
 
-BACKENDS = ("auto", "torch")
+BACKENDS = ("auto", "torch", "cupti")
+
+
+def resolve_backend(backend: str) -> tuple[str, str | None]:
+    """The source a backend name means here, and why ``auto`` chose it.
+
+    ``auto`` is ``cupti`` where a GPU, its driver and cupti-python are usable,
+    ``torch`` otherwise.
+
+    Raises:
+        HeadcountError: unknown backend.
+    """
+    if backend not in BACKENDS:
+        raise HeadcountError(f"unknown or unavailable backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
+    if backend != "auto":
+        return backend, None
+    usable, why = cupti_source.probe()
+    if usable:
+        return "cupti", f"backend auto: cupti ({why})"
+    return "torch", f"backend auto: torch (cupti unavailable: {why})"
 
 
 class AttentionProfiler:
@@ -44,25 +70,47 @@ class AttentionProfiler:
         mode: ``layer`` (the model runs as in production; per-head figures are
             apportioned) or ``head`` (attention computed head by head, each
             head measured on its own).
-        backend: ``auto`` (torch.profiler; the only source so far) or ``torch``.
+        backend: ``cupti`` (in-process CUPTI: kernels, launch latency,
+            occupancy, PM-sampled DRAM traffic; needs an NVIDIA GPU, a CUDA
+            13.0+ driver and cupti-python), ``torch`` (torch.profiler; any
+            machine) or ``auto`` (cupti where usable, else torch; the choice
+            is printed on stderr and kept in :attr:`backend`).
         run_id: identifier of this run in the report (generated when omitted).
-        trace_dir: keep the raw torch.profiler trace there (a temporary
-            directory by default).
+        trace_dir: keep the raw recording there (torch: ``trace.json``, cupti:
+            ``cupti-records.jsonl.gz``; a temporary directory by default).
         metadata: extra run metadata (model config, batch, …) for the report.
+        strict: a source that cannot start raises (instead of a one-line
+            notice, with the block then running unprofiled and
+            :meth:`get_stats` saying why nothing was recorded).
+        pm_sampling: cupti only: also sample DRAM traffic and warps active
+            device-wide (cupti-python ≥ 13.3; a notice where unavailable).
+        pm_interval_ns: PM sampling interval, GPU nanoseconds.
+        recorder: a ready recorder to use instead of building one (tests
+            stand a replay of recorded CUPTI records in for the GPU this way).
 
     Raises:
         HeadcountError: unknown mode or backend.
     """
 
     def __init__(self, model=None, mode: str = "layer", backend: str = "auto", run_id: str | None = None,
-                 trace_dir: str | Path | None = None, metadata: dict | None = None):
+                 trace_dir: str | Path | None = None, metadata: dict | None = None, strict: bool = False,
+                 pm_sampling: bool = True, pm_interval_ns: int = cupti_source.DEFAULT_PM_INTERVAL_NS, recorder=None):
         if mode not in MODES:
             raise HeadcountError(f"unknown mode {mode!r}", hint="use mode='layer' or mode='head'")
-        if backend not in BACKENDS:
-            raise HeadcountError(f"unknown or unavailable backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
+        if recorder is not None:
+            self.backend, why = recorder.name, None
+        else:
+            self.backend, why = resolve_backend(backend)
+        if why:
+            notice(why)
+        self.strict = strict
+        self.pm_sampling = pm_sampling
+        self.pm_interval_ns = pm_interval_ns
+        self._given_recorder = recorder
+        self.failure: HeadcountError | None = None
+        self._step_emitter = None
         self.model = model
         self.mode = mode
-        self.backend = "torch" if backend == "auto" else backend
         self.run_id = run_id or new_run_id()
         self.metadata = dict(metadata or {})
         self._trace_dir = trace_dir
@@ -70,26 +118,79 @@ class AttentionProfiler:
         self._recorder: TorchRecorder | None = None
         self._stats: dict[str, pd.DataFrame] | None = None
         self.trace_path: Path | None = None
+        self.collector_info: dict | None = None
 
     # ------------------------------------------------------------------ recording
+    def _new_recorder(self):
+        if self._given_recorder is not None:
+            return self._given_recorder
+        if self.backend == "cupti":
+            return cupti_source.CuptiRecorder(pm_sampling=self.pm_sampling, pm_interval_ns=self.pm_interval_ns,
+                                              record_dir=self._trace_dir)
+        return TorchRecorder(self._trace_dir)
+
     def __enter__(self) -> "AttentionProfiler":
         self._stats = None
+        self.failure = None
+        self.trace_path = None
         models = [self.model] if self.model is not None else []
-        self._tagger = AttentionTagger(models, mode=self.mode, auto=self.model is None)
-        self._recorder = TorchRecorder(self._trace_dir)
-        self._tagger.activate()
         try:
-            self._recorder.start()
-        except BaseException:
-            self._tagger.deactivate()
-            raise
+            self._recorder = self._new_recorder()
+            if self.backend == "cupti":
+                # CUPTI first: the ranges push correlation ids into the running session
+                self._recorder.start()
+                log = self._recorder.range_log
+                self._tagger = AttentionTagger(models, mode=self.mode, auto=self.model is None, range_log=log)
+                self._step_emitter = CorrelatedEmitter(log, domain=STEP_DOMAIN)
+                self._tagger.activate()
+            else:
+                self._tagger = AttentionTagger(models, mode=self.mode, auto=self.model is None)
+                self._step_emitter = RangeEmitter(domain=STEP_DOMAIN)
+                self._tagger.activate()
+                try:
+                    self._recorder.start()
+                except BaseException:
+                    self._tagger.deactivate()
+                    raise
+        except HeadcountError as err:
+            if self.strict:
+                raise
+            self.failure = err
+            self._tagger = None
+            self._step_emitter = None
+            notice(f"{self.backend} source did not start, the block runs unprofiled: {err.one_line()}")
+        self._notices_printed = 0
+        self._print_notices()
         return self
 
+    def _print_notices(self) -> None:
+        """Print the recorder's notices not printed yet."""
+        lines = getattr(self._recorder, "notices", []) if self.failure is None else []
+        for line in lines[self._notices_printed:]:
+            notice(line)
+        self._notices_printed = len(lines)
+
     def __exit__(self, exc_type, exc, tb) -> None:
+        if self.failure is not None:
+            return
         try:
             self.trace_path = self._recorder.stop()
         finally:
             self._tagger.deactivate()
+        self._print_notices()
+
+    @contextlib.contextmanager
+    def step(self, index: int):
+        """A ``step.N`` range around one training or inference step (the
+        ``step`` column of every table)."""
+        if self._step_emitter is None:
+            yield
+            return
+        token = self._step_emitter.push(f"step.{index}")
+        try:
+            yield
+        finally:
+            self._step_emitter.pop(token)
 
     # ------------------------------------------------------------------ results
     @property
@@ -112,20 +213,36 @@ class AttentionProfiler:
             HeadcountError: called before the profiled block ran, or nothing was tagged.
         """
         if self._stats is None:
+            if self.failure is not None:
+                raise HeadcountError(f"nothing was recorded: {self.failure.message}", hint=self.failure.hint,
+                                     exit_code=self.failure.exit_code)
             if self.trace_path is None:
                 raise HeadcountError("no profile recorded yet", hint="call get_stats() after the `with profiler:` block")
-            events = load_trace(self.trace_path)
-            self._stats = tables_from_events(events, self._tagger.calls, self.implementation, self.run_id)
+            if self.backend == "cupti":
+                header, records = cupti_records.read_records(self.trace_path)
+                self.collector_info = {**header.get("stats", {}), "notices": header.get("notices", []),
+                                       "nvtx_marker_records": cupti_records.marker_count(records)}
+                limits = getattr(self._recorder, "device_limits", None)
+                if limits is None:
+                    limits = occupancy.limits_from_torch()
+                self._stats = tables_from_events(
+                    cupti_records.events_frame(header, records), self._tagger.calls, self.implementation, self.run_id,
+                    source="cupti", limits=limits, pm_samples=cupti_records.pm_samples_frame(records))
+            else:
+                events = load_trace(self.trace_path)
+                self._stats = tables_from_events(events, self._tagger.calls, self.implementation, self.run_id,
+                                                 limits=occupancy.limits_from_torch())
+            self._stats["launch"] = launch.summary(self._stats["layers"], self._stats["kernels"])
             if self._recorder is not None:
                 self._recorder.cleanup()
         return self._stats
 
     def run_metadata(self) -> dict:
         """Metadata of this run as stored in the report."""
-        return run_metadata(
-            self.run_id, self.backend, self._recorder.version if self._recorder else None, self.mode,
-            {"implementation": self.implementation, **self.metadata},
-        )
+        extra = {"implementation": self.implementation, **self.metadata}
+        if getattr(self, "collector_info", None):
+            extra["collector"] = self.collector_info
+        return run_metadata(self.run_id, self.backend, self._recorder.version if self._recorder else None, self.mode, extra)
 
     def runs_table(self) -> pd.DataFrame:
         """One-row ``runs`` table of this session."""

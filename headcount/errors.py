@@ -34,3 +34,11 @@ class HeadcountError(Exception):
 
     def __str__(self) -> str:  # so that pytest.raises(match=...) sees the hint too
         return self.one_line()
+
+
+def notice(text: str) -> None:
+    """Tell the user something they should know but that stops nothing
+    (one line on stderr, ``headcount: `` first)."""
+    import sys
+
+    print(f"headcount: {text}", file=sys.stderr, flush=True)

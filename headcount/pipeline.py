@@ -15,7 +15,7 @@ import pandas as pd
 from headcount.attribute import attribution
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.collector.naming import DOMAIN, STEP_DOMAIN, parse_path
-from headcount.derive import aggregate, analytic, sampling
+from headcount.derive import aggregate, analytic, launch, occupancy, sampling
 from headcount.errors import HeadcountError
 
 BREAKDOWN_COLUMNS = [
@@ -43,15 +43,25 @@ def _split_domains(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return ranges, events[~ours & (events["kind"] != "range")].copy()
 
 
-def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id: str) -> dict[str, pd.DataFrame]:
+def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id: str, source: str = "torch",
+                       limits=None, pm_samples: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
     """Build the tables of one profiled session.
 
     Args:
-        events: Kineto events (:func:`headcount.parsers.kineto.events_frame`).
+        events: Kineto events (:func:`headcount.parsers.kineto.events_frame`) or
+            CUPTI events (:func:`headcount.parsers.cupti_records.events_frame`).
+            With an ``external_id`` column (CUPTI), GPU work belongs to the
+            range whose id its launch carried (exact, any thread); without
+            it, to the innermost range that contains its launch call on the
+            launching thread.
         calls: the tagger's :class:`~headcount.collector.tagging.CallLog` list.
         implementation: attention implementation of the session (fills rows the
             call log does not name, e.g. operators outside attention).
         run_id: identifier stored in every row.
+        source: the ``source`` column of the kernels table.
+        limits: the device's :class:`~headcount.derive.occupancy.SmLimits`
+            (theoretical occupancy is null without them).
+        pm_samples: PM samples (:func:`headcount.parsers.cupti_records.pm_samples_frame`).
 
     Returns:
         ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``.
@@ -60,7 +70,8 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
         HeadcountError: the events hold no headcount range.
     """
     ranges, ops = _split_domains(events)
-    ranges = attribution.nest_ranges(ranges[["pid", "tid", "domain", "name", "start_ns", "end_ns"]])
+    correlated = "external_id" in events.columns
+    ranges = attribution.nest_ranges(ranges[["pid", "tid", "domain", "name", "start_ns", "end_ns", *(["external_id"] if correlated else [])]])
     ops = ops.reset_index(drop=True)
     cpu = ops[ops["kind"] == "op"].copy()
     gpu = ops[ops["kind"].isin(["kernel", "memcpy", "memset"])].copy()
@@ -80,7 +91,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     # thread; Kineto puts GPU activity in lanes pid=<device>, tid=<stream>, so
     # the launching process and thread come from the runtime call
     gpu = attribution.launches(gpu.assign(pid=None), runtime)
-    gpu_inner = attribution.launched_in(gpu, main)
+    gpu_inner = attribution.by_external_id(gpu, main) if correlated else attribution.launched_in(gpu, main)
 
     projected = attribution.project(main, cpu, cpu_inner)
     if len(gpu):
@@ -95,13 +106,24 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     projected = projected.rename(columns={"op_start_ns": "cpu_op_start_ns", "op_end_ns": "cpu_op_end_ns"})
     projected["cpu_ops_ns"] = _top_level_op_time(cpu, cpu_inner, main)[projected["range_id"].to_numpy()]
 
+    gpu = gpu.reset_index(drop=True)
+    gpu["theoretical_occupancy_pct"] = occupancy.kernel_occupancy(gpu, limits)
+    if is_gpu := len(gpu) > 0:
+        launch_figures = launch.per_range(projected, gpu, gpu_inner, gpu["theoretical_occupancy_pct"])
+        projected = projected.merge(launch_figures, on="range_id", how="left")
+        projected["kernel_count"] = projected["gpu_op_count"]
+        if pm_samples is not None and len(pm_samples):
+            sampled = sampling.window_totals(pm_samples, pd.to_numeric(projected["gpu_start_ns"]).to_numpy(np.float64, na_value=np.nan),
+                                             pd.to_numeric(projected["gpu_end_ns"]).to_numpy(np.float64, na_value=np.nan))
+            projected = pd.concat([projected.reset_index(drop=True), sampled], axis=1)
     ranges_table = _label_ranges(projected, steps)
-    is_gpu = len(gpu) > 0
     ranges_table["duration_ns"] = (
         (ranges_table["gpu_end_ns"] - ranges_table["gpu_start_ns"]).astype("float64")
         if is_gpu else (ranges_table["end_ns"] - ranges_table["start_ns"]).astype("float64")
     )
     ranges_table["duration_basis"] = "gpu_projected" if is_gpu else "cpu_range"
+    if "sm_warps_active_sampled_pct" in ranges_table:
+        ranges_table["sm_warps_active_x_duration"] = ranges_table["sm_warps_active_sampled_pct"] * ranges_table["duration_ns"]
 
     attention = ranges_table[ranges_table["level"].isin(["layer", "head"])]
     attention = attach_calls(attention, calls_frame(calls))
@@ -113,15 +135,20 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     ranges_table = ranges_table.merge(attention[["range_id", *extra]], on="range_id", how="left")
     ranges_table["implementation"] = ranges_table["implementation"].fillna(implementation)
 
-    layers = aggregate.layers_table(ranges_table)
-    heads = aggregate.heads_table(ranges_table, layers)
-    breakdown_src = heads if (ranges_table["level"] == "head").any() else layers
-    breakdown = breakdown_src.reindex(columns=BREAKDOWN_COLUMNS)
-
     frames = [cpu.assign(device="cpu", range_id=cpu_inner)]
     if len(gpu):
-        frames.append(_gpu_rows(gpu, gpu_inner))
-    kernels = _kernels_table(frames, main, steps, "torch", implementation)
+        gpu_rows = _gpu_rows(gpu, gpu_inner)
+        if pm_samples is not None and len(pm_samples):
+            per_kernel = sampling.window_totals(pm_samples, gpu_rows["start_ns"].to_numpy(np.float64), gpu_rows["end_ns"].to_numpy(np.float64))
+            gpu_rows = pd.concat([gpu_rows, per_kernel], axis=1)
+        frames.append(gpu_rows)
+    kernels = launch.kernel_columns(_kernels_table(frames, main, steps, source, implementation))
+
+    layers = aggregate.layers_table(ranges_table)
+    heads = aggregate.heads_table(ranges_table, layers)
+    layers, heads = aggregate.with_launch_latency(layers, heads, kernels)
+    breakdown_src = heads if (ranges_table["level"] == "head").any() else layers
+    breakdown = breakdown_src.reindex(columns=BREAKDOWN_COLUMNS)
     tables = {"kernels": kernels, "ranges": ranges_table, "layers": layers, "heads": heads, "attention_breakdown": breakdown}
     for name, table in tables.items():
         table.insert(0, "run_id", run_id)

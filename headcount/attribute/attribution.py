@@ -330,3 +330,18 @@ def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, 
     children = with_ops[with_ops["parent_range_id"] >= 0].groupby("parent_range_id").size()
     projected["child_count"] = projected["range_id"].map(children).fillna(0).astype(np.int64)
     return projected, work
+
+
+def by_external_id(work: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
+    """Range (``range_id``, -1 if none) whose id each GPU operation's launch
+    carried as CUPTI external correlation id: the innermost headcount range
+    open on the launching thread when the launch call ran. Exact: no
+    timestamps are compared.
+
+    Args:
+        work: GPU rows with ``external_id`` (null: launched outside every range).
+        ranges: nested ranges with ``external_id``.
+    """
+    lookup = dict(zip(ranges["external_id"].astype("int64"), ranges["range_id"].astype("int64")))
+    ext = pd.array(work["external_id"], dtype="Int64")
+    return np.array([lookup.get(int(e), -1) if e is not pd.NA else -1 for e in ext], dtype=np.int64)

@@ -11,7 +11,7 @@ import sys
 import traceback
 
 from headcount import __version__
-from headcount.cli import parse_cmd, profile_cmd
+from headcount.cli import doctor_cmd, parse_cmd, profile_cmd
 from headcount.errors import HeadcountError
 
 EXAMPLES = """\
@@ -20,6 +20,8 @@ examples:
   headcount profile --mode head          measure every attention head on its own
   headcount profile --help               all options of the profile command
   headcount parse run.sqlite -o report/  an existing nsys SQLite export into the same tables
+  headcount doctor                       what works here: GPU, driver, CUPTI, counters, nsys/ncu
+  headcount profile --backend cupti      in-process CUPTI on an NVIDIA GPU (launch latency, occupancy, DRAM samples)
 
 Read the report:
   python -c "import pandas as pd; print(pd.read_parquet('headcount-report/layers'))"
@@ -39,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     profile_cmd.add_parser(sub)
     parse_cmd.add_parser(sub)
+    doctor_cmd.add_parser(sub)
     return parser
 
 

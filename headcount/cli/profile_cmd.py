@@ -15,9 +15,8 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from headcount.api import AttentionProfiler, runs_row
-from headcount.collector.naming import STEP_DOMAIN
-from headcount.collector.ranges import RangeEmitter
+from headcount.api import AttentionProfiler, resolve_backend, runs_row
+from headcount.collector import cupti_source
 from headcount.errors import HeadcountError
 from headcount.models import DTYPES, IMPLEMENTATIONS, config_dict, load_model, make_inputs, set_implementation
 from headcount.reports import console as console_report
@@ -52,7 +51,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="parameter and activation dtype (default float32)")
     p.add_argument("--steps", type=int, default=3, help="profiled steps per implementation, after one warm-up step (default 3)")
     p.add_argument("--no-backward", action="store_true", help="forward only (inference)")
-    p.add_argument("--trace-dir", default=None, help="also keep the raw torch.profiler traces there (<dir>/<impl>/trace.json)")
+    p.add_argument("--backend", choices=("auto", "torch", "cupti"), default="auto",
+                   help="where the numbers come from: cupti (in-process CUPTI on an NVIDIA GPU: kernels, launch latency, "
+                   "occupancy, PM-sampled DRAM traffic), torch (torch.profiler, any machine), auto (cupti where usable, else torch; default)")
+    p.add_argument("--no-pm-sampling", action="store_true", help="cupti: do not sample DRAM traffic and warps active (PM sampling)")
+    p.add_argument("--pm-interval-us", type=float, default=50.0, help="cupti: PM sampling interval in microseconds of GPU time (default 50)")
+    p.add_argument("--trace-dir", default=None, help="also keep the raw recordings there (<dir>/<impl>/trace.json or cupti-records.jsonl.gz)")
     p.add_argument("-o", "--out", default=DEFAULT_OUT, help=f"output directory (default ./{DEFAULT_OUT})")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--append", action="store_true", help="add this run to an existing report")
@@ -62,6 +66,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _validate(args) -> list[str]:
+    if args.pm_interval_us <= 0:
+        raise HeadcountError(f"--pm-interval-us {args.pm_interval_us}: must be positive", hint="e.g. --pm-interval-us 50")
     for name in ("batch", "seq", "steps"):
         value = getattr(args, name)
         if value < 1:
@@ -104,6 +110,14 @@ def _warm_up(model, inputs, backward: bool, impl: str) -> None:
 def run(args) -> int:
     console = Console(stderr=True)
     impls = _validate(args)
+    backend, why = resolve_backend(args.backend)
+    if why:
+        console.print(why)
+    if backend == "cupti":
+        try:
+            cupti_source.require()
+        except HeadcountError as exc:
+            raise HeadcountError(f"--backend cupti cannot run here: {exc.message}", hint=exc.hint, exit_code=exc.exit_code) from exc
     backward = not args.no_backward
     with console.status("loading model…"):
         model, description = load_model(args.model, args.dtype)
@@ -111,7 +125,6 @@ def run(args) -> int:
     console.print(f"model: {description}; batch {args.batch} × seq {args.seq}, {args.dtype}, "
                   f"{'forward+backward' if backward else 'forward only'}, {args.mode} mode")
     run_id = new_run_id()
-    steps = RangeEmitter(domain=STEP_DOMAIN)
     collected: dict[str, list[pd.DataFrame]] = {}
     metadata = None
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
@@ -126,15 +139,13 @@ def run(args) -> int:
             if args.trace_dir:
                 trace_dir = Path(args.trace_dir) / impl
                 trace_dir.mkdir(parents=True, exist_ok=True)
-            prof = AttentionProfiler(model, mode=args.mode, run_id=run_id, metadata=extra, trace_dir=trace_dir)
+            prof = AttentionProfiler(model, mode=args.mode, backend=backend, run_id=run_id, metadata=extra, trace_dir=trace_dir,
+                                     strict=True, pm_sampling=not args.no_pm_sampling, pm_interval_ns=int(args.pm_interval_us * 1000))
             progress.update(task, description=f"{impl}: profiling")
             with prof:
                 for i in range(args.steps):
-                    token = steps.push(f"step.{i}")
-                    try:
+                    with prof.step(i):
                         _step(model, inputs, backward)
-                    finally:
-                        steps.pop(token)
                     progress.advance(task)
             progress.update(task, description=f"{impl}: attributing")
             stats = prof.get_stats()

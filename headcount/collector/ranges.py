@@ -136,3 +136,35 @@ class RangeEmitter:
             else:
                 _nvtx.pop_range(domain=self._domain_name)
                 _nvtx.pop_range(domain=self._domain_name)
+
+
+class CorrelatedEmitter(RangeEmitter):
+    """A :class:`RangeEmitter` that also logs each range in the cupti source's
+    :class:`~headcount.collector.cupti_source.RangeLog`, which pushes the
+    range's id as CUPTI external correlation id while it is open.
+
+    Tokens carry both the record_function handle and the log id.
+    """
+
+    def __init__(self, log, domain: str = DOMAIN, nvtx: bool = True, torch_ranges: bool = True):
+        super().__init__(domain=domain, nvtx=nvtx, torch_ranges=torch_ranges)
+        self._log = log
+        # the generic methods below replace the specialized closures
+        self.push2 = self._push2
+        self.pop2 = self._pop2
+
+    def push(self, name: str):
+        token = RangeEmitter.push(self, name)
+        return token, self._log.open(self._domain_name, name)
+
+    def pop(self, token=None) -> None:
+        inner, rid = token
+        self._log.close(rid)
+        RangeEmitter.pop(self, inner)
+
+    def _push2(self, outer: str, inner: str):
+        return self.push(outer), self.push(inner)
+
+    def _pop2(self, tokens=None) -> None:
+        self.pop(tokens[1])
+        self.pop(tokens[0])

@@ -34,7 +34,7 @@ import torch
 
 from headcount.collector import shapes as _shapes
 from headcount.collector.naming import head_name, layer_names, sanitize
-from headcount.collector.ranges import RangeEmitter
+from headcount.collector.ranges import CorrelatedEmitter, RangeEmitter
 from headcount.errors import HeadcountError
 
 MODES = ("layer", "head")
@@ -210,19 +210,24 @@ class AttentionTagger:
             needs. Without it, layer mode with no gradient tracking only opens
             and closes the ranges (the cheapest tags; backward tagging and head
             mode still run).
+        range_log: the cupti source's range log: ranges then also push CUPTI
+            external correlation ids (see :class:`~headcount.collector.ranges.CorrelatedEmitter`).
 
     Raises:
         HeadcountError: unknown mode.
     """
 
     def __init__(self, models=(), mode: str = "layer", auto: bool = False, nvtx: bool = True, torch_ranges: bool = True,
-                 log_calls: bool = True):
+                 log_calls: bool = True, range_log=None):
         if mode not in MODES:
             raise HeadcountError(f"unknown mode {mode!r}", hint="use mode='layer' or mode='head'")
         self.mode = mode
         self.auto = auto
         self.log_calls = log_calls
-        self.emitter = RangeEmitter(nvtx=nvtx, torch_ranges=torch_ranges)
+        if range_log is not None:
+            self.emitter = CorrelatedEmitter(range_log, nvtx=nvtx, torch_ranges=torch_ranges)
+        else:
+            self.emitter = RangeEmitter(nvtx=nvtx, torch_ranges=torch_ranges)
         self._log: list[tuple] = []  # CallLog fields as tuples: this is the hot path
         self._shapes: dict[tuple, _shapes.CallShape] = {}
         self._layers: dict[int, LayerInfo] = {}

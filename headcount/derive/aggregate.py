@@ -33,6 +33,14 @@ _SUMS = {
     "flop": "sum",
     "analytic_min_bytes": "sum",
     "dram_bytes_measured": "sum",
+    "kernel_count": "sum",
+    "kernel_busy_ns": "sum",
+    "kernel_gap_ns": "sum",
+    "cpu_launch_cost_ns": "sum",
+    "theoretical_occupancy_x_busy": "sum",
+    "dram_read_sampled_bytes": "sum",
+    "dram_write_sampled_bytes": "sum",
+    "sm_warps_active_x_duration": "sum",
 }
 
 
@@ -51,9 +59,26 @@ def _aggregate(ranges: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def _derive(table: pd.DataFrame, duration_provenance: str) -> pd.DataFrame:
     t = table
-    measured = t["dram_bytes_measured"] if "dram_bytes_measured" in t else pd.Series(np.nan, index=t.index)
-    t["dram_bytes"] = measured.where(measured.notna(), t["analytic_min_bytes"])
-    t["dram_bytes_provenance"] = np.where(measured.notna(), "measured", np.where(t["analytic_min_bytes"].notna(), "analytic", None))
+    nan = pd.Series(np.nan, index=t.index)
+    measured = t["dram_bytes_measured"] if "dram_bytes_measured" in t else nan
+    if "dram_read_sampled_bytes" in t:
+        t["dram_bytes_sampled"] = t["dram_read_sampled_bytes"] + t["dram_write_sampled_bytes"]
+    sampled = t["dram_bytes_sampled"] if "dram_bytes_sampled" in t else nan
+    # the strongest figure wins: a counter of the range, then device-wide samples, then the model
+    t["dram_bytes"] = measured.where(measured.notna(), sampled.where(sampled.notna(), t["analytic_min_bytes"]))
+    t["dram_bytes_provenance"] = np.where(measured.notna(), "measured", np.where(sampled.notna(), "sampled",
+                                          np.where(t["analytic_min_bytes"].notna(), "analytic", None)))
+    if "sm_warps_active_x_duration" in t:
+        # PM sampling: device-wide warps active over the range's GPU window (an achieved occupancy, sampled)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t["achieved_occupancy_pct"] = (t["sm_warps_active_x_duration"] / t["duration_ns"]).where(t["duration_ns"] > 0)
+        t["achieved_occupancy_provenance"] = np.where(t["achieved_occupancy_pct"].notna(), "sampled", None)
+    if "kernel_count" in t:
+        t["kernels_per_call"] = t["kernel_count"] / t["calls"]
+        t["cpu_launch_cost_per_call_ns"] = t["cpu_launch_cost_ns"] / t["calls"]
+        t["kernel_gap_per_call_ns"] = t["kernel_gap_ns"] / t["calls"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t["theoretical_occupancy_pct"] = (t["theoretical_occupancy_x_busy"] / t["kernel_busy_ns"]).where(t["kernel_busy_ns"] > 0)
     t["duration_provenance"] = np.where(t["duration_ns"].notna(), duration_provenance, None)
     t["duration_per_call_ns"] = t["duration_ns"] / t["calls"]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -66,6 +91,10 @@ def _derive(table: pd.DataFrame, duration_provenance: str) -> pd.DataFrame:
         t["bandwidth_gbps"].isna(), None,
         np.where((t["dram_bytes_provenance"] == "measured") & (t["duration_provenance"] == "measured"), "measured", t["dram_bytes_provenance"]),
     )
+    if "dram_bytes_measured" in t and "analytic_min_bytes" in t and "dram_bytes_sampled" in t:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t["excess_traffic"] = (t["dram_bytes"] / t["analytic_min_bytes"]).where(
+                (t["analytic_min_bytes"] > 0) & t["dram_bytes_provenance"].isin(["measured", "sampled"]))
     t["intensity_provenance"] = np.where(t["intensity_flop_per_byte"].isna(), None, "analytic")
     return t
 
@@ -132,7 +161,8 @@ def _apportion(layer_ranges: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame
             rows.append((*[getattr(rec, k) for k in GROUP_LAYER], h, h // groups, 1.0 / n))
     split = pd.DataFrame(rows, columns=[*GROUP_LAYER, "head", "kv_head", "_share"])
     table = split.merge(layers, on=GROUP_LAYER, how="left")
-    for col in ("duration_ns", "op_count", "cpu_ops_ns", "flop", "analytic_min_bytes", "dram_bytes", "dram_bytes_measured"):
+    for col in ("duration_ns", "op_count", "cpu_ops_ns", "flop", "analytic_min_bytes", "dram_bytes", "dram_bytes_measured",
+                "dram_bytes_sampled", "kernel_busy_ns", "kernel_gap_ns", "cpu_launch_cost_ns"):
         if col in table:
             table[col] = table[col] * table["_share"]
     table["duration_per_call_ns"] = table["duration_ns"] / table["calls"]
@@ -163,6 +193,7 @@ def from_kernels(kernels: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         incomplete=("incomplete", "any"),
     ).reset_index()
     out["achieved_occupancy_pct"] = out.pop("_occ") / out["duration_ns"]
+    out["achieved_occupancy_provenance"] = np.where(out["achieved_occupancy_pct"].notna(), "measured", None)
     out["calls"] = pd.NA
     out["steps"] = pd.NA
     out["duration_basis"] = "gpu_kernel_sum"
@@ -172,3 +203,24 @@ def from_kernels(kernels: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     out["duration_per_call_ns"] = np.nan
     out["provenance"] = "measured"
     return out
+
+
+def with_launch_latency(layers: pd.DataFrame, heads: pd.DataFrame, kernels: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Add ``launch_latency_p50_ns``/``_p99_ns`` (of the kernels of each row)
+    to the layers and heads tables; unchanged where kernels have no latency."""
+    from headcount.derive.launch import latency_quantiles
+
+    if "launch_latency_ns" not in kernels or kernels["launch_latency_ns"].isna().all():
+        return layers, heads
+    out = []
+    for table, keys in ((layers, GROUP_LAYER), (heads, GROUP_LAYER + ["head"])):
+        q = latency_quantiles(kernels, keys)
+        table = table.drop(columns=["launch_latency_p50_ns", "launch_latency_p99_ns"], errors="ignore")
+        if len(table) and len(q):
+            for k in keys:  # merge keys of one type on both sides (nullable where either has nulls)
+                numeric = k in ("layer", "head")
+                q[k] = pd.array(q[k], dtype="Int64") if numeric else q[k].astype(object)
+                table[k] = pd.array(table[k], dtype="Int64") if numeric else table[k].astype(object)
+            table = table.merge(q, on=keys, how="left")
+        out.append(table)
+    return out[0], out[1]

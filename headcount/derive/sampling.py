@@ -63,3 +63,70 @@ def apportion(kernels: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
             out.loc[out.index[rows], column] = mean
             out.loc[out.index[rows], "sampling_interval_ns"] = float(delta)
     return out
+
+
+# PM sampling (cupti source): metric → headcount column; .sum counters are
+# totals over a sample's window, .pct metrics are averages over it
+PM_COUNTERS = {"dram__bytes_read.sum": "dram_read_sampled_bytes", "dram__bytes_write.sum": "dram_write_sampled_bytes"}
+PM_PERCENTS = {"sm__warps_active.avg.pct_of_peak_sustained_elapsed": "sm_warps_active_sampled_pct"}
+
+
+def _cumulative(samples: pd.DataFrame, values: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """∫ of a piecewise-constant rate up to each time in ``t``: each sample
+    spreads ``values[i]`` evenly over [start_i, end_i); nothing between samples."""
+    s = samples["start_ns"].to_numpy(np.float64)
+    e = samples["end_ns"].to_numpy(np.float64)
+    cum = np.concatenate([[0.0], np.cumsum(values)])
+    i = np.searchsorted(s, t, side="right") - 1
+    ok = i >= 0
+    j = np.maximum(i, 0)
+    frac = np.clip((t - s[j]) / np.maximum(e[j] - s[j], 1.0), 0.0, 1.0)
+    return np.where(ok, cum[j] + values[j] * frac, 0.0)
+
+
+def window_totals(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> pd.DataFrame:
+    """PM-sampled figures over time windows [start, end] (ns): counters as
+    totals (each sample's count spread evenly over its window), percentages
+    as time-weighted means; null where no sample covers the window.
+
+    Device-wide: two windows that overlap in time (concurrent kernels) each
+    get the whole device's traffic of the overlap. Range windows (first
+    kernel start to last kernel end) avoid counting a range's own concurrent
+    kernels twice.
+    """
+    out = pd.DataFrame(index=range(len(start)))
+    start = np.asarray(start, dtype=np.float64)
+    end = np.asarray(end, dtype=np.float64)
+    if samples is None or not len(samples) or not len(start):
+        for col in (*PM_COUNTERS.values(), *PM_PERCENTS.values()):
+            out[col] = np.nan
+        return out
+    length = (samples["end_ns"] - samples["start_ns"]).to_numpy(np.float64)
+    covered = _cumulative(samples, length, end) - _cumulative(samples, length, start)
+    has = (covered > 0) & ~np.isnan(start) & ~np.isnan(end)
+    for metric, col in PM_COUNTERS.items():
+        if metric in samples:
+            v = samples[metric].to_numpy(np.float64)
+            out[col] = np.where(has, _cumulative(samples, v, end) - _cumulative(samples, v, start), np.nan)
+        else:
+            out[col] = np.nan
+    for metric, col in PM_PERCENTS.items():
+        if metric in samples:
+            v = samples[metric].to_numpy(np.float64) * length
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[col] = np.where(has, (_cumulative(samples, v, end) - _cumulative(samples, v, start)) / covered, np.nan)
+        else:
+            out[col] = np.nan
+    return out
+
+
+def sample_gaps(samples: pd.DataFrame) -> dict:
+    """How regular the PM samples were: interval (median window, ns), and the
+    gaps between consecutive windows (count, total ns)."""
+    if samples is None or not len(samples):
+        return {"samples": 0}
+    s = samples["start_ns"].to_numpy(np.int64)
+    e = samples["end_ns"].to_numpy(np.int64)
+    gaps = s[1:] - e[:-1]
+    return {"samples": int(len(s)), "median_window_ns": float(np.median(e - s)), "gaps": int((gaps > 0).sum()),
+            "gap_total_ns": int(gaps[gaps > 0].sum()), "first_ns": int(s[0]), "last_ns": int(e[-1])}

@@ -136,6 +136,11 @@ def write_run(
             an I/O error (the report is left as it was).
     """
     out = check_output(out, append=append, force=force)
+    if append and not force:
+        existing = read_marker(out).get("schema_version")
+        if existing and existing != SCHEMA_VERSION:
+            raise HeadcountError(f"{out}: holds a report of schema {existing}, this headcount writes {SCHEMA_VERSION}",
+                                 hint="write to a new directory, or --force to replace the old report")
     staging = out / f".staging-{run_id}"
     try:
         out.mkdir(parents=True, exist_ok=True)

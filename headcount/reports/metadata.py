@@ -15,7 +15,7 @@ from importlib import metadata as _md
 
 from headcount import __version__
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:

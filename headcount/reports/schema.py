@@ -32,6 +32,10 @@ KERNELS = pa.schema([
     ("dram_bytes", F), ("dram_read_bytes", F), ("dram_write_bytes", F), ("dram_throughput_pct", F), ("l2_bytes", F),
     ("tensor_pipe_pct", F), ("ncu_id", I), ("incomplete", B), ("missing_metrics", S),
     ("dram_read_sampled_pct", F), ("dram_write_sampled_pct", F), ("sm_active_sampled_pct", F), ("sampling_interval_ns", F),
+    ("dram_read_sampled_bytes", F), ("dram_write_sampled_bytes", F), ("sm_warps_active_sampled_pct", F),
+    ("external_id", I), ("queued_ns", I), ("submitted_ns", I), ("queue_ns", F), ("submit_to_start_ns", F),
+    ("block_threads", I), ("static_shared_memory_bytes", I), ("dynamic_shared_memory_bytes", I),
+    ("shared_memory_config_bytes", I), ("local_memory_per_thread_bytes", I), ("graph_id", I),
     *_ATTRIBUTION,
 ])
 
@@ -40,7 +44,9 @@ RANGES = pa.schema([
     ("name", S), ("path", S), ("depth", I), ("level", S), ("pid", S), ("tid", S),
     ("start_ns", I), ("end_ns", I), ("duration_ns", F), ("duration_basis", S),
     ("op_count", I), ("cpu_ops_ns", F), ("cpu_op_start_ns", I), ("cpu_op_end_ns", I),
-    ("gpu_start_ns", I), ("gpu_end_ns", I), ("gpu_op_count", I),
+    ("gpu_start_ns", I), ("gpu_end_ns", I), ("gpu_op_count", I), ("external_id", I),
+    ("kernel_busy_ns", F), ("kernel_gap_ns", F), ("cpu_launch_cost_ns", F),
+    ("dram_read_sampled_bytes", F), ("dram_write_sampled_bytes", F), ("sm_warps_active_sampled_pct", F),
     ("phase", S), ("layer_name", S), ("layer", I), ("head", I), ("kv_head", I), ("model", S),
     *_SHAPE, ("flop", F), ("analytic_min_bytes", F),
 ])
@@ -52,7 +58,10 @@ _AGG = [
     ("dram_bytes", F), ("dram_bytes_provenance", S), ("bandwidth_gbps", F), ("bandwidth_provenance", S),
     ("intensity_flop_per_byte", F), ("intensity_provenance", S), ("excess_traffic", F),
     ("roofline_class", S), ("launch_latency_p50_ns", F), ("launch_latency_p99_ns", F),
-    ("achieved_occupancy_pct", F), ("incomplete", B), ("provenance", S),
+    ("achieved_occupancy_pct", F), ("achieved_occupancy_provenance", S), ("incomplete", B), ("provenance", S),
+    ("kernel_count", F), ("kernels_per_call", F), ("cpu_launch_cost_ns", F), ("cpu_launch_cost_per_call_ns", F),
+    ("kernel_gap_ns", F), ("kernel_gap_per_call_ns", F), ("kernel_busy_ns", F), ("theoretical_occupancy_pct", F),
+    ("dram_bytes_sampled", F),
 ]
 
 LAYERS = pa.schema([

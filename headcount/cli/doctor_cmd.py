@@ -1,0 +1,46 @@
+"""``headcount doctor``: what works on this machine, before anything runs."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from headcount.collector import doctor
+
+_STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "info": "cyan"}
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "doctor",
+        help="check GPU, driver, CUPTI, counters permission and Nsight tools",
+        description="Report what each backend needs and whether this machine has it: GPU and driver (CUDA 13.0+ for "
+        "cupti-python), cupti-python and libcupti versions, CUPTI already held by another profiler, performance "
+        "counters permission (ERR_NVGPUCTRPERM), NVTX injection, nsys and ncu versions.",
+    )
+    p.add_argument("--backend", choices=("torch", "cupti"), default=None,
+                   help="exit with status 1 when this backend cannot run here")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    checks = doctor.run_checks()
+    verdict = {b: doctor.usable(checks, b) for b in ("torch", "cupti")}
+    if args.json:
+        print(json.dumps({"checks": [c.as_dict() for c in checks], "usable": verdict}, indent=2))
+    else:
+        table = Table(show_header=True, header_style="bold")
+        for col in ("check", "status", "detail", "what to do"):
+            table.add_column(col, overflow="fold")
+        for c in checks:
+            table.add_row(c.name, f"[{_STYLE[c.status]}]{c.status}[/]", c.detail, c.hint or "")
+        console = Console()
+        console.print(table)
+        console.print("backends: " + ", ".join(f"{b} {'usable' if ok else 'NOT usable'}" for b, ok in verdict.items()))
+    if args.backend and not verdict[args.backend]:
+        return 1
+    return 0

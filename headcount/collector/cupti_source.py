@@ -1,0 +1,424 @@
+"""The ``cupti`` source: in-process CUPTI activity tracing with cupti-python.
+
+Recording only (DESIGN §1): enable activity kinds, receive buffers, copy each
+record into a plain dict before CUPTI reuses the buffer, push an external
+correlation id for every headcount range, optionally run PM sampling, and
+write everything to one records file. Turning records into tables is
+:mod:`headcount.parsers.cupti_records`'s job.
+
+What is enabled and why:
+
+- ``CONCURRENT_KERNEL`` (plain ``KERNEL`` serializes kernels), with latency
+  timestamps (``queued``, ``submitted``) on;
+- ``RUNTIME`` and ``DRIVER`` API records: the launch call of every kernel
+  (``cudaLaunchKernel*``, ``cuLaunchKernel*`` from Triton and cuBLASLt,
+  graph launches), for launch latency and CPU launch cost;
+- ``EXTERNAL_CORRELATION``: headcount's ranges push an id (kind ``CUSTOM0``)
+  while open, so every launch maps to its range exactly, on any thread,
+  without comparing timestamps;
+- ``MARKER`` (NVTX) when ``NVTX_INJECTION64_PATH`` points at libcupti: a
+  cross-check, and the user's own NVTX ranges.
+
+Thread ids are the system's (``gettid``) so that API records and headcount's
+ranges name threads alike. Dropped records are counted (CUPTI's own count)
+and reported in the run metadata.
+
+Everything here that touches CUPTI goes through ``self.cupti`` (the
+``cupti.cupti`` module), so tests can stand a recorded-records replay in for
+the GPU (see ``tests/cupti_replay.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gzip
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from headcount.collector.cupti_errors import classify
+from headcount.errors import HeadcountError
+
+BUFFER_BYTES = 8 << 20
+DEFAULT_PM_INTERVAL_NS = 50_000
+# tried in order until PM sampling accepts one set in a single pass
+PM_METRIC_SETS = (
+    ("dram__bytes_read.sum", "dram__bytes_write.sum", "sm__warps_active.avg.pct_of_peak_sustained_elapsed"),
+    ("dram__bytes_read.sum", "dram__bytes_write.sum"),
+)
+RECORDS_FILE = "cupti-records.jsonl.gz"
+
+_KERNEL_FIELDS = (
+    "name", "start", "end", "queued", "submitted", "correlation_id", "device_id", "context_id", "stream_id",
+    "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "cluster_x", "cluster_y", "cluster_z",
+    "registers_per_thread", "static_shared_memory", "dynamic_shared_memory", "shared_memory_executed",
+    "local_memory_per_thread", "graph_id", "graph_node_id", "launch_type", "grid_id",
+)
+_API_FIELDS = ("cbid", "start", "end", "process_id", "thread_id", "correlation_id", "return_value")
+
+
+def load_cupti():
+    """Import ``cupti.cupti``.
+
+    Raises:
+        HeadcountError: cupti-python is missing or cannot be imported.
+    """
+    try:
+        from cupti import cupti
+    except ImportError as exc:
+        raise classify(exc, "importing cupti-python") from exc
+    return cupti
+
+
+def cupti_version() -> str | None:
+    """Installed cupti-python version, or ``None``."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("cupti-python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def api_name(cupti, kind_name: str, cbid: int) -> str:
+    """``cudaLaunchKernel_v7000`` for a runtime cbid (read from cupti-python's
+    enums: works without a driver, unlike ``get_callback_name``)."""
+    enum = cupti.runtime_api_trace_cbid if kind_name == "RUNTIME" else cupti.driver_api_trace_cbid
+    try:
+        return enum(int(cbid)).name
+    except ValueError:
+        return f"cbid {cbid}"
+
+
+def record_of(cupti, activity) -> dict | None:
+    """Copy one activity record into a plain dict (``None`` for kinds not kept).
+
+    ``kind`` becomes ``kernel``, ``runtime``, ``driver``, ``external_correlation``
+    or ``marker``; timestamps stay CUPTI's nanoseconds.
+    """
+    kind = cupti.ActivityKind(activity.kind).name
+    if kind in ("CONCURRENT_KERNEL", "KERNEL"):
+        rec = {f: getattr(activity, f, None) for f in _KERNEL_FIELDS}
+        rec["kind"] = "kernel"
+        return rec
+    if kind in ("RUNTIME", "DRIVER"):
+        rec = {f: getattr(activity, f) for f in _API_FIELDS}
+        rec["kind"] = kind.lower()
+        rec["name"] = api_name(cupti, kind, activity.cbid)
+        return rec
+    if kind == "EXTERNAL_CORRELATION":
+        return {"kind": "external_correlation", "correlation_id": activity.correlation_id,
+                "external_id": activity.external_id, "external_kind": activity.external_kind}
+    if kind == "MARKER":
+        rec = {"kind": "marker", "id": activity.id, "name": activity.name, "domain": activity.domain,
+               "timestamp": activity.timestamp, "flags": int(activity.flags_)}
+        try:  # the thread is in a union that depends on object_kind
+            rec["thread_id"] = activity.object_id.pt.thread_id
+            rec["process_id"] = activity.object_id.pt.process_id
+        except Exception:  # noqa: BLE001 - markers on other objects have no thread
+            pass
+        return rec
+    return None
+
+
+class RangeLog:
+    """headcount's ranges as the cupti source sees them: each open range
+    pushes its id as an external correlation id (kind ``CUSTOM0``) on its
+    thread, and gets CUPTI timestamps, so the range table and the launch
+    mapping come from the same clock without NVTX injection.
+
+    Thread-safe: ranges open on the main thread and on autograd's threads.
+    """
+
+    def __init__(self, cupti):
+        self._cupti = cupti
+        self._kind = int(cupti.ExternalCorrelationKind.CUSTOM0)
+        self._ts = cupti.get_timestamp
+        self._push = cupti.activity_push_external_correlation_id
+        self._pop = cupti.activity_pop_external_correlation_id
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self.ranges: list[list] = []  # [id, domain, name, pid, tid, start, end]
+
+    def open(self, domain: str, name: str) -> int:
+        """Open a range on this thread; returns its id (≥ 1) for :meth:`close`."""
+        with self._lock:
+            rid = len(self.ranges) + 1
+            self.ranges.append([rid, domain, name, self._pid, threading.get_native_id(), self._ts(), None])
+        self._push(self._kind, rid)
+        return rid
+
+    def close(self, rid: int) -> None:
+        """Close range ``rid`` (the innermost open one on this thread)."""
+        self._pop(self._kind)
+        self.ranges[rid - 1][6] = self._ts()
+
+    def records(self) -> list[dict]:
+        return [{"kind": "range", "id": r[0], "domain": r[1], "name": r[2], "process_id": r[3], "thread_id": r[4],
+                 "start": r[5], "end": r[6]} for r in self.ranges]
+
+
+class PmSampler:
+    """PM sampling (cupti-python ≥ 13.3): device-wide counters at a fixed GPU
+    time interval. Any failure turns into a notice; activity tracing goes on.
+
+    Args:
+        pm_sampling: the ``cupti.pm_sampling`` module.
+        device_index: CUDA device.
+        interval_ns: sampling interval in GPU nanoseconds.
+    """
+
+    def __init__(self, pm_sampling, device_index: int = 0, interval_ns: int = DEFAULT_PM_INTERVAL_NS):
+        self._pm = pm_sampling
+        self.device_index = device_index
+        self.interval_ns = int(interval_ns)
+        self.metrics: list[str] = []
+        self.notice: str | None = None
+        self._collector = None
+        self._t0 = 0.0
+
+    def start(self) -> bool:
+        try:
+            collector = self._pm.Collector(device_index=self.device_index)
+            collector.enable()
+        except Exception as exc:  # noqa: BLE001 - PM sampling is optional by design
+            self.notice = f"PM sampling unavailable: {classify(exc, 'enabling PM sampling').one_line()}"
+            return False
+        errors = []
+        for metrics in PM_METRIC_SETS:
+            try:
+                collector.configure(metrics=list(metrics), sampling_interval=self.interval_ns,
+                                    hardware_buffer_size=256 << 20)
+                self.metrics = list(metrics)
+                break
+            except Exception as exc:  # noqa: BLE001 - try the next, smaller set
+                errors.append(f"{','.join(metrics)}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        if not self.metrics:
+            collector.disable()
+            self.notice = "PM sampling unavailable: no metric set accepted (" + "; ".join(errors) + ")"
+            return False
+        try:
+            collector.start()
+        except Exception as exc:  # noqa: BLE001
+            collector.disable()
+            self.notice = f"PM sampling unavailable: {classify(exc, 'starting PM sampling').one_line()}"
+            return False
+        self._collector = collector
+        self._t0 = time.perf_counter()
+        return True
+
+    def stop(self) -> tuple[list[dict], dict]:
+        """Stop, decode and evaluate; returns (samples, info)."""
+        if self._collector is None:
+            return [], {"enabled": False, "notice": self.notice}
+        collector, self._collector = self._collector, None
+        elapsed_ns = (time.perf_counter() - self._t0) * 1e9
+        info = {"enabled": True, "metrics": self.metrics, "interval_ns": self.interval_ns}
+        samples = []
+        try:
+            collector.stop()
+            data = collector.decode(max_samples=int(elapsed_ns / self.interval_ns * 1.5) + 1000)
+            info.update(total_samples=data.num_total_samples, populated_samples=data.num_populated_samples,
+                        completed_samples=data.num_completed_samples)
+            for sample in data:
+                samples.append({"kind": "pm_sample", "start": sample.start_timestamp, "end": sample.end_timestamp,
+                                "values": dict(zip(data.metrics, (float(v) for v in sample.metric_values)))})
+        except Exception as exc:  # noqa: BLE001 - keep the activity records whatever happens here
+            info["notice"] = self.notice = f"PM sampling failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        finally:
+            collector.disable()
+        return samples, info
+
+
+class CuptiRecorder:
+    """Records CUDA kernels, launch calls, external correlations and (when
+    available) PM samples of this process.
+
+    Args:
+        pm_sampling: try PM sampling (a notice, not an error, where unavailable).
+        pm_interval_ns: PM sampling interval.
+        record_dir: where to write the records file (a temporary directory by default).
+        cupti: the ``cupti.cupti`` module (imported when omitted).
+        pm_module: the ``cupti.pm_sampling`` module (imported when omitted).
+
+    Raises:
+        HeadcountError: cupti-python cannot be imported (at construction).
+    """
+
+    name = "cupti"
+
+    def __init__(self, pm_sampling: bool = True, pm_interval_ns: int = DEFAULT_PM_INTERVAL_NS,
+                 record_dir: str | Path | None = None, cupti=None, pm_module=None, device_index: int = 0):
+        self.cupti = cupti if cupti is not None else load_cupti()
+        self._pm_module = pm_module
+        self.pm_sampling = pm_sampling
+        self.pm_interval_ns = pm_interval_ns
+        self.device_index = device_index
+        self._tmp = None
+        if record_dir is None:
+            import tempfile
+
+            self._tmp = tempfile.TemporaryDirectory(prefix="headcount-cupti-")
+            record_dir = self._tmp.name
+        self.records_path = Path(record_dir) / RECORDS_FILE
+        self.records: list[dict] = []
+        self.range_log: RangeLog | None = None
+        self.stats = {"buffers": 0, "records": 0, "dropped_records": 0, "pm_sampling": {"enabled": False}}
+        self.notices: list[str] = []
+        self._kinds: list = []
+        self._lock = threading.Lock()
+        self._sampler: PmSampler | None = None
+        self.device_limits = None  # SmLimits; read from the device torch sees when None
+
+    @property
+    def version(self) -> str | None:
+        return cupti_version()
+
+    # -------------------------------------------------------------- CUPTI side
+    def _buffer_requested(self):
+        return BUFFER_BYTES, 0
+
+    def _buffer_completed(self, activities) -> None:
+        cupti = self.cupti
+        kept = []
+        for activity in activities:
+            rec = record_of(cupti, activity)
+            if rec is not None:
+                kept.append(rec)
+        with self._lock:
+            self.records.extend(kept)
+            self.stats["buffers"] += 1
+            self.stats["records"] += len(kept)
+
+    def start(self) -> None:
+        """Enable tracing (and PM sampling when asked and possible).
+
+        Raises:
+            HeadcountError: no GPU or driver, driver too old, CUPTI held by
+                another profiler, counters not permitted, libcupti mismatch.
+        """
+        cupti = self.cupti
+        kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER,
+                 cupti.ActivityKind.EXTERNAL_CORRELATION]
+        if os.environ.get("NVTX_INJECTION64_PATH"):
+            kinds.append(cupti.ActivityKind.MARKER)
+        else:
+            self.notices.append("NVTX marker records off: NVTX_INJECTION64_PATH is not set before Python started "
+                                "(headcount's own ranges do not need it; `headcount doctor` shows how to set it)")
+        enabled = []
+        try:
+            cupti.set_thread_id_type(cupti.ActivityThreadIdType.SYSTEM)
+            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            cupti.activity_enable_latency_timestamps(1)
+            for kind in kinds:
+                cupti.activity_enable(kind)
+                enabled.append(kind)
+        except Exception as exc:
+            for kind in enabled:
+                try:
+                    cupti.activity_disable(kind)
+                except Exception:  # noqa: BLE001 - best effort unwinding
+                    pass
+            raise classify(exc) from exc
+        self._kinds = enabled
+        self.range_log = RangeLog(cupti)
+        if self.pm_sampling:
+            pm = self._pm_module
+            if pm is None:
+                try:
+                    from cupti import pm_sampling as pm
+                except ImportError:
+                    pm = None
+            if pm is None:
+                self.stats["pm_sampling"] = {"enabled": False, "notice": f"PM sampling needs cupti-python ≥ 13.3 (installed: {self.version})"}
+            else:
+                self._sampler = PmSampler(pm, self.device_index, self.pm_interval_ns)
+                self._sampler.start()
+        if self.stats["pm_sampling"].get("notice"):
+            self.notices.append(self.stats["pm_sampling"]["notice"])
+        self.stats["started_ns"] = cupti.get_timestamp()
+
+    def stop(self) -> Path:
+        """Flush and disable; write the records file; returns its path."""
+        cupti = self.cupti
+        if self._sampler is not None:
+            samples, info = self._sampler.stop()
+            self.records.extend(samples)
+            self.stats["pm_sampling"] = info
+            if info.get("notice"):
+                self.notices.append(info["notice"])
+        try:
+            cupti.activity_flush_all(1)
+        finally:
+            for kind in self._kinds:
+                try:
+                    cupti.activity_disable(kind)
+                except Exception:  # noqa: BLE001
+                    pass
+            self._kinds = []
+        self.stats["dropped_records"] = self._dropped()
+        if self.stats["dropped_records"]:
+            self.notices.append(f"CUPTI dropped {self.stats['dropped_records']} activity records (buffers full): "
+                                "figures of the affected kernels are missing, not zero")
+        self.stats["stopped_ns"] = cupti.get_timestamp()
+        return self.write()
+
+    def _dropped(self) -> int:
+        dropped = ctypes.c_size_t(0)
+        try:
+            self.cupti.activity_get_num_dropped_records(0, 0, ctypes.addressof(dropped))
+        except Exception as exc:  # noqa: BLE001 - unknown is said, not hidden
+            self.notices.append(f"could not read CUPTI's dropped-record count ({exc})")
+            return -1
+        return int(dropped.value)
+
+    def write(self) -> Path:
+        """Write ``cupti-records.jsonl.gz``: a header line, headcount's ranges, then the records."""
+        header = {"kind": "header", "format": "headcount-cupti-records", "version": 1, "cupti_python": self.version,
+                  "pid": os.getpid(), "stats": self.stats, "notices": self.notices}
+        self.records_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.records_path.with_name(self.records_path.name + ".tmp")
+        with gzip.open(tmp, "wt", encoding="utf-8") as fh:
+            fh.write(json.dumps(header) + "\n")
+            for rec in (self.range_log.records() if self.range_log else []):
+                fh.write(json.dumps(rec) + "\n")
+            for rec in self.records:
+                fh.write(json.dumps(rec) + "\n")
+        os.replace(tmp, self.records_path)
+        return self.records_path
+
+    def cleanup(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def require() -> None:
+    """Check that the cupti source can run here: cupti-python imports, a CUPTI
+    call succeeds (driver present and recent enough), torch sees a GPU.
+    Cheap; enables nothing.
+
+    Raises:
+        HeadcountError: the first thing missing, in one line.
+    """
+    cupti = load_cupti()
+    try:
+        cupti.get_timestamp()  # raises the precise reason (no driver, too old) when there is one
+    except Exception as exc:  # noqa: BLE001
+        raise classify(exc, "probing CUPTI") from exc
+    import torch
+
+    if not torch.cuda.is_available():
+        raise HeadcountError("torch sees no CUDA GPU although the driver answers",
+                             hint="install a CUDA build of torch, or use --backend torch", exit_code=3)
+
+
+def probe() -> tuple[bool, str]:
+    """Whether the cupti source can run here, and why not (see :func:`require`)."""
+    try:
+        require()
+    except HeadcountError as exc:
+        return False, exc.message
+    return True, "cupti-python " + str(cupti_version())

@@ -1,0 +1,233 @@
+"""``headcount doctor``'s checks: can each source run here, and if not, why.
+
+Each check returns a :class:`Check` (``ok``, ``warn``, ``fail`` or ``info``)
+with one line of detail and, where something is wrong, what to do. Nothing
+here starts a profiler; the CUPTI subscriber check subscribes and
+unsubscribes at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+from headcount.collector.cupti_errors import HOLDER_HINT, PERMISSION_HINT, classify
+
+# environment variables that mean another CUPTI client is injected into this process
+INJECTED_TOOLS = {
+    "NSYS_PROFILING_SESSION_ID": "nsys",
+    "NV_NSIGHT_INJECTION_TRANSPORT_TYPE": "an Nsight tool",
+    "NV_COMPUTE_PROFILER_PERFWORKS_DIR": "ncu",
+    "CUDA_INJECTION64_PATH": "a CUDA injection library (nsys, ncu or another tool)",
+}
+PROFILING_PARAMS = Path("/proc/driver/nvidia/params")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | fail | info
+    detail: str
+    hint: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _major_minor(version: str | None) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_packages() -> list[Check]:
+    """headcount's Python side: torch, transformers, nvtx."""
+    import torch
+
+    out = [Check("torch", "ok", f"{torch.__version__} (CUDA build: {torch.version.cuda or 'no, CPU only'})")]
+    tf = _version("transformers")
+    out.append(Check("transformers", "ok" if tf else "fail", tf or "not installed", None if tf else "pip install 'transformers>=5,<6'"))
+    nv = _version("nvtx")
+    out.append(Check("nvtx", "ok" if nv else "warn", nv or "not installed: no NVTX ranges for nsys/ncu",
+                     None if nv else "pip install nvtx (0.2.11 or older for nsys 2023.x)"))
+    return out
+
+
+def check_gpu() -> list[Check]:
+    """GPU and driver as torch and the driver see them."""
+    import torch
+
+    out = []
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        out.append(Check("gpu", "ok", f"{props.name}, compute capability {props.major}.{props.minor}, {props.multi_processor_count} SMs"))
+    else:
+        reason = "torch is a CPU build" if not torch.version.cuda else "torch sees no CUDA device"
+        out.append(Check("gpu", "fail", f"no usable NVIDIA GPU ({reason})", "the cupti and ncu backends need an NVIDIA GPU; torch works anywhere"))
+    driver = driver_version()
+    if driver is None:
+        out.append(Check("driver", "fail", "no NVIDIA driver (libcuda.so.1 not found)", "install the NVIDIA driver"))
+    else:
+        cuda = f"{driver // 1000}.{driver % 1000 // 10}"
+        ok = driver >= 13000
+        out.append(Check("driver", "ok" if ok else "fail", f"CUDA driver API {cuda}",
+                         None if ok else "cupti-python 13.x needs a CUDA 13.0+ driver (580 or newer)"))
+    return out
+
+
+def driver_version() -> int | None:
+    """The driver's CUDA version (``cuDriverGetVersion``, e.g. 13000), or ``None`` without a driver."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    value = ctypes.c_int(0)
+    if lib.cuDriverGetVersion(ctypes.byref(value)) != 0:
+        return None
+    return value.value
+
+
+def check_cupti() -> list[Check]:
+    """cupti-python and libcupti: installed, matching, usable, not held."""
+    cp = _version("cupti-python")
+    lib = _version("nvidia-cuda-cupti")
+    out = []
+    if cp is None:
+        out.append(Check("cupti-python", "fail", "not installed", "pip install 'headcount[cupti]' (needs a CUDA 13.0+ driver)"))
+        return out
+    out.append(Check("cupti-python", "ok", cp))
+    want, have = _major_minor(cp), _major_minor(lib)
+    if lib is None:
+        out.append(Check("libcupti", "warn", "nvidia-cuda-cupti not installed: cupti-python looks for libcupti elsewhere",
+                         "pip install nvidia-cuda-cupti matching cupti-python"))
+    elif want and have and have < want:
+        out.append(Check("libcupti", "fail", f"nvidia-cuda-cupti {lib} is older than cupti-python {cp} needs",
+                         f"pip install 'nvidia-cuda-cupti~={want[0]}.{want[1]}'"))
+    else:
+        out.append(Check("libcupti", "ok", f"nvidia-cuda-cupti {lib}"))
+    torch_pin = _torch_cupti_pin()
+    if torch_pin and lib and not lib.startswith(torch_pin.rstrip(".*")):
+        out.append(Check("torch's libcupti", "warn", f"torch pins nvidia-cuda-cupti=={torch_pin}, installed {lib}",
+                         "torch.profiler may load a different libcupti than cupti-python; the cupti backend does not use torch.profiler"))
+    try:
+        from cupti import cupti
+
+        cupti.get_timestamp()
+    except Exception as exc:  # noqa: BLE001 - every failure is reported, none raised
+        err = classify(exc, "calling CUPTI")
+        out.append(Check("cupti usable", "fail", err.message, err.hint))
+        return out
+    out.append(Check("cupti usable", "ok", "CUPTI answers"))
+    out.append(_check_subscriber(cupti))
+    return out
+
+
+def _torch_cupti_pin() -> str | None:
+    try:
+        reqs = metadata.requires("torch") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for req in reqs:
+        m = re.match(r"nvidia-cuda-cupti\S*\s*==\s*([\d.*]+)", req)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _check_subscriber(cupti) -> Check:
+    held = held_by_environment()
+    if held:
+        return Check("cupti subscriber", "fail", f"CUPTI is taken by {held} in this process", HOLDER_HINT)
+    try:
+        handle = cupti.subscribe(lambda *a: None, None)
+        cupti.unsubscribe(handle)
+    except Exception as exc:  # noqa: BLE001
+        err = classify(exc, "subscribing to CUPTI")
+        return Check("cupti subscriber", "fail", err.message, err.hint)
+    return Check("cupti subscriber", "ok", "free")
+
+
+def held_by_environment(environ=os.environ) -> str | None:
+    """The tool whose injection variables are set in this process, if any."""
+    for var, tool in INJECTED_TOOLS.items():
+        if environ.get(var):
+            return f"{tool} ({var} is set)"
+    return None
+
+
+def check_counters(params_path: Path = PROFILING_PARAMS, uid: int | None = None) -> Check:
+    """Whether this user may read GPU performance counters (ncu, PM sampling):
+    ``RmProfilingAdminOnly`` in the driver's parameters."""
+    uid = os.geteuid() if uid is None else uid
+    try:
+        text = params_path.read_text()
+    except OSError:
+        return Check("performance counters", "info", f"{params_path} not readable: no NVIDIA driver loaded, or restricted")
+    m = re.search(r"RmProfilingAdminOnly:\s*(\d+)", text)
+    if not m:
+        return Check("performance counters", "info", "the driver does not say who may profile")
+    admin_only = m.group(1) == "1"
+    if admin_only and uid != 0:
+        return Check("performance counters", "fail", "restricted to admin users (ERR_NVGPUCTRPERM for ncu and PM sampling)", PERMISSION_HINT)
+    return Check("performance counters", "ok", "admin only, and running as root" if admin_only else "open to all users")
+
+
+def check_nvtx_injection(environ=os.environ) -> Check:
+    """NVTX marker records need ``NVTX_INJECTION64_PATH`` set before the first NVTX call."""
+    path = environ.get("NVTX_INJECTION64_PATH")
+    if not path:
+        return Check("NVTX injection", "info", "NVTX_INJECTION64_PATH not set: the cupti backend records its own ranges "
+                     "but not NVTX markers of your code",
+                     "export NVTX_INJECTION64_PATH=<path to libcupti.so> before starting Python to record them too")
+    if not Path(path).exists():
+        return Check("NVTX injection", "warn", f"NVTX_INJECTION64_PATH={path} does not exist", "point it at libcupti.so")
+    return Check("NVTX injection", "ok", path)
+
+
+def _tool_version(tool: str) -> str | None:
+    exe = shutil.which(tool)
+    if not exe:
+        return None
+    try:
+        done = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return f"{exe} (version unknown)"
+    lines = [ln.strip() for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+    return f"{lines[-1] if lines else 'version unknown'} ({exe})"
+
+
+def check_tools() -> list[Check]:
+    out = []
+    for tool in ("nsys", "ncu"):
+        version = _tool_version(tool)
+        out.append(Check(tool, "ok" if version else "info", version or "not on PATH",
+                         None if version else f"install Nsight {'Systems' if tool == 'nsys' else 'Compute'} to use --backend {tool}"))
+    return out
+
+
+def run_checks() -> list[Check]:
+    """All checks, in the order ``headcount doctor`` prints them."""
+    return [*check_packages(), *check_gpu(), *check_cupti(), check_counters(), check_nvtx_injection(), *check_tools()]
+
+
+def usable(checks: list[Check], backend: str) -> bool:
+    """Whether ``backend`` can run, judged from the checks."""
+    failed = {c.name for c in checks if c.status == "fail"}
+    if backend == "torch":
+        return "transformers" not in failed
+    if backend == "cupti":
+        return not failed & {"gpu", "driver", "cupti-python", "libcupti", "cupti usable", "cupti subscriber", "transformers"}
+    raise ValueError(backend)

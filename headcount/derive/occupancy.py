@@ -1,0 +1,166 @@
+"""Theoretical occupancy of a kernel launch: resident warps per SM allowed by
+its block size, registers and shared memory, over the SM's maximum (DESIGN §6).
+
+The rule is CUDA's occupancy calculator (``cuda_occupancy.h``, the same one
+behind ``cudaOccupancyMaxActiveBlocksPerMultiprocessor``):
+
+- warps per block = ⌈threads / 32⌉; limit ⌊max warps per SM / warps per block⌋;
+- blocks per SM at most the architecture's maximum;
+- registers are allocated per warp in units of 256 (⌈regs × 32 / 256⌉ × 256),
+  from each of the SM's 4 sub-partitions separately:
+  ⌊⌊(registers per SM / 4) / registers per warp⌋ × 4 / warps per block⌋; a
+  block whose registers (its warps rounded up to a multiple of 4) exceed the
+  per-block limit cannot launch;
+- shared memory per block (static + dynamic + the 1 KiB the system reserves
+  per block from compute capability 8.0 on) is allocated in 128-byte units
+  from the shared memory the SM is configured with.
+
+The per-SM limits come from the device when one is present
+(:func:`limits_from_torch`) and from :data:`LIMITS` (CUDA C++ Programming
+Guide, "Technical Specifications per Compute Capability") when reading a file
+offline. The GPU check compares this module with the driver's own calculator.
+
+Achieved occupancy is a measurement, not this: it comes from ncu
+(``sm__warps_active``) or PM sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class SmLimits:
+    """Per-SM resources of one compute capability (bytes, counts)."""
+
+    max_warps: int
+    max_blocks: int
+    registers: int = 65536
+    max_registers_per_block: int = 65536
+    shared_memory: int = 0          # largest configurable shared memory per SM
+    reserved_shared_memory: int = 0  # per block, taken by the system
+    register_unit: int = 256
+    shared_memory_unit: int = 128
+    sub_partitions: int = 4
+
+
+LIMITS: dict[str, SmLimits] = {
+    "7.0": SmLimits(max_warps=64, max_blocks=32, shared_memory=96 * 1024),                                   # V100
+    "7.5": SmLimits(max_warps=32, max_blocks=16, shared_memory=64 * 1024),                                   # T4
+    "8.0": SmLimits(max_warps=64, max_blocks=32, shared_memory=164 * 1024, reserved_shared_memory=1024),     # A100
+    "8.6": SmLimits(max_warps=48, max_blocks=16, shared_memory=100 * 1024, reserved_shared_memory=1024),     # A10, RTX 30
+    "8.7": SmLimits(max_warps=48, max_blocks=16, shared_memory=164 * 1024, reserved_shared_memory=1024),     # Orin
+    "8.9": SmLimits(max_warps=48, max_blocks=24, shared_memory=100 * 1024, reserved_shared_memory=1024),     # L4, L40S, RTX 4090
+    "9.0": SmLimits(max_warps=64, max_blocks=32, shared_memory=228 * 1024, reserved_shared_memory=1024),     # H100, H200
+}
+
+
+def limits_for(compute_capability: str | None) -> SmLimits | None:
+    """The table's limits for ``"9.0"``-style compute capabilities, or ``None``."""
+    return LIMITS.get(str(compute_capability)) if compute_capability else None
+
+
+def limits_from_torch(device_index: int = 0) -> SmLimits | None:
+    """Limits read from the device torch sees (warps and shared memory from
+    the device, the rest from the table); ``None`` without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(device_index)
+    base = limits_for(f"{props.major}.{props.minor}") or SmLimits(max_warps=64, max_blocks=32)
+    warps = getattr(props, "max_threads_per_multi_processor", base.max_warps * 32) // 32
+    smem = getattr(props, "shared_memory_per_multiprocessor", base.shared_memory) or base.shared_memory
+    regs = getattr(props, "regs_per_multiprocessor", base.registers) or base.registers
+    return SmLimits(max_warps=warps, max_blocks=base.max_blocks, registers=regs,
+                    max_registers_per_block=base.max_registers_per_block, shared_memory=smem,
+                    reserved_shared_memory=base.reserved_shared_memory)
+
+
+def _round_up(x: np.ndarray, unit: int) -> np.ndarray:
+    return -(-x // unit) * unit
+
+
+def blocks_per_sm(threads, registers, shared_memory, limits: SmLimits, shared_memory_config=None) -> np.ndarray:
+    """Resident blocks per SM (vectorized).
+
+    Args:
+        threads: threads per block.
+        registers: registers per thread (0: not limited by registers).
+        shared_memory: static + dynamic shared memory per block, bytes.
+        limits: the SM's limits.
+        shared_memory_config: shared memory per SM the driver configured for
+            the launch (CUPTI's ``shared_memory_executed``), bytes; the
+            largest carveout when null.
+
+    Returns:
+        int64 array; 0 where the block cannot run at all.
+    """
+    threads = np.asarray(threads, dtype=np.int64)
+    registers = np.asarray(registers, dtype=np.int64)
+    smem = np.asarray(shared_memory, dtype=np.int64)
+    warps = -(-threads // 32)
+    safe_warps = np.maximum(warps, 1)
+    by_warps = limits.max_warps // safe_warps
+    by_blocks = np.full_like(threads, limits.max_blocks)
+
+    regs_per_warp = _round_up(registers * 32, limits.register_unit)
+    per_partition = limits.registers // limits.sub_partitions
+    warps_by_regs = np.where(regs_per_warp > 0, per_partition // np.maximum(regs_per_warp, 1), 1 << 30) * limits.sub_partitions
+    by_regs = np.where(registers > 0, warps_by_regs // safe_warps, 1 << 30)
+    # the hardware checks the per-block register limit as if the block's warps
+    # were spread over all sub-partitions (cuda_occupancy.h, "hardware check")
+    assumed = regs_per_warp * _round_up(warps, limits.sub_partitions)
+    by_regs = np.where((assumed > limits.max_registers_per_block) | (regs_per_warp * warps > limits.max_registers_per_block), 0, by_regs)
+
+    smem_block = _round_up(smem + limits.reserved_shared_memory, limits.shared_memory_unit)
+    config = np.full_like(threads, limits.shared_memory)
+    if shared_memory_config is not None:
+        given = pd.array(shared_memory_config, dtype="Int64").to_numpy(dtype=np.float64, na_value=np.nan)
+        config = np.where(np.isnan(given), config, given).astype(np.int64)
+    by_smem = np.where(smem_block > 0, config // np.maximum(smem_block, 1), 1 << 30)
+
+    result = np.minimum.reduce([by_warps, by_blocks, by_regs, by_smem])
+    return np.where(warps > 0, result, 0)
+
+
+def theoretical_occupancy_pct(threads, registers, shared_memory, limits: SmLimits, shared_memory_config=None) -> np.ndarray:
+    """Resident warps over the SM's maximum, in percent (vectorized)."""
+    threads = np.asarray(threads, dtype=np.int64)
+    blocks = blocks_per_sm(threads, registers, shared_memory, limits, shared_memory_config)
+    return 100.0 * blocks * (-(-threads // 32)) / limits.max_warps
+
+
+def block_threads(block: pd.Series) -> pd.Series:
+    """Threads per block from ``"(x, y, z)"`` strings (null where unknown)."""
+    def one(text):
+        if not isinstance(text, str):
+            return None
+        try:
+            return int(np.prod([int(v) for v in text.strip("()").split(",")]))
+        except ValueError:
+            return None
+    return pd.array([one(b) for b in block], dtype="Int64")
+
+
+def kernel_occupancy(kernels: pd.DataFrame, limits: SmLimits | None) -> pd.Series:
+    """``theoretical_occupancy_pct`` for each kernel row with a block size and
+    registers (null elsewhere, or without limits)."""
+    out = pd.Series(np.nan, index=kernels.index, dtype="float64")
+    if limits is None or not len(kernels) or "registers_per_thread" not in kernels:
+        return out
+    threads = kernels["block_threads"] if "block_threads" in kernels else block_threads(kernels["block"])
+    threads = pd.array(threads, dtype="Int64")
+    regs = pd.array(kernels["registers_per_thread"], dtype="Int64")
+    smem = pd.array(kernels.get("shared_memory_bytes", pd.Series(0, index=kernels.index)), dtype="Int64").fillna(0)
+    ok = ~(pd.isna(threads) | pd.isna(regs))
+    if not ok.any():
+        return out
+    config = kernels["shared_memory_config_bytes"][ok] if "shared_memory_config_bytes" in kernels else None
+    values = theoretical_occupancy_pct(np.asarray(threads[ok], dtype=np.int64), np.asarray(regs[ok], dtype=np.int64),
+                                       np.asarray(smem[ok], dtype=np.int64), limits, config)
+    out[ok] = values
+    return out

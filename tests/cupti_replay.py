@@ -1,0 +1,217 @@
+"""A stand-in for the GPU side of ``cupti.cupti``, for CPU tests of the cupti source.
+
+What it stands in for: the CUDA driver and a GPU under CUPTI. No GPU has
+been lent to this project yet, so no CUPTI records captured from a real GPU
+exist; the records this replay delivers are **real cupti-python record
+objects** (``cupti.cupti.ActivityKernel13``, ``ActivityAPI``,
+``ActivityExternalCorrelation``), built here and filled the way CUPTI fills
+them (same fields, same nanosecond clock semantics, per-thread external
+correlation stacks, asynchronous kernels on one stream), and handed to the
+recorder's buffer-completed callback exactly as cupti-python hands them.
+Everything else (enums, record classes, error types) is the installed
+cupti-python itself. Once a GPU run has produced records
+(``tests/fixtures/gpu/``), tests should replay those instead.
+
+:class:`LaunchOnEveryOp` makes every aten operator of a CPU model "launch a
+kernel" through this replay, so a real model, really tagged, drives it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+import zlib
+
+from cupti import cupti as real
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class ReplayCupti:
+    """Duck-types the ``cupti.cupti`` functions the recorder calls.
+
+    Args:
+        launch_cost_ns: CPU time of one launch call (API record duration).
+        latency_ns: minimum time from launch call to kernel start.
+        kernel_ns: kernel duration.
+        dropped: what ``activity_get_num_dropped_records`` reports.
+        fail_enable: an exception ``activity_enable`` raises (a failure mode).
+    """
+
+    def __init__(self, launch_cost_ns: int = 3_000, latency_ns: int = 5_000, kernel_ns: int = 20_000,
+                 dropped: int = 0, fail_enable: BaseException | None = None):
+        self.launch_cost_ns = launch_cost_ns
+        self.latency_ns = latency_ns
+        self.kernel_ns = kernel_ns
+        self.dropped = dropped
+        self.fail_enable = fail_enable
+        self.enabled: set[int] = set()
+        self.thread_id_type = None
+        self.latency_timestamps = False
+        self._callbacks = None
+        self._pending: list = []
+        self._stacks: dict[int, list[int]] = {}
+        self._lock = threading.Lock()
+        self._correlation = 0
+        self._gpu_free = 0
+        self.launches = 0
+
+    def __getattr__(self, name):  # enums, record classes, errors: the real cupti-python
+        return getattr(real, name)
+
+    # -- the functions the recorder calls --------------------------------
+    def get_timestamp(self) -> int:
+        return time.perf_counter_ns()
+
+    def set_thread_id_type(self, kind) -> None:
+        self.thread_id_type = kind
+
+    def activity_register_callbacks(self, requested, completed) -> None:
+        self._callbacks = (requested, completed)
+
+    def activity_enable_latency_timestamps(self, enable: int) -> None:
+        self.latency_timestamps = bool(enable)
+
+    def activity_enable(self, kind) -> None:
+        if self.fail_enable is not None:
+            raise self.fail_enable
+        self.enabled.add(int(kind))
+
+    def activity_disable(self, kind) -> None:
+        self.enabled.discard(int(kind))
+
+    def activity_push_external_correlation_id(self, kind, ext_id: int) -> None:
+        assert int(kind) == int(real.ExternalCorrelationKind.CUSTOM0)
+        self._stacks.setdefault(threading.get_native_id(), []).append(ext_id)
+
+    def activity_pop_external_correlation_id(self, kind) -> int:
+        return self._stacks[threading.get_native_id()].pop()
+
+    def activity_flush_all(self, flag: int) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        size, _ = self._callbacks[0]()
+        assert size > 0
+        for lo in range(0, len(pending), 500):  # several buffers, as CUPTI delivers them
+            self._callbacks[1](pending[lo:lo + 500])
+
+    def activity_get_num_dropped_records(self, context: int, stream_id: int, dropped_ptr: int) -> None:
+        ctypes.c_size_t.from_address(dropped_ptr).value = self.dropped
+
+    # -- the GPU ----------------------------------------------------------
+    def launch(self, name: str) -> None:
+        """A ``cudaLaunchKernel`` call on this thread and the kernel it runs."""
+        tid = threading.get_native_id()
+        t0 = time.perf_counter_ns()
+        h = zlib.crc32(name.encode())
+        with self._lock:
+            self._correlation += 1
+            corr = self._correlation
+            records = []
+            api = real.ActivityAPI()
+            api.kind = int(real.ActivityKind.RUNTIME)
+            api.cbid = int(real.runtime_api_trace_cbid.cudaLaunchKernel_v7000)
+            api.start, api.end = t0, t0 + self.launch_cost_ns
+            api.process_id, api.thread_id, api.correlation_id, api.return_value = os.getpid(), tid, corr, 0
+            stack = self._stacks.get(tid)
+            if stack and int(real.ActivityKind.EXTERNAL_CORRELATION) in self.enabled:
+                ext = real.ActivityExternalCorrelation()
+                ext.kind = int(real.ActivityKind.EXTERNAL_CORRELATION)
+                ext.external_kind = int(real.ExternalCorrelationKind.CUSTOM0)
+                ext.external_id, ext.correlation_id = stack[-1], corr
+                records.append(ext)
+            k = real.ActivityKernel13()
+            k.kind = int(real.ActivityKind.CONCURRENT_KERNEL)
+            k.name = name
+            k.queued = api.start + self.launch_cost_ns // 2
+            k.submitted = api.end + 500
+            k.start = max(api.end + self.latency_ns, self._gpu_free + 1_000)
+            k.end = k.start + self.kernel_ns
+            self._gpu_free = k.end
+            k.correlation_id, k.device_id, k.context_id, k.stream_id = corr, 0, 1, 7
+            k.grid_x, k.grid_y, k.grid_z = 64 + h % 64, 1, 1
+            k.block_x, k.block_y, k.block_z = (128, 256, 512)[h % 3], 1, 1
+            k.registers_per_thread = (32, 64, 96, 128)[h % 4]
+            k.static_shared_memory, k.dynamic_shared_memory = 0, (0, 16384, 49152)[h % 3]
+            k.shared_memory_executed = 233472
+            records += [api, k]
+            self._pending += records
+            self.launches += 1
+
+
+class ReplayPm:
+    """Stands in for ``cupti.pm_sampling`` (no GPU: no PM sampler). Samples are
+    synthetic: a constant DRAM rate over consecutive windows covering the run,
+    so apportioning can be checked against exact arithmetic.
+
+    Args:
+        bytes_per_ns: DRAM read rate; writes are half of it.
+        fail: an exception ``Collector.enable`` raises (PM sampling unavailable).
+    """
+
+    def __init__(self, bytes_per_ns: float = 2.0, warps_pct: float = 40.0, fail: BaseException | None = None):
+        self.bytes_per_ns = bytes_per_ns
+        self.warps_pct = warps_pct
+        self.fail = fail
+        outer = self
+
+        class Sample:
+            def __init__(self, start, end, values):
+                self.start_timestamp, self.end_timestamp, self.metric_values = start, end, values
+
+        class Data(list):
+            pass
+
+        class Collector:
+            def __init__(self, device_index: int = 0):
+                self.interval = None
+
+            def enable(self):
+                if outer.fail is not None:
+                    raise outer.fail
+
+            def configure(self, *, metrics, sampling_interval, hardware_buffer_size, **kw):
+                self.metrics, self.interval = metrics, sampling_interval
+
+            def start(self):
+                self.t0 = time.perf_counter_ns()
+
+            def stop(self):
+                self.t1 = time.perf_counter_ns() + 10_000_000  # kernels run after their (CPU) launch
+
+            def decode(self, max_samples):
+                data = Data()
+                data.metrics = list(self.metrics)
+                t = self.t0
+                while t < self.t1:
+                    e = t + self.interval
+                    values = []
+                    for m in self.metrics:
+                        if m == "dram__bytes_read.sum":
+                            values.append(outer.bytes_per_ns * self.interval)
+                        elif m == "dram__bytes_write.sum":
+                            values.append(outer.bytes_per_ns * self.interval / 2)
+                        else:
+                            values.append(outer.warps_pct)
+                    data.append(Sample(t, e, values))
+                    t = e
+                data.num_total_samples = data.num_populated_samples = data.num_completed_samples = len(data)
+                return data
+
+            def disable(self):
+                pass
+
+        self.Collector = Collector
+
+
+class LaunchOnEveryOp(TorchDispatchMode):
+    """Every aten operator that runs launches one replayed kernel named after it."""
+
+    def __init__(self, replay: ReplayCupti):
+        super().__init__()
+        self.replay = replay
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.replay.launch(f"replay::{func.__name__}")
+        return func(*args, **(kwargs or {}))
