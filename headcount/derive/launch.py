@@ -73,9 +73,16 @@ def per_range(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray, occup
         end = work["end_ns"].to_numpy(np.float64)
         api = (pd.to_numeric(work["api_end_ns"], errors="coerce") - pd.to_numeric(work["api_start_ns"], errors="coerce")).to_numpy(np.float64)
         occ = occupancy.to_numpy(np.float64) if occupancy is not None else np.full(len(work), np.nan)
-        for level in attribution.ancestors_matrix(ranges, np.asarray(inner)):
+        levels = attribution.ancestors_matrix(ranges, np.asarray(inner))
+        # one union per range over the kernels of all its levels (a range's own
+        # kernels and its children's overlap in time)
+        pairs = [(level[level >= 0], np.flatnonzero(level >= 0)) for level in levels]
+        if pairs:
+            owner = np.concatenate([p[0] for p in pairs])
+            row = np.concatenate([p[1] for p in pairs])
+            busy = _union_length(owner, start[row], end[row], n)
+        for level in levels:
             sel = level >= 0
-            busy += _union_length(level[sel], start[sel], end[sel], n)
             has_api = sel & ~np.isnan(api)
             np.add.at(cost, level[has_api], api[has_api])
             cost_known[level[has_api]] = True

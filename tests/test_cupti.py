@@ -1,0 +1,301 @@
+"""The cupti source on CPU: real cupti-python (record classes, enums, the
+errors it raises without a driver) with the GPU replayed (tests/cupti_replay.py).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from cupti import cupti as real_cupti
+
+from cupti_replay import LaunchOnEveryOp, ReplayCupti, ReplayPm
+from headcount import AttentionProfiler
+from headcount.api import resolve_backend
+from headcount.attribute import attribution
+from headcount.cli.main import main as cli_main
+from headcount.collector import cupti_source
+from headcount.collector.cupti_errors import classify
+from headcount.collector.cupti_source import CuptiRecorder, record_of
+from headcount.derive.occupancy import LIMITS
+from headcount.errors import HeadcountError
+from headcount.models import load_model, make_inputs
+from headcount.parsers import cupti_records
+
+
+@pytest.fixture(scope="module")
+def llama():
+    model, _ = load_model(None)
+    return model, make_inputs(model, 2, 32)
+
+
+def _profile(model, inputs, mode="layer", steps=2, replay=None, pm=None, tmp_path=None, backward=True):
+    replay = replay or ReplayCupti()
+    rec = CuptiRecorder(cupti=replay, pm_module=pm, pm_sampling=pm is not None, record_dir=tmp_path)
+    rec.device_limits = LIMITS["9.0"]
+    prof = AttentionProfiler(model, mode=mode, recorder=rec)
+    with prof:
+        for i in range(steps):
+            with prof.step(i), LaunchOnEveryOp(replay):
+                out = model(**inputs)
+                if backward:
+                    out.loss.backward()
+    return prof, replay
+
+
+# ---------------------------------------------------------------- records
+def test_record_of_reads_cupti_python_objects():
+    k = real_cupti.ActivityKernel13()
+    k.kind = int(real_cupti.ActivityKind.CONCURRENT_KERNEL)
+    k.name, k.start, k.end, k.queued, k.submitted = "flash_fwd", 100, 250, 40, 60
+    k.correlation_id, k.grid_x, k.grid_y, k.grid_z, k.block_x, k.block_y, k.block_z = 9, 8, 4, 2, 128, 1, 1
+    k.registers_per_thread, k.static_shared_memory, k.dynamic_shared_memory = 168, 1024, 65536
+    rec = record_of(real_cupti, k)
+    assert rec["kind"] == "kernel" and rec["name"] == "flash_fwd"
+    assert (rec["start"], rec["end"], rec["queued"], rec["submitted"]) == (100, 250, 40, 60)
+    assert (rec["registers_per_thread"], rec["dynamic_shared_memory"]) == (168, 65536)
+
+    api = real_cupti.ActivityAPI()
+    api.kind, api.cbid = int(real_cupti.ActivityKind.DRIVER), int(real_cupti.driver_api_trace_cbid.cuLaunchKernel)
+    rec = record_of(real_cupti, api)
+    assert rec["kind"] == "driver" and rec["name"] == "cuLaunchKernel"
+    api.kind, api.cbid = int(real_cupti.ActivityKind.RUNTIME), int(real_cupti.runtime_api_trace_cbid.cudaGraphLaunch_v10000)
+    assert record_of(real_cupti, api)["name"] == "cudaGraphLaunch_v10000"
+
+    ext = real_cupti.ActivityExternalCorrelation()
+    ext.kind, ext.correlation_id, ext.external_id = int(real_cupti.ActivityKind.EXTERNAL_CORRELATION), 9, 42
+    assert record_of(real_cupti, ext) == {"kind": "external_correlation", "correlation_id": 9, "external_id": 42,
+                                          "external_kind": 0}
+    other = real_cupti.ActivityAPI()
+    other.kind = int(real_cupti.ActivityKind.MEMCPY)
+    assert record_of(real_cupti, other) is None
+
+
+def test_records_file_round_trip_and_event_columns(llama, tmp_path):
+    model, inputs = llama
+    prof, replay = _profile(model, inputs, steps=1, tmp_path=tmp_path)
+    header, records = cupti_records.read_records(tmp_path / cupti_source.RECORDS_FILE)
+    assert header["format"] == "headcount-cupti-records" and header["stats"]["dropped_records"] == 0
+    kinds = pd.Series([r["kind"] for r in records]).value_counts()
+    assert kinds["kernel"] == kinds["runtime"] == replay.launches
+    events = cupti_records.events_frame(header, records)
+    kernels = events[events["kind"] == "kernel"]
+    assert kernels["queued_ns"].notna().all() and (kernels["queued_ns"] <= kernels["submitted_ns"]).all()
+    assert (kernels["submitted_ns"] <= kernels["start_ns"]).all()
+    ranges = events[events["kind"] == "range"]
+    assert set(ranges["name"].str.split("@").str[0]) == {"headcount", "headcount.step"}
+    # every launch inside a headcount range carries that range's id
+    assert kernels["external_id"].notna().sum() > 0
+    assert set(kernels["external_id"].dropna()) <= set(ranges["external_id"])
+
+
+def test_bad_records_files_are_one_line_errors(tmp_path):
+    missing = tmp_path / "none.jsonl.gz"
+    with pytest.raises(HeadcountError, match="no such file"):
+        cupti_records.read_records(missing)
+    foreign = tmp_path / "foreign.jsonl.gz"
+    with gzip.open(foreign, "wt") as fh:
+        fh.write(json.dumps({"traceEvents": []}) + "\n")
+    with pytest.raises(HeadcountError, match="not a headcount CUPTI records file"):
+        cupti_records.read_records(foreign)
+    plain = tmp_path / "plain.jsonl.gz"
+    plain.write_text("hello")
+    with pytest.raises(HeadcountError, match="unreadable or truncated"):
+        cupti_records.read_records(plain)
+    good = tmp_path / "good.jsonl.gz"
+    with gzip.open(good, "wt") as fh:
+        fh.write(json.dumps({"kind": "header", "format": "headcount-cupti-records", "pid": 1}) + "\n")
+        for i in range(2000):
+            fh.write(json.dumps({"kind": "runtime", "name": "x", "start": i, "end": i + 1, "process_id": 1,
+                                 "thread_id": 1, "correlation_id": i, "cbid": 1}) + "\n")
+    data = good.read_bytes()
+    truncated = tmp_path / "truncated.jsonl.gz"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(HeadcountError, match="truncated"):
+        cupti_records.read_records(truncated)
+
+
+def test_an_unclosed_range_is_an_error_not_a_guess():
+    header = {"pid": 1}
+    records = [{"kind": "range", "id": 1, "domain": "headcount", "name": "fwd", "process_id": 1, "thread_id": 1,
+                "start": 5, "end": None}]
+    with pytest.raises(HeadcountError, match="never closed"):
+        cupti_records.events_frame(header, records)
+
+
+# ---------------------------------------------------------------- attribution
+@pytest.mark.parametrize("mode", ["layer", "head"])
+def test_external_correlation_attributes_like_the_launch_calls(llama, mode):
+    """The exact mapping (external ids) and the timestamp rule (innermost range
+    around the launch call on its thread) agree on every kernel."""
+    model, inputs = llama
+    prof, replay = _profile(model, inputs, mode=mode)
+    stats = prof.get_stats()
+    k = stats["kernels"]
+    assert len(k) == replay.launches and (k["source"] == "cupti").all()
+    ranges = stats["ranges"]
+    nested = ranges[ranges["domain"] == "headcount"].assign(external_id=lambda r: r["external_id"])
+    work = k.assign(launch_pid=k["pid"], launch_tid=k["tid"])
+    by_time = attribution.launched_in(work, nested)
+    by_id = attribution.by_external_id(work, nested)
+    assert (by_time == by_id).all()
+    assert (by_id >= 0).sum() > 0 and (by_id == -1).sum() > 0  # attention and non-attention kernels
+    layers = stats["layers"]
+    assert set(layers["phase"]) == {"fwd", "bwd"} and set(layers["layer"]) == {0, 1, 2, 3}
+    if mode == "head":
+        heads = stats["heads"]
+        assert (heads["provenance"] == "measured").all() and len(heads) == 2 * 4 * 8
+
+
+def test_launch_statistics_follow_the_replayed_gpu(llama):
+    model, inputs = llama
+    replay = ReplayCupti(launch_cost_ns=4_000, latency_ns=6_000, kernel_ns=10_000)
+    prof, replay = _profile(model, inputs, replay=replay)
+    stats = prof.get_stats()
+    k = stats["kernels"].dropna(subset=["layer_name"])
+    # kernel start − launch call start ≥ call cost + latency; CPU cost is the call's duration
+    assert (k["launch_latency_ns"] >= 10_000).all()
+    assert (k["cpu_launch_cost_ns"] == 4_000).all()
+    layers = stats["layers"]
+    kernels_per_layer = k.groupby(["phase", "layer"]).size()
+    got = layers.set_index(["phase", "layer"])["kernel_count"]
+    assert (got.loc[kernels_per_layer.index] == kernels_per_layer).all()
+    assert np.allclose(layers["cpu_launch_cost_ns"], layers["kernel_count"] * 4_000)
+    # busy time is the kernels' union: kernels never overlap on the one replayed stream
+    assert np.allclose(layers["kernel_busy_ns"], layers["kernel_count"] * 10_000)
+    assert (layers["kernel_gap_ns"] >= 0).all()
+    assert np.allclose(layers["duration_ns"], layers["kernel_busy_ns"] + layers["kernel_gap_ns"])
+    launch = stats["launch"]
+    assert set(launch["phase"]) == {"fwd", "bwd"}
+    assert (launch["launch_latency_p50_ns"] >= 10_000).all()
+    assert np.allclose(launch["cpu_launch_cost_per_call_ns"], launch["kernels_per_call"] * 4_000)
+    assert (launch["queue_p50_ns"] == 4_000 // 2 + 500).all()  # replay: queued mid-call, submitted 500 ns after it
+    occ = k["theoretical_occupancy_pct"]
+    assert occ.notna().all() and ((occ > 0) & (occ <= 100)).all()
+
+
+def test_pm_samples_are_apportioned_with_their_provenance(llama):
+    model, inputs = llama
+    prof, _ = _profile(model, inputs, pm=ReplayPm(bytes_per_ns=2.0, warps_pct=40.0))
+    stats = prof.get_stats()
+    layers = stats["layers"]
+    assert (layers["dram_bytes_provenance"] == "sampled").all()
+    # 2 B/ns read + 1 B/ns written over each range's GPU window
+    assert np.allclose(layers["bandwidth_gbps"], 3.0)
+    assert np.allclose(layers["dram_bytes"], 3.0 * layers["duration_ns"])
+    assert (layers["achieved_occupancy_provenance"] == "sampled").all() and np.allclose(layers["achieved_occupancy_pct"], 40.0)
+    assert (layers["bandwidth_provenance"] == "sampled").all()
+    heads = stats["heads"]
+    assert (heads["dram_bytes_provenance"] == "apportioned").all()
+    info = prof.run_metadata()["collector"]["pm_sampling"]
+    assert info["enabled"] and info["interval_ns"] == cupti_source.DEFAULT_PM_INTERVAL_NS and info["completed_samples"] > 0
+
+
+def test_pm_sampling_unavailable_is_a_notice_and_tracing_goes_on(llama, capsys):
+    model, inputs = llama
+    prof, replay = _profile(model, inputs, steps=1, pm=ReplayPm(fail=PermissionError("ERR_NVGPUCTRPERM")))
+    err = capsys.readouterr().err
+    assert "PM sampling unavailable" in err and "ERR_NVGPUCTRPERM" in err
+    stats = prof.get_stats()
+    assert len(stats["kernels"]) == replay.launches
+    assert (stats["layers"]["dram_bytes_provenance"] == "analytic").all()
+
+
+def test_dropped_records_are_reported(llama, capsys):
+    model, inputs = llama
+    prof, _ = _profile(model, inputs, steps=1, replay=ReplayCupti(dropped=17))
+    assert "dropped 17 activity records" in capsys.readouterr().err
+    prof.get_stats()
+    assert prof.run_metadata()["collector"]["dropped_records"] == 17
+
+
+def test_the_cupti_report_is_written_and_read_back(llama, tmp_path):
+    model, inputs = llama
+    prof, _ = _profile(model, inputs, steps=1, pm=ReplayPm())
+    out = prof.save(tmp_path / "report")
+    layers = pd.read_parquet(out / "layers")
+    kernels = pd.read_parquet(out / "kernels")
+    assert (kernels["source"] == "cupti").all() and kernels["queued_ns"].notna().all()
+    assert layers["kernels_per_call"].notna().all() and layers["theoretical_occupancy_pct"].notna().all()
+    assert (pd.read_parquet(out / "runs")["source"] == "cupti").all()
+
+
+# ---------------------------------------------------------------- failure modes
+def test_without_a_gpu_the_real_cupti_python_says_so():
+    with pytest.raises(Exception) as info:
+        real_cupti.get_timestamp()
+    err = classify(info.value)
+    assert err.one_line().startswith("no NVIDIA driver on this machine")
+    assert "--backend torch" in err.hint
+    ok, why = cupti_source.probe()
+    assert not ok and "no NVIDIA driver" in why
+
+
+@pytest.mark.parametrize("status,expect", [
+    ("ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED", "already held by another profiler"),
+    ("ERROR_INSUFFICIENT_PRIVILEGES", "ERR_NVGPUCTRPERM"),
+    ("ERROR_NOT_COMPATIBLE", "does not match"),
+    ("ERROR_UNKNOWN", "CUPTI failed while starting the cupti source: ERROR_UNKNOWN"),
+])
+def test_cupti_status_errors_name_the_cause(status, expect):
+    err = classify(real_cupti.cuptiError(int(real_cupti.Result[status])))
+    assert expect in err.one_line() and err.hint and err.exit_code == 3
+    assert "\n" not in err.one_line()
+
+
+def test_other_failures_name_the_cause():
+    assert "not installed" in classify(ModuleNotFoundError("No module named 'cupti'", name="cupti")).message
+    assert "ERR_NVGPUCTRPERM" in classify(PermissionError("x")).message
+    old = type("NotSupportedError", (RuntimeError,), {})("CUDA driver version is older than required (12080 < 13000)")
+    assert "too old" in classify(old).message and "13.0" in classify(old).hint
+
+
+def test_a_held_cupti_is_a_notice_and_the_block_runs(llama, capsys):
+    model, inputs = llama
+    held = real_cupti.cuptiError(int(real_cupti.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED))
+    replay = ReplayCupti(fail_enable=held)
+    prof = AttentionProfiler(model, recorder=CuptiRecorder(cupti=replay, pm_sampling=False))
+    with prof:
+        out = model(**inputs)
+    assert out.loss is not None
+    assert "already held by another profiler" in capsys.readouterr().err
+    assert replay.enabled == set()
+    with pytest.raises(HeadcountError, match="nothing was recorded: CUPTI is already held"):
+        prof.get_stats()
+    strict = AttentionProfiler(model, recorder=CuptiRecorder(cupti=ReplayCupti(fail_enable=held), pm_sampling=False), strict=True)
+    with pytest.raises(HeadcountError, match="already held"):
+        with strict:
+            pass
+
+
+def test_backend_cupti_without_gpu(llama, capsys):
+    model, inputs = llama
+    prof = AttentionProfiler(model, backend="cupti")
+    with prof:
+        model(**inputs)
+    assert "cupti source did not start" in capsys.readouterr().err
+    with pytest.raises(HeadcountError, match="nothing was recorded: no NVIDIA driver"):
+        prof.get_stats()
+
+
+def test_auto_falls_back_to_torch_and_says_so(llama, capsys):
+    backend, why = resolve_backend("auto")
+    assert backend == "torch" and "cupti unavailable: no NVIDIA driver" in why
+    model, inputs = llama
+    prof = AttentionProfiler(model)
+    assert prof.backend == "torch"
+    assert "backend auto: torch" in capsys.readouterr().err
+    with prof:
+        model(**inputs)
+    assert len(prof.get_stats()["layers"])
+
+
+def test_cli_backend_cupti_fails_with_one_line(tmp_path, capsys):
+    rc = cli_main(["profile", "--backend", "cupti", "-o", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 3 and len(err) == 1
+    assert err[0].startswith("headcount: error: --backend cupti cannot run here: no NVIDIA driver")
+    assert not (tmp_path / "r").exists()

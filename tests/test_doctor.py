@@ -1,0 +1,52 @@
+"""``headcount doctor`` on this machine (no GPU) and on the files it reads."""
+
+from __future__ import annotations
+
+import json
+
+from headcount.cli.main import main as cli_main
+from headcount.collector import doctor
+
+
+def test_doctor_on_this_machine_says_why_cupti_cannot_run(capsys):
+    checks = {c.name: c for c in doctor.run_checks()}
+    assert checks["gpu"].status == "fail" and checks["driver"].status == "fail"
+    assert checks["cupti-python"].status == "ok"
+    assert checks["cupti usable"].status == "fail" and "no NVIDIA driver" in checks["cupti usable"].detail
+    assert doctor.usable(list(checks.values()), "torch") and not doctor.usable(list(checks.values()), "cupti")
+
+
+def test_doctor_cli_exit_codes_and_json(capsys):
+    assert cli_main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "cupti usable" in out and "backends: torch usable, cupti NOT usable" in out
+    assert cli_main(["doctor", "--backend", "cupti", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["usable"] == {"torch": True, "cupti": False}
+    assert {"name", "status", "detail", "hint"} <= set(doc["checks"][0])
+    assert cli_main(["doctor", "--backend", "torch"]) == 0
+
+
+def test_counter_permission_is_read_from_the_driver_parameters(tmp_path):
+    params = tmp_path / "params"
+    params.write_text("ResmanDebugLevel: 4294967295\nRmProfilingAdminOnly: 1\n")
+    check = doctor.check_counters(params, uid=1000)
+    assert check.status == "fail" and "ERR_NVGPUCTRPERM" in check.detail and "NVreg_RestrictProfilingToAdminUsers=0" in check.hint
+    assert doctor.check_counters(params, uid=0).status == "ok"
+    params.write_text("RmProfilingAdminOnly: 0\n")
+    assert doctor.check_counters(params, uid=1000).status == "ok"
+    assert doctor.check_counters(tmp_path / "missing").status == "info"
+
+
+def test_another_profiler_in_the_environment_is_named():
+    assert doctor.held_by_environment({}) is None
+    assert "nsys" in doctor.held_by_environment({"NSYS_PROFILING_SESSION_ID": "1"})
+    assert "ncu" in doctor.held_by_environment({"NV_COMPUTE_PROFILER_PERFWORKS_DIR": "/x"})
+
+
+def test_nvtx_injection_check(tmp_path):
+    assert doctor.check_nvtx_injection({}).status == "info"
+    assert doctor.check_nvtx_injection({"NVTX_INJECTION64_PATH": str(tmp_path / "nope.so")}).status == "warn"
+    lib = tmp_path / "libcupti.so"
+    lib.write_bytes(b"")
+    assert doctor.check_nvtx_injection({"NVTX_INJECTION64_PATH": str(lib)}).status == "ok"

@@ -1,0 +1,99 @@
+"""Theoretical occupancy, launch statistics and PM-sample apportioning:
+pure functions checked against hand-computed values and brute force."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headcount.attribute import attribution
+from headcount.derive import launch, sampling
+from headcount.derive.occupancy import LIMITS, blocks_per_sm, kernel_occupancy, theoretical_occupancy_pct
+
+
+@pytest.mark.parametrize("cc,threads,regs,smem,expect", [
+    ("8.0", 256, 32, 0, 100.0),          # 8 blocks × 8 warps = 64 of 64
+    ("8.6", 256, 64, 0, 100 * 32 / 48),  # registers: 8 warps per sub-partition → 4 blocks
+    ("9.0", 128, 128, 0, 25.0),          # 4096 registers a warp → 16 warps
+    ("9.0", 128, 255, 0, 12.5),          # rounded to 8192 a warp → 8 warps
+    ("9.0", 128, 32, 100 * 1024, 12.5),  # (100 KiB + 1 KiB reserved) → 2 blocks of 228 KiB
+    ("9.0", 32, 16, 0, 50.0),            # 32 blocks at most → 32 warps
+    ("9.0", 1024, 255, 0, 0.0),          # 262,144 registers do not fit a block
+    ("7.5", 1024, 32, 0, 100.0),         # T4: 32 warps an SM
+    ("8.9", 32, 40, 0, 50.0),            # L4: 24 blocks at most → 24 of 48 warps
+    ("8.9", 96, 40, 0, 100.0),           # 16 blocks of 3 warps fill 48
+])
+def test_theoretical_occupancy(cc, threads, regs, smem, expect):
+    assert theoretical_occupancy_pct([threads], [regs], [smem], LIMITS[cc])[0] == pytest.approx(expect)
+
+
+def test_the_configured_shared_memory_carveout_counts():
+    h100 = LIMITS["9.0"]
+    assert blocks_per_sm([128], [32], [48 * 1024], h100)[0] == 4  # 228 KiB / 49 KiB
+    assert blocks_per_sm([128], [32], [48 * 1024], h100, shared_memory_config=[100 * 1024])[0] == 2
+
+
+def test_kernel_rows_without_launch_details_stay_null():
+    k = pd.DataFrame({"block": ["(128, 1, 1)", None, "(256, 2, 1)"], "registers_per_thread": pd.array([64, 32, None], dtype="Int64"),
+                      "shared_memory_bytes": pd.array([0, 0, 0], dtype="Int64")})
+    occ = kernel_occupancy(k, LIMITS["9.0"])
+    assert occ[0] == pytest.approx(100 * 32 / 64 * 1.0) and occ[1:].isna().all()
+    assert kernel_occupancy(k, None).isna().all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 60), st.integers(1, 15)), min_size=1, max_size=25))
+def test_busy_time_is_the_union_of_kernel_intervals(kernels):
+    """Range 0 contains ranges 1 and 2; kernels of a child count for the parent too."""
+    ranges = pd.DataFrame({"range_id": [0, 1, 2], "parent_range_id": [-1, 0, 0], "gpu_start_ns": [0, 0, 0], "gpu_end_ns": [100, 100, 100]})
+    work = pd.DataFrame({"start_ns": [s for _, s, _ in kernels], "end_ns": [s + d for _, s, d in kernels],
+                         "api_start_ns": 0, "api_end_ns": 7})
+    inner = np.array([r for r, _, _ in kernels])
+    got = launch.per_range(ranges, work, inner).set_index("range_id")
+    for rid, members in ((0, {0, 1, 2}), (1, {1}), (2, {2})):
+        covered = set()
+        for r, s, d in kernels:
+            if r in members:
+                covered |= set(range(s, s + d))
+        assert got.loc[rid, "kernel_busy_ns"] == len(covered)
+        assert got.loc[rid, "kernel_gap_ns"] == 100 - len(covered)
+        count = sum(1 for r, _, _ in kernels if r in members)
+        assert got.loc[rid, "cpu_launch_cost_ns"] == (7 * count if count else 0) or np.isnan(got.loc[rid, "cpu_launch_cost_ns"])
+
+
+def test_ranges_that_launched_nothing_have_null_launch_figures():
+    ranges = pd.DataFrame({"range_id": [0, 1], "parent_range_id": [-1, -1], "gpu_start_ns": pd.array([0, None], dtype="Int64"),
+                           "gpu_end_ns": pd.array([10, None], dtype="Int64")})
+    work = pd.DataFrame({"start_ns": [2], "end_ns": [5], "api_start_ns": [0], "api_end_ns": [1]})
+    got = launch.per_range(ranges, work, np.array([0]))
+    assert got.loc[0, "kernel_busy_ns"] == 3 and got.loc[0, "kernel_gap_ns"] == 7
+    assert got.loc[1, ["kernel_busy_ns", "kernel_gap_ns", "cpu_launch_cost_ns"]].isna().all()
+
+
+def _samples():
+    # two 100 ns windows, a 50 ns gap, one more window
+    return pd.DataFrame({"start_ns": [0, 100, 250], "end_ns": [100, 200, 350],
+                         "dram__bytes_read.sum": [1000.0, 3000.0, 500.0], "dram__bytes_write.sum": [10.0, 20.0, 30.0],
+                         "sm__warps_active.avg.pct_of_peak_sustained_elapsed": [10.0, 50.0, 90.0]})
+
+
+def test_pm_counters_are_spread_evenly_over_their_window():
+    got = sampling.window_totals(_samples(), np.array([0, 50, 150, 210, 0]), np.array([350, 150, 300, 240, 100]))
+    assert got["dram_read_sampled_bytes"].tolist()[:2] == [4500.0, 500.0 + 1500.0]
+    assert got.loc[2, "dram_read_sampled_bytes"] == pytest.approx(1500.0 + 250.0)
+    assert np.isnan(got.loc[3, "dram_read_sampled_bytes"])  # inside the gap: unknown, not 0
+    assert got.loc[0, "dram_write_sampled_bytes"] == 60.0
+    # percentages: time-weighted over the covered part of the window
+    assert got.loc[1, "sm_warps_active_sampled_pct"] == pytest.approx(30.0)
+    assert got.loc[4, "sm_warps_active_sampled_pct"] == pytest.approx(10.0)
+    info = sampling.sample_gaps(_samples())
+    assert info == {"samples": 3, "median_window_ns": 100.0, "gaps": 1, "gap_total_ns": 50, "first_ns": 0, "last_ns": 350}
+
+
+def test_by_external_id_maps_launches_to_ranges():
+    ranges = pd.DataFrame({"range_id": [4, 5], "external_id": pd.array([11, 12], dtype="Int64")})
+    work = pd.DataFrame({"external_id": pd.array([12, None, 11, 99], dtype="Int64")})
+    assert attribution.by_external_id(work, ranges).tolist() == [5, -1, 4, -1]
