@@ -38,6 +38,25 @@ def default_config():
     )
 
 
+def bert_config(size: str = "base"):
+    """BERT configs for comparisons and the GPU check: ``base`` is bert-base
+    (12 layers, 12 heads of 64, hidden 768); ``tiny`` has 2 layers of 2 heads
+    of 32 (seconds on a CPU)."""
+    from transformers import BertConfig
+
+    if size == "base":
+        return BertConfig(attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
+    return BertConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                      max_position_embeddings=512, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
+
+
+# embedded models (random weights, no download): name → (builder, description)
+PRESETS = {
+    "bert-base": (lambda: bert_config("base"), "bert-base (BertForMaskedLM, 12 layers, 12 heads, random weights)"),
+    "bert-tiny": (lambda: bert_config("tiny"), "bert-tiny (BertForMaskedLM, 2 layers, 2 heads, random weights)"),
+}
+
+
 def _model_class(config):
     import transformers
 
@@ -57,7 +76,8 @@ def load_model(spec: str | None, dtype: str = "float32", seed: int = 0):
     """Build the model to profile.
 
     Args:
-        spec: ``None`` or ``"default"`` for the embedded default, else a local model directory.
+        spec: ``None`` or ``"default"`` for the embedded default, a name of
+            :data:`PRESETS` (``bert-base``, ``bert-tiny``), else a local model directory.
         dtype: ``float32``, ``float16`` or ``bfloat16`` (aliases fp32/fp16/bf16).
 
     Returns:
@@ -78,10 +98,16 @@ def load_model(spec: str | None, dtype: str = "float32", seed: int = 0):
 
         model = LlamaForCausalLM(config)
         description = "default (Llama, 4 layers, 8 query heads, 2 kv heads, random weights)"
+    elif spec in PRESETS:
+        from transformers import BertForMaskedLM
+
+        build, description = PRESETS[spec]
+        model = BertForMaskedLM(build())
     else:
         path = Path(spec)
         if not path.exists():
-            raise HeadcountError(f"--model {spec}: no such directory", hint="pass a local model directory, or omit --model for the embedded default")
+            raise HeadcountError(f"--model {spec}: no such directory or embedded model",
+                                 hint=f"pass a local model directory, one of {', '.join(PRESETS)}, or omit --model for the embedded default")
         if not path.is_dir() or not (path / "config.json").is_file():
             raise HeadcountError(f"--model {spec}: not a model directory (no config.json)", hint="pass a directory written by save_pretrained()")
         try:

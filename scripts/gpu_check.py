@@ -1,52 +1,423 @@
-"""Physics checks on a report written by scripts/gpu_check.sh.
+"""The GPU check's steps and its physics checks (driven by scripts/gpu_check.sh).
 
-Prints each check and its figures; exits 1 if any fails. On a CPU dry run the
-GPU-only checks are reported as skipped.
+Subcommands (each writes JSON into the output folder):
+
+  probe-cupti OUT/NAME.json   can the cupti source record here? activity kinds, PM sampling, NVTX markers
+  bandwidth OUT               copy-bandwidth ceiling (device-to-device copy, CUDA events)
+  occupancy OUT               headcount's occupancy calculator vs the driver's, on kernels of known resources
+  overhead OUT ...            step time without and with the cupti collector (%)
+  workload ...                one tagged training step with NVTX ranges (run under ncu)
+  check OUT                   read everything above and the reports, check against physics, write summary.json
+
+``--dry-run`` (CPU): the same code paths on a tiny model, GPU-only figures skipped.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
+import os
 import sys
+import time
+from pathlib import Path
 
-import pandas as pd
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 
-def main(report: str) -> int:
-    layers = pd.read_parquet(f"{report}/layers")
-    heads = pd.read_parquet(f"{report}/heads")
-    ranges = pd.read_parquet(f"{report}/ranges")
-    runs = pd.read_parquet(f"{report}/runs")
-    on_gpu = (runs["device_kind"] == "cuda").all()
-    failures = []
+def _cuda() -> bool:
+    import torch
 
-    def check(name: str, ok: bool, detail: str) -> None:
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
-        if not ok:
-            failures.append(name)
+    return torch.cuda.is_available()
 
-    print(f"device: {runs['device_name'].iloc[0]} ({runs['device_kind'].iloc[0]}); runs: {runs['run_id'].nunique()}")
-    attention = ranges[ranges["level"].isin(["layer", "head"])]
-    basis = set(attention["duration_basis"])
-    if on_gpu:
-        check("durations are GPU-projected", basis == {"gpu_projected"}, str(basis))
-        empty = attention[attention["gpu_op_count"].fillna(0) == 0]
-        check("every layer/head range launched kernels", empty.empty, f"{len(empty)} of {len(attention)} ranges without kernels")
-        # analytic minimum bytes over measured time can never exceed the device's peak (~3.35 TB/s H100, 4.8 TB/s H200)
-        peak = layers["bandwidth_gbps"].max()
-        check("analytic bandwidth below 5,000 GB/s", peak < 5000, f"max {peak:,.0f} GB/s")
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _write(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    print(json.dumps(doc, sort_keys=True, default=str)[:2000])
+
+
+# ---------------------------------------------------------------- probe-cupti
+def probe_cupti(out: Path, nvtx_markers: bool) -> int:
+    """Record a few matmuls with the cupti source; keep the raw records."""
+    import torch
+
+    from headcount.collector import cupti_source
+    from headcount.parsers import cupti_records
+
+    doc = {"cupti_python": cupti_source.cupti_version(), "nvtx_injection": os.environ.get("NVTX_INJECTION64_PATH")}
+    try:
+        cupti_source.require()
+        rec = cupti_source.CuptiRecorder(pm_sampling=True, record_dir=out.with_suffix(""))
+        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        _sync()
+        rec.start()
+        log = rec.range_log
+        rid = log.open("headcount", "probe")
+        if nvtx_markers:
+            import nvtx
+
+            with nvtx.annotate("probe-marker", domain="headcount"):
+                for _ in range(20):
+                    a = (a @ a).clamp_(-1, 1)
+        else:
+            for _ in range(20):
+                a = (a @ a).clamp_(-1, 1)
+        _sync()
+        log.close(rid)
+        path = rec.stop()
+        header, records = cupti_records.read_records(path)
+        kinds: dict[str, int] = {}
+        for r in records:
+            kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+        events = cupti_records.events_frame(header, records)
+        kernels = events[events["kind"] == "kernel"]
+        doc.update(ok=bool(len(kernels)), records=str(path), kinds=kinds, stats=header["stats"], notices=header["notices"],
+                   kernels_with_external_id=int(kernels["external_id"].notna().sum()), kernels=int(len(kernels)),
+                   queued_known=int(kernels["queued_ns"].notna().sum()))
+    except Exception as exc:  # noqa: BLE001 - the probe reports, the shell script decides
+        from headcount.collector.cupti_errors import classify
+
+        doc.update(ok=False, error=classify(exc).one_line(), exception=f"{type(exc).__name__}: {exc}")
+    _write(out, doc)
+    return 0 if doc.get("ok") else 1
+
+
+# ---------------------------------------------------------------- bandwidth
+def bandwidth(out: Path, dry_run: bool) -> int:
+    """Device-to-device copy: (read + written bytes) / time, best of 20."""
+    import torch
+
+    device = "cuda" if _cuda() and not dry_run else "cpu"
+    n_bytes = (2 << 30) if device == "cuda" else (64 << 20)
+    src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = math.inf
+    for i in range(23):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            seconds = time.perf_counter() - t0
+        if i >= 3:
+            best = min(best, seconds)
+    gbps = 2 * n_bytes / best / 1e9
+    doc = {"device": device, "bytes": n_bytes, "best_seconds": best, "copy_ceiling_gbps": gbps,
+           "rule": "2 × bytes (read + write) / fastest of 20 copies after 3 warm-ups"}
+    if device == "cuda":
+        doc["device_name"] = torch.cuda.get_device_name()
+    _write(out / "bandwidth.json", doc)
+    return 0
+
+
+# ---------------------------------------------------------------- occupancy
+def occupancy_vs_driver(out: Path) -> int:
+    """Blocks per SM from the driver (cuOccupancyMaxActiveBlocksPerMultiprocessor)
+    vs :func:`headcount.derive.occupancy.blocks_per_sm`, for every kernel of
+    scripts/occupancy/occupancy_kernels.fatbin × block sizes × dynamic shared memory."""
+    import torch
+    from cuda.bindings import driver as cu
+
+    from headcount.derive import occupancy
+
+    torch.zeros(1, device="cuda")  # a current context (torch's primary one)
+
+    def ok(result):
+        err = result[0]
+        if int(err) != 0:
+            raise RuntimeError(f"CUDA driver error {err}")
+        return result[1] if len(result) == 2 else result[1:]
+
+    image = (ROOT / "scripts" / "occupancy" / "occupancy_kernels.fatbin").read_bytes()
+    module = ok(cu.cuModuleLoadData(image))
+    limits = occupancy.limits_from_torch()
+    attr = cu.CUfunction_attribute
+    rows, mismatches = [], 0
+    names = ["regs_4", "regs_24", "regs_48", "regs_96", "regs_160", "smem_4096", "smem_16384", "smem_40960", "dynamic_smem"]
+    for name in names:
+        func = ok(cu.cuModuleGetFunction(module, name.encode()))
+        regs = ok(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, func))
+        static = ok(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, func))
+        max_threads = ok(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, func))
+        dyn_sizes = [0, 8192, 32768, 65536, 100 * 1024] if name == "dynamic_smem" else [0]
+        if name == "dynamic_smem":
+            ok(cu.cuFuncSetAttribute(func, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 100 * 1024 + 1024))
+        for threads in (32, 64, 96, 128, 192, 256, 384, 512, 640, 768, 1024):
+            if threads > max_threads:
+                continue
+            for dyn in dyn_sizes:
+                driver = ok(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(func, threads, dyn))
+                ours = int(occupancy.blocks_per_sm([threads], [regs], [static + dyn], limits)[0])
+                mismatches += driver != ours
+                rows.append({"kernel": name, "registers": regs, "static_smem": static, "dynamic_smem": dyn,
+                             "threads": threads, "driver_blocks": driver, "headcount_blocks": ours})
+    doc = {"limits": limits.__dict__, "cases": len(rows), "mismatches": int(mismatches), "rows": rows}
+    _write(out / "occupancy.json", doc)
+    return 0
+
+
+# ---------------------------------------------------------------- overhead / workload
+def _model(args):
+    import torch
+
+    from headcount.models import load_model, make_inputs, set_implementation
+
+    model, _ = load_model(args.model, args.dtype)
+    if _cuda() and not args.dry_run:
+        model = model.to("cuda")
+    set_implementation(model, args.impl)
+    inputs = make_inputs(model, args.batch, args.seq)
+    return model, inputs, torch
+
+
+def _train_step(model, inputs):
+    out = model(**inputs)
+    out.loss.backward()
+    model.zero_grad(set_to_none=True)
+
+
+def overhead(out: Path, args) -> int:
+    """Median step time without a profiler, then inside the collector (layer mode)."""
+    from headcount import AttentionProfiler
+
+    model, inputs, _ = _model(args)
+    for _ in range(3):
+        _train_step(model, inputs)
+    _sync()
+
+    def timed(n, wrap=None):
+        times = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            if wrap is not None:
+                with wrap.step(i):
+                    _train_step(model, inputs)
+            else:
+                _train_step(model, inputs)
+            _sync()
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[len(times) // 2]
+
+    base = timed(args.steps)
+    prof = AttentionProfiler(model, backend="cupti" if not args.dry_run else "auto", strict=True)
+    with prof:
+        profiled = timed(args.steps, prof)
+    base_after = timed(args.steps)
+    reference = min(base, base_after)
+    doc = {"backend": prof.backend, "model": args.model, "impl": args.impl, "batch": args.batch, "seq": args.seq,
+           "dtype": args.dtype, "steps": args.steps, "median_step_s_without": reference, "median_step_s_with": profiled,
+           "overhead_pct": 100.0 * (profiled - reference) / reference}
+    _write(out / "overhead.json", doc)
+    return 0
+
+
+def workload(args) -> int:
+    """Warm up untagged, then one tagged training step (NVTX ranges for ncu's --nvtx-include)."""
+    from headcount.collector.tagging import AttentionTagger
+
+    model, inputs, _ = _model(args)
+    _train_step(model, inputs)
+    _sync()
+    tagger = AttentionTagger([model], mode=args.mode)
+    tagger.activate()
+    try:
+        _train_step(model, inputs)
+        _sync()
+    finally:
+        tagger.deactivate()
+    print(f"workload: {len(tagger.calls)} tagged attention calls")
+    return 0
+
+
+# ---------------------------------------------------------------- checks
+def check(out: Path) -> int:
+    import numpy as np
+    import pandas as pd
+
+    from headcount.derive import occupancy
+
+    results = []
+    summary: dict = {"checks": results}
+
+    def record(name, status, detail):
+        results.append({"check": name, "status": status, "detail": detail})
+        print(f"{status:4s} {name}: {detail}")
+
+    def load(name):
+        path = out / name
+        return json.loads(path.read_text()) if path.exists() else None
+
+    env = load("environment.json") or {}
+    summary["environment"] = env
+    bw = load("bandwidth.json")
+    ceiling = bw["copy_ceiling_gbps"] if bw and bw.get("device") == "cuda" else None
+    summary["copy_ceiling_gbps"] = ceiling
+    record("copy-bandwidth ceiling", "info" if ceiling else "skip", f"{ceiling:,.0f} GB/s" if ceiling else "no GPU")
+
+    for probe in sorted(out.glob("probe-*.json")):
+        doc = json.loads(probe.read_text())
+        pm = (doc.get("stats") or {}).get("pm_sampling", {})
+        detail = (f"kernels {doc.get('kernels')}, kinds {doc.get('kinds')}, PM sampling "
+                  f"{'on ' + str(pm.get('metrics')) if pm.get('enabled') else 'off: ' + str(pm.get('notice'))}"
+                  if doc.get("ok") else doc.get("error"))
+        record(f"cupti probe {probe.stem}", "ok" if doc.get("ok") else "info", detail)
+        summary[probe.stem] = doc
+
+    occ = load("occupancy.json")
+    if occ:
+        record("occupancy calculator = driver", "ok" if occ["mismatches"] == 0 else "FAIL",
+               f"{occ['cases'] - occ['mismatches']} of {occ['cases']} launch configurations agree")
     else:
-        print(f"skip GPU-only checks (device_kind={runs['device_kind'].iloc[0]})")
-    measured = heads[heads["provenance"] == "measured"]
-    if len(measured):
-        merged = layers.dropna(subset=["heads_duration_ns"])
-        ratio = (merged["heads_duration_ns"] / merged["duration_ns"]).describe()
-        check("heads fit inside their layer", (merged["heads_duration_ns"] <= merged["duration_ns"] * 1.0001).all(),
-              f"sum(heads)/layer: min {ratio['min']:.3f}, mean {ratio['mean']:.3f}, max {ratio['max']:.3f}")
+        record("occupancy calculator = driver", "skip", "not run (no GPU or no cuda-bindings)")
+
+    report = out / "report"
+    if not (report / "layers").exists():
+        record("cupti profile report", "FAIL", f"{report} missing")
+        _write(out / "summary.json", summary)
+        return 1
+    layers = pd.read_parquet(report / "layers")
+    heads = pd.read_parquet(report / "heads")
+    ranges = pd.read_parquet(report / "ranges")
+    runs = pd.read_parquet(report / "runs")
+    source = ",".join(sorted(set(runs["source"])))
+    on_gpu = (runs["device_kind"] == "cuda").all()
+    summary["source"] = source
+    record("profile source", "info", f"{source} on {runs['device_name'].iloc[0]}")
+    manifests = [json.loads(p.read_text()) for p in (report / "manifests").glob("*/run.json")]
+    dropped = [m.get("collector", {}).get("dropped_records") for m in manifests if m.get("collector")]
+    if dropped:
+        record("no CUPTI record dropped", "ok" if all(d == 0 for d in dropped) else "FAIL", f"dropped per run: {dropped}")
+        summary["collector"] = [m.get("collector") for m in manifests]
+
+    attention = ranges[ranges["level"].isin(["layer", "head"])]
+    if on_gpu:
+        empty = attention[attention["gpu_op_count"].fillna(0) == 0]
+        record("every layer/head range launched kernels", "ok" if empty.empty else "FAIL", f"{len(empty)} of {len(attention)} without kernels")
+    measured_bw = layers[layers["dram_bytes_provenance"].isin(["sampled", "measured"])]
+    if ceiling is not None and len(measured_bw):
+        peak = float(measured_bw["bandwidth_gbps"].max())
+        record("layer bandwidth ≤ copy ceiling", "ok" if peak <= 1.05 * ceiling else "FAIL", f"max {peak:,.0f} of {ceiling:,.0f} GB/s")
+        hb = heads[heads["provenance"] == "measured"]["bandwidth_gbps"].dropna()
+        if len(hb):
+            record("head bandwidth ≤ copy ceiling", "ok" if hb.max() <= 1.05 * ceiling else "FAIL", f"max {hb.max():,.0f} GB/s")
+    else:
+        record("bandwidth ≤ copy ceiling", "skip", "no sampled or measured DRAM bytes (PM sampling off or no GPU)")
+
+    per_impl = []
     for (impl, phase), g in layers.groupby(["implementation", "phase"]):
-        print(f"     {impl:18s} {phase:4s} {g['duration_per_call_ns'].mean() / 1e3:10.1f} µs/call  "
-              f"{g['bandwidth_gbps'].mean():8.1f} GB/s (analytic bytes)  {g['intensity_flop_per_byte'].mean():7.1f} FLOP/B")
-    return 1 if failures else 0
+        row = {"implementation": impl, "phase": phase, "layer_calls": int(g["calls"].sum()),
+               "us_per_layer_call": float(g["duration_ns"].sum() / g["calls"].sum() / 1e3),
+               "bandwidth_gbps_mean": float(g["bandwidth_gbps"].mean()), "bandwidth_provenance": g["bandwidth_provenance"].iloc[0],
+               "kernels_per_call": float(g["kernels_per_call"].mean()) if "kernels_per_call" in g else None,
+               "cpu_launch_cost_us_per_call": float(g["cpu_launch_cost_per_call_ns"].mean() / 1e3) if "cpu_launch_cost_per_call_ns" in g else None,
+               "kernel_gap_us_per_call": float(g["kernel_gap_per_call_ns"].mean() / 1e3) if "kernel_gap_per_call_ns" in g else None,
+               "launch_latency_p50_us": float(g["launch_latency_p50_ns"].median() / 1e3) if "launch_latency_p50_ns" in g else None,
+               "launch_latency_p99_us": float(g["launch_latency_p99_ns"].median() / 1e3) if "launch_latency_p99_ns" in g else None,
+               "theoretical_occupancy_pct": float(g["theoretical_occupancy_pct"].mean()) if "theoretical_occupancy_pct" in g else None,
+               "achieved_occupancy_pct": float(g["achieved_occupancy_pct"].mean()) if "achieved_occupancy_pct" in g else None}
+        per_impl.append(row)
+        print("     " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+    summary["per_implementation"] = per_impl
+
+    head_layers = layers.dropna(subset=["heads_duration_ns"]) if "heads_duration_ns" in layers else layers.iloc[0:0]
+    if len(head_layers):
+        ratio = head_layers["heads_duration_ns"] / head_layers["duration_ns"]
+        record("heads explain their layer", "ok" if (ratio <= 1.0001).all() else "FAIL",
+               f"sum(heads)/layer {ratio.min():.3f}–{ratio.max():.3f} (mean {ratio.mean():.3f}); "
+               f"split overhead {head_layers['split_overhead_ns'].sum() / head_layers['calls'].sum() / 1e3:.1f} µs per layer call")
+        summary["heads_over_layer"] = {"min": float(ratio.min()), "mean": float(ratio.mean()), "max": float(ratio.max())}
+
+    ncu_dir = out / "ncu-report"
+    if (ncu_dir / "layers").exists():
+        ncu_layers = pd.read_parquet(ncu_dir / "layers")
+        ncu_kernels = pd.read_parquet(ncu_dir / "kernels")
+        ref = layers[(layers["implementation"] == "sdpa") & layers["heads_duration_ns"].isna()] if "heads_duration_ns" in layers else layers
+        ref = ref.assign(min_per_call=ref["analytic_min_bytes"] / ref["calls"],
+                         sampled_per_call=ref.get("dram_bytes_sampled", pd.Series(np.nan, index=ref.index)) / ref["calls"])
+        merged = ncu_layers.merge(ref[["phase", "layer", "min_per_call", "sampled_per_call"]], on=["phase", "layer"], how="inner")
+        if len(merged):
+            excess = merged["dram_bytes_measured"] / merged["min_per_call"]
+            record("ncu bytes ≥ 0.9 × analytic minimum", "ok" if (excess >= 0.9).all() else "FAIL",
+                   f"measured/analytic {excess.min():.2f}–{excess.max():.2f} over {len(merged)} layer×phase rows")
+            if merged["sampled_per_call"].notna().any():
+                r = merged["sampled_per_call"] / merged["dram_bytes_measured"]
+                record("cupti-sampled vs ncu-measured DRAM bytes per layer", "ok" if r.between(0.25, 4).all() else "FAIL",
+                       f"sampled/measured {r.min():.2f}–{r.max():.2f} (median {r.median():.2f})")
+            summary["ncu_vs_cupti"] = merged.to_dict("records")
+        with_launch = ncu_kernels.dropna(subset=["registers_per_thread", "theoretical_occupancy_pct"])
+        if len(with_launch):
+            limits = occupancy.limits_for(env.get("compute_capability"))
+            if limits is not None:
+                smem = with_launch["shared_memory_bytes"].fillna(0).round().astype("int64")
+                ours = occupancy.kernel_occupancy(with_launch.assign(shared_memory_bytes=smem), limits)
+                diff = (ours - with_launch["theoretical_occupancy_pct"]).abs()
+                record("occupancy calculator = ncu's theoretical occupancy", "ok" if (diff <= 0.5).all() else "FAIL",
+                       f"{int((diff <= 0.5).sum())} of {len(diff)} kernels within 0.5 points (max diff {diff.max():.2f})")
+    else:
+        record("ncu slice", "skip", "not run (no GPU or no ncu)")
+
+    ov = load("overhead.json")
+    if ov:
+        record("collector overhead", "info", f"{ov['overhead_pct']:+.1f}% on a {ov['model']} training step "
+               f"({ov['median_step_s_without'] * 1e3:.1f} → {ov['median_step_s_with'] * 1e3:.1f} ms, {ov['backend']})")
+        summary["overhead"] = ov
+    failed = [r for r in results if r["status"] == "FAIL"]
+    summary["failed"] = len(failed)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    print(f"gpu check: {len([r for r in results if r['status'] == 'ok'])} ok, {len(failed)} failed, "
+          f"{len([r for r in results if r['status'] == 'skip'])} skipped")
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("probe-cupti")
+    pr.add_argument("out")
+    pr.add_argument("--nvtx-markers", action="store_true")
+    for name in ("bandwidth", "occupancy", "check"):
+        s = sub.add_parser(name)
+        s.add_argument("out")
+        s.add_argument("--dry-run", action="store_true")
+    for name in ("overhead", "workload"):
+        s = sub.add_parser(name)
+        if name == "overhead":
+            s.add_argument("out")
+        s.add_argument("--model", default="bert-base")
+        s.add_argument("--impl", default="sdpa")
+        s.add_argument("--batch", type=int, default=16)
+        s.add_argument("--seq", type=int, default=512)
+        s.add_argument("--dtype", default="bfloat16")
+        s.add_argument("--steps", type=int, default=10)
+        s.add_argument("--mode", default="layer")
+        s.add_argument("--dry-run", action="store_true")
+    args = p.parse_args(argv)
+    if args.cmd == "probe-cupti":
+        return probe_cupti(Path(args.out), args.nvtx_markers)
+    if args.cmd == "bandwidth":
+        return bandwidth(Path(args.out), args.dry_run)
+    if args.cmd == "occupancy":
+        return occupancy_vs_driver(Path(args.out))
+    if args.cmd == "overhead":
+        return overhead(Path(args.out), args)
+    if args.cmd == "workload":
+        return workload(args)
+    return check(Path(args.out))
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main())

@@ -117,11 +117,20 @@ def test_errors():
         prof.get_stats()
 
 
-def test_another_profiler_holding_the_session_is_a_clear_error():
+def test_another_profiler_holding_the_session_is_a_clear_error(capsys):
+    model = _llama()
     with torch.profiler.profile():
         with pytest.raises(HeadcountError, match="already recording"):
-            with AttentionProfiler(_llama()):
+            with AttentionProfiler(model, strict=True):
                 pass
+        # not strict: one line, and the block still runs (unprofiled)
+        prof = AttentionProfiler(model)
+        ran = False
+        with prof:
+            ran = True
+        assert ran and "source did not start" in capsys.readouterr().err
+        with pytest.raises(HeadcountError, match="nothing was recorded: another torch.profiler session"):
+            prof.get_stats()
     from transformers.modeling_utils import AttentionInterface
     from headcount.collector import tagging
 

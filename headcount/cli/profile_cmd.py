@@ -43,7 +43,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default=None, help="local model directory (config.json, optional weights); default: an embedded small Llama")
+    p.add_argument("--model", default=None, help="local model directory (config.json, optional weights), or an embedded model: bert-base, bert-tiny; default: an embedded small Llama")
     p.add_argument("--impl", default="eager,sdpa", help=f"comma-separated attention implementations to compare ({', '.join(IMPLEMENTATIONS)}); default: eager,sdpa")
     p.add_argument("--mode", choices=("layer", "head"), default="layer", help="layer: run as in production (heads apportioned); head: one head at a time, each measured")
     p.add_argument("--batch", type=int, default=2, help="batch size (default 2)")

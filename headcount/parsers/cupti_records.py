@@ -18,8 +18,8 @@ attribution runs on it unchanged:
 ``queued_ns``, ``submitted_ns``    kernel queued to / submitted from the command
                                    buffer (null where CUPTI gives none)
 ``block_threads``                  threads per block
-``static_shared_memory_bytes``,    per block
-``dynamic_shared_memory_bytes``
+``shared_memory_static_bytes``,    per block
+``shared_memory_dynamic_bytes``
 ``shared_memory_config_bytes``     shared memory per SM the driver configured
 ``local_memory_per_thread_bytes``
 ``graph_id``, ``launch_type``
@@ -41,8 +41,8 @@ from headcount.parsers.kineto import COLUMNS
 
 FORMAT = "headcount-cupti-records"
 EXTRA = [
-    "external_id", "queued_ns", "submitted_ns", "block_threads", "static_shared_memory_bytes",
-    "dynamic_shared_memory_bytes", "shared_memory_config_bytes", "local_memory_per_thread_bytes", "graph_id", "launch_type",
+    "external_id", "queued_ns", "submitted_ns", "block_threads", "shared_memory_static_bytes",
+    "shared_memory_dynamic_bytes", "shared_memory_config_bytes", "local_memory_per_thread_bytes", "graph_id", "launch_type",
 ]
 
 
@@ -118,8 +118,8 @@ def events_frame(header: dict, records: list[dict]) -> pd.DataFrame:
                 "shared_memory_bytes": smem_static + smem_dynamic,
                 "external_id": external.get(r["correlation_id"]),
                 "queued_ns": _nonzero(r.get("queued")), "submitted_ns": _nonzero(r.get("submitted")),
-                "block_threads": block or None, "static_shared_memory_bytes": smem_static,
-                "dynamic_shared_memory_bytes": smem_dynamic,
+                "block_threads": block or None, "shared_memory_static_bytes": smem_static,
+                "shared_memory_dynamic_bytes": smem_dynamic,
                 "shared_memory_config_bytes": _nonzero(r.get("shared_memory_executed")),
                 "local_memory_per_thread_bytes": r.get("local_memory_per_thread"),
                 "graph_id": _nonzero(r.get("graph_id")), "launch_type": r.get("launch_type"),

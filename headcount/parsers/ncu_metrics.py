@@ -34,6 +34,7 @@ METRICS: dict[str, tuple[str, ...]] = {
     "registers_per_thread": ("launch__registers_per_thread",),
     "shared_memory_static_bytes": ("launch__shared_mem_per_block_static",),
     "shared_memory_dynamic_bytes": ("launch__shared_mem_per_block_dynamic",),
+    "shared_memory_config_bytes": ("launch__shared_mem_config_size",),
 }
 
 # counters a headcount report needs; ``missing_metrics`` names those not collected
@@ -118,7 +119,7 @@ def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
     total = frame["dram_read_bytes"] + frame["dram_write_bytes"]
     frame["dram_bytes"] = frame["dram_bytes"].where(frame["dram_bytes"].notna(), total)
     for col in ("dram_bytes", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "dram_throughput_pct", "achieved_occupancy_pct",
-                "theoretical_occupancy_pct", "tensor_pipe_pct"):
+                "theoretical_occupancy_pct", "tensor_pipe_pct", "shared_memory_config_bytes"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Float64")
     frame["device"] = frame["device"].map(lambda d: None if d is None or (isinstance(d, float) and np.isnan(d)) else f"cuda:{int(float(d))}")
     frame["pid"] = frame["pid"].map(lambda p: None if p is None else str(int(float(p))))

@@ -34,8 +34,8 @@ KERNELS = pa.schema([
     ("dram_read_sampled_pct", F), ("dram_write_sampled_pct", F), ("sm_active_sampled_pct", F), ("sampling_interval_ns", F),
     ("dram_read_sampled_bytes", F), ("dram_write_sampled_bytes", F), ("sm_warps_active_sampled_pct", F),
     ("external_id", I), ("queued_ns", I), ("submitted_ns", I), ("queue_ns", F), ("submit_to_start_ns", F),
-    ("block_threads", I), ("static_shared_memory_bytes", I), ("dynamic_shared_memory_bytes", I),
-    ("shared_memory_config_bytes", I), ("local_memory_per_thread_bytes", I), ("graph_id", I),
+    ("block_threads", I), ("shared_memory_static_bytes", F), ("shared_memory_dynamic_bytes", F),
+    ("shared_memory_config_bytes", F), ("local_memory_per_thread_bytes", I), ("graph_id", I),
     *_ATTRIBUTION,
 ])
 
