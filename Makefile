@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 PROFILE_ARGS ?= --force
 PYTEST_ARGS ?=
 
-.PHONY: setup profile test bench clean
+.PHONY: setup profile test bench clean gpu-wheels gpu-check-dry
 
 setup: $(VENV)/.installed
 
@@ -35,5 +35,13 @@ bench: setup
 	$(PY) benchmarks/tagging_overhead.py
 	$(PY) benchmarks/profile_default.py
 
+# wheels the GPU machine lacks (cupti-python, nvtx, rich, ...) into .whl/ for scripts/gpu_check.sh
+gpu-wheels: setup
+	PIP=$(VENV)/bin/pip bash scripts/fetch_gpu_wheels.sh
+
+# the GPU check's logic on this machine (bert-tiny, torch source, GPU-only steps skipped)
+gpu-check-dry: setup
+	PYTHON=$(PY) bash scripts/gpu_check.sh --dry-run gpu_check_dry_out
+
 clean:
-	rm -rf $(VENV) headcount-report .pytest_cache .hypothesis
+	rm -rf $(VENV) headcount-report .pytest_cache .hypothesis gpu_check_out gpu_check_dry_out .whl/site-*

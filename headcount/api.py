@@ -222,6 +222,12 @@ class AttentionProfiler:
                 header, records = cupti_records.read_records(self.trace_path)
                 self.collector_info = {**header.get("stats", {}), "notices": header.get("notices", []),
                                        "nvtx_marker_records": cupti_records.marker_count(records)}
+                if self.collector_info.get("nvtx_markers_enabled") and not self.collector_info["nvtx_marker_records"] \
+                        and self._tagger.emitter.use_nvtx:
+                    late = ("NVTX_INJECTION64_PATH is set but no NVTX marker record arrived: it must be set before the "
+                            "process's first NVTX call (export it before starting Python); headcount's own ranges are unaffected")
+                    self.collector_info["notices"].append(late)
+                    notice(late)
                 limits = getattr(self._recorder, "device_limits", None)
                 if limits is None:
                     limits = occupancy.limits_from_torch()

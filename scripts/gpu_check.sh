@@ -1,34 +1,161 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh — the one GPU check, run in one go on a machine with an
-# NVIDIA GPU (DESIGN §8, tier 3). It uses the python3 that holds CUDA torch and
-# transformers there and runs headcount from this checkout (PYTHONPATH; no
-# install, nothing fetched). nvtx is optional: without it only the
-# torch.profiler ranges are emitted, which is all the torch source reads.
+# scripts/gpu_check.sh — the one GPU check (DESIGN §8, tier 3), run in one go
+# on a machine with an NVIDIA GPU, Python 3.12 with CUDA torch, transformers,
+# pandas, pyarrow and ncu, and no network:
 #
-#   OUT=/tmp/gpu-check bash scripts/gpu_check.sh
+#   bash scripts/gpu_check.sh [--dry-run] [OUT]      (OUT: else $OUT, else gpu_check_out/)
 #
-# It profiles the embedded default model with the torch source in bfloat16
-# across eager, sdpa (and flash_attention_2 when flash-attn imports), in layer
-# and head mode, keeps the raw torch.profiler traces (future fixtures), and
-# checks the numbers against physics (scripts/gpu_check.py).
-set -euo pipefail
+# Wheels that machine lacks (cupti-python, nvtx, rich, ...) travel with the
+# checkout in the git-ignored .whl/ folder (make gpu-wheels fills it) and are
+# installed there with `pip install --no-index --target`. In about 8 minutes
+# on an H200 it:
+#   1. prints the device and versions (environment.json, nvidia-smi.txt, doctor.json);
+#   2. finds a cupti-python that records here (13.4 with PM sampling, else 13.0
+#      on torch's libcupti) and probes NVTX marker records (probe-*.json);
+#   3. measures the copy-bandwidth ceiling (bandwidth.json);
+#   4. compares the occupancy calculator with the driver's (occupancy.json);
+#   5. profiles a bert-base-sized model (12 layers, 12 heads, batch 16, seq 512,
+#      bf16) forward+backward with eager, sdpa (and flash_attention_2 when
+#      flash-attn imports) in layer and head mode with the cupti source
+#      (report/, raw CUPTI records in records-layer/ and records-head/);
+#   6. measures the collector's overhead on that training step (overhead.json);
+#   7. profiles a slice (layers 0 and 1, sdpa, one step) under ncu and parses it
+#      (ncu/slice.ncu-rep, ncu-report/);
+#   8. checks the numbers against physics and writes summary.json (exit 1 if a check fails).
+# Each step has a time limit; a failed step is logged and the next one runs.
+#
+# --dry-run (any machine, CI): the same steps on bert-tiny with the torch
+# source on CPU; GPU-only steps and checks are skipped.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu-check-out}
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
+OUT=${1:-${OUT:-gpu_check_out}}
 PY=${PYTHON:-python3}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
-  $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'device', torch.cuda.get_device_name() if torch.cuda.is_available() else None); print('transformers', transformers.__version__)"
-} 2>&1 | tee "$OUT/environment.txt"
-impls=eager,sdpa
-if $PY -c "import flash_attn" 2>/dev/null; then impls=$impls,flash_attention_2; fi
-dtype=${DTYPE:-bfloat16}
-if ! $PY -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-  dtype=float32  # a CPU dry run of this script (bfloat16 matmuls are slow on CPU)
+OUT=$(cd "$OUT" && pwd)
+export PYTHONUNBUFFERED=1
+: > "$OUT/steps.log"
+
+log() { echo "[gpu_check $(date +%T)] $*" | tee -a "$OUT/steps.log"; }
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output in NAME.log
+  local name=$1 limit=$2
+  shift 2
+  log "start $name"
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  log "end $name: exit $rc after $((SECONDS - t0)) s"
+  tail -n 8 "$OUT/$name.log"
+  return $rc
+}
+
+if [ "$DRY" = 1 ]; then
+  MODEL=bert-tiny BATCH=2 SEQ=32 DTYPE=float32 STEPS=2 HEAD_STEPS=1 OVERHEAD_STEPS=3 BACKEND=torch DRYFLAG=--dry-run
+else
+  MODEL=bert-base BATCH=${BATCH:-16} SEQ=${SEQ:-512} DTYPE=bfloat16 STEPS=3 HEAD_STEPS=2 OVERHEAD_STEPS=10 BACKEND=cupti DRYFLAG=
 fi
-for mode in layer head; do
-  $PY -m headcount.cli.main profile --impl "$impls" --mode "$mode" --dtype "$dtype" --batch "${BATCH:-4}" --seq "${SEQ:-512}" \
-    --steps 3 --trace-dir "$OUT/traces-$mode" -o "$OUT/report" --append 2>&1 | tee "$OUT/profile-$mode.txt"
+
+# 1. wheels and environment -------------------------------------------------
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ "$DRY" = 0 ] && [ -d .whl/common ]; then
+  for set in common cupti-13.4 cupti-13.0; do
+    [ -d ".whl/$set" ] && step "install-$set" 120 $PY -m pip install -q --no-index --no-deps --upgrade --target ".whl/site-$set" .whl/$set/*.whl
+  done
+  export PYTHONPATH="$PWD/.whl/site-common:$PYTHONPATH"
+elif [ "$DRY" = 0 ]; then
+  log "no .whl/ folder: using what $PY already has (make gpu-wheels fills .whl/ on a machine with PyPI)"
+fi
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" > "$OUT/nvidia-smi.txt"
+$PY - > "$OUT/environment.json" <<'EOF'
+import json, platform, subprocess, shutil
+import torch, transformers
+env = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+       "transformers": transformers.__version__, "cuda_available": torch.cuda.is_available()}
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    env.update(device=p.name, compute_capability=f"{p.major}.{p.minor}", sm_count=p.multi_processor_count,
+               memory_bytes=p.total_memory)
+    try:
+        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception as exc:
+        env["driver"] = f"unknown ({exc})"
+for tool in ("ncu", "nsys"):
+    exe = shutil.which(tool)
+    env[tool] = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1] if exe else None
+try:
+    import flash_attn
+    env["flash_attn"] = flash_attn.__version__
+except Exception:
+    env["flash_attn"] = None
+print(json.dumps(env, indent=2))
+EOF
+cat "$OUT/environment.json"
+
+# 2. a cupti-python that records here ----------------------------------------
+CUPTI_SITE=
+for v in 13.4 13.0; do
+  site="$PWD/.whl/site-cupti-$v"
+  if [ "$DRY" = 1 ] || [ ! -d "$site" ]; then site=; fi
+  if PYTHONPATH="${site:+$site:}$PYTHONPATH" step "probe-cupti-$v" 150 $PY scripts/gpu_check.py probe-cupti "$OUT/probe-cupti-$v.json"; then
+    CUPTI_SITE=${site:-none}
+    break
+  fi
+  [ -z "$site" ] && break  # nothing else to try
 done
-$PY scripts/gpu_check.py "$OUT/report" 2>&1 | tee "$OUT/checks.txt"
+if [ -n "$CUPTI_SITE" ] && [ "$CUPTI_SITE" != none ]; then export PYTHONPATH="$CUPTI_SITE:$PYTHONPATH"; fi
+if [ -n "$CUPTI_SITE" ]; then
+  sites=$($PY -c 'import site; print(" ".join(site.getsitepackages()))')
+  LIBCUPTI=$(find ${CUPTI_SITE/none/} $sites -name 'libcupti.so*' 2>/dev/null | head -1)
+  log "NVTX injection library: ${LIBCUPTI:-none found}"
+  if [ -n "$LIBCUPTI" ]; then
+    # the profile injects NVTX into libcupti only if this probe shows that it works
+    if ! NVTX_INJECTION64_PATH=$LIBCUPTI step probe-nvtx-markers 150 $PY scripts/gpu_check.py probe-cupti "$OUT/probe-nvtx-markers.json" --nvtx-markers; then
+      export HEADCOUNT_NVTX_INJECTION=0
+    fi
+  else
+    export HEADCOUNT_NVTX_INJECTION=0
+  fi
+elif [ "$DRY" = 0 ]; then
+  log "no cupti-python records here: the profile falls back to the torch source"
+  BACKEND=torch
+fi
+$PY -m headcount.cli.main doctor --json > "$OUT/doctor.json" 2>&1
+
+# 3-4. bandwidth ceiling, occupancy vs the driver ------------------------------
+step bandwidth 120 $PY scripts/gpu_check.py bandwidth "$OUT" $DRYFLAG
+if [ "$DRY" = 0 ]; then step occupancy 120 $PY scripts/gpu_check.py occupancy "$OUT"; fi
+
+# 5. the profile: layer and head mode -------------------------------------------
+impls=eager,sdpa
+if [ "$DRY" = 0 ] && $PY -c "import flash_attn" 2>/dev/null; then impls=$impls,flash_attention_2; fi
+step profile-layer 300 $PY -m headcount.cli.main profile --model $MODEL --impl $impls --mode layer --backend $BACKEND \
+  --dtype $DTYPE --batch $BATCH --seq $SEQ --steps $STEPS --trace-dir "$OUT/records-layer" -o "$OUT/report" --append
+step profile-head 300 $PY -m headcount.cli.main profile --model $MODEL --impl $impls --mode head --backend $BACKEND \
+  --dtype $DTYPE --batch $BATCH --seq $SEQ --steps $HEAD_STEPS --trace-dir "$OUT/records-head" -o "$OUT/report" --append
+
+# 6. overhead of the collector ------------------------------------------------------
+step overhead 180 $PY scripts/gpu_check.py overhead "$OUT" --model $MODEL --batch $BATCH --seq $SEQ --dtype $DTYPE \
+  --impl sdpa --steps $OVERHEAD_STEPS $DRYFLAG
+
+# 7. a slice under ncu ------------------------------------------------------------
+if [ "$DRY" = 0 ] && command -v ncu > /dev/null; then
+  mkdir -p "$OUT/ncu"
+  step ncu 300 ncu --nvtx --nvtx-include "headcount@fwd/layer.0/" --nvtx-include "headcount@bwd/layer.0/" \
+    --nvtx-include "headcount@fwd/layer.1/" --nvtx-include "headcount@bwd/layer.1/" \
+    --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,sm__warps_active.avg.pct_of_peak_sustained_active,sm__maximum_warps_per_active_cycle_pct,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,launch__shared_mem_per_block_static,launch__shared_mem_per_block_dynamic,launch__shared_mem_config_size \
+    --clock-control none --cache-control none -f -o "$OUT/ncu/slice" \
+    $PY scripts/gpu_check.py workload --model $MODEL --batch $BATCH --seq $SEQ --dtype $DTYPE --impl sdpa
+  [ -f "$OUT/ncu/slice.ncu-rep" ] && step ncu-parse 120 $PY -m headcount.cli.main parse "$OUT/ncu/slice.ncu-rep" -o "$OUT/ncu-report" --force
+else
+  log "skip ncu slice (dry run or no ncu)"
+fi
+
+# 8. physics ---------------------------------------------------------------------
+log "start check"
+timeout 120 $PY scripts/gpu_check.py check "$OUT" 2>&1 | tee "$OUT/check.log"
+rc=${PIPESTATUS[0]}
+( cd "$OUT" && find . -type f -printf '%s\t%p\n' | sort -k2 > files.tsv )
+log "done: exit $rc; outputs in $OUT"
+exit $rc

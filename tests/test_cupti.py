@@ -299,3 +299,29 @@ def test_cli_backend_cupti_fails_with_one_line(tmp_path, capsys):
     assert rc == 3 and len(err) == 1
     assert err[0].startswith("headcount: error: --backend cupti cannot run here: no NVIDIA driver")
     assert not (tmp_path / "r").exists()
+
+
+def test_nvtx_injection_is_set_only_when_asked_and_possible(monkeypatch, tmp_path):
+    lib_dir = tmp_path / "nvidia" / "cu13" / "lib"
+    lib_dir.mkdir(parents=True)
+    (lib_dir / "libcupti.so.13").write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("NVTX_INJECTION64_PATH", raising=False)
+    monkeypatch.setenv("HEADCOUNT_NVTX_INJECTION", "0")
+    assert cupti_source.enable_nvtx_injection() is None
+    monkeypatch.delenv("HEADCOUNT_NVTX_INJECTION")
+    assert cupti_source.enable_nvtx_injection() == str(lib_dir / "libcupti.so.13")
+    import os
+
+    assert os.environ["NVTX_INJECTION64_PATH"] == str(lib_dir / "libcupti.so.13")
+    assert cupti_source.enable_nvtx_injection() is None  # already set: left alone
+
+
+def test_injection_set_too_late_is_detected(llama, monkeypatch, capsys):
+    """MARKER enabled (the variable is set) but no marker record arrives: say why."""
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/nonexistent/libcupti.so")
+    model, inputs = llama
+    prof, replay = _profile(model, inputs, steps=1)
+    prof.get_stats()
+    assert "no NVTX marker record arrived" in capsys.readouterr().err
+    assert any("before the process's first NVTX call" in n for n in prof.run_metadata()["collector"]["notices"])

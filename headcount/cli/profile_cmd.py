@@ -118,6 +118,10 @@ def run(args) -> int:
             cupti_source.require()
         except HeadcountError as exc:
             raise HeadcountError(f"--backend cupti cannot run here: {exc.message}", hint=exc.hint, exit_code=exc.exit_code) from exc
+        # before the first NVTX call of this process, so that NVTX ranges also become CUPTI marker records
+        injected = cupti_source.enable_nvtx_injection()
+        if injected:
+            console.print(f"NVTX marker records: injecting {injected}")
     backward = not args.no_backward
     with console.status("loading model…"):
         model, description = load_model(args.model, args.dtype)

@@ -304,6 +304,7 @@ class CuptiRecorder:
                  cupti.ActivityKind.EXTERNAL_CORRELATION]
         if os.environ.get("NVTX_INJECTION64_PATH"):
             kinds.append(cupti.ActivityKind.MARKER)
+            self.stats["nvtx_markers_enabled"] = True
         else:
             self.notices.append("NVTX marker records off: NVTX_INJECTION64_PATH is not set before Python started "
                                 "(headcount's own ranges do not need it; `headcount doctor` shows how to set it)")
@@ -311,7 +312,10 @@ class CuptiRecorder:
         try:
             cupti.set_thread_id_type(cupti.ActivityThreadIdType.SYSTEM)
             cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-            cupti.activity_enable_latency_timestamps(1)
+            try:
+                cupti.activity_enable_latency_timestamps(1)
+            except AttributeError:  # an older cupti-python: queued/submitted stay unknown
+                self.notices.append(f"cupti-python {self.version} cannot enable latency timestamps: queued/submitted are null")
             for kind in kinds:
                 cupti.activity_enable(kind)
                 enabled.append(kind)
@@ -393,6 +397,37 @@ class CuptiRecorder:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+def injection_library() -> str | None:
+    """The libcupti that NVTX can inject (``nvidia/cu13/lib/libcupti.so*`` on
+    ``sys.path``, as the nvidia-cuda-cupti wheel installs it), or ``None``."""
+    import glob
+    import sys
+
+    for base in sys.path:
+        for pattern in ("nvidia/cu13/lib/libcupti.so*", "nvidia/cuda_cupti/lib/libcupti.so*"):
+            hits = sorted(glob.glob(os.path.join(base or ".", pattern)))
+            if hits:
+                return hits[0]
+    return None
+
+
+def enable_nvtx_injection() -> str | None:
+    """Point ``NVTX_INJECTION64_PATH`` at libcupti so that NVTX ranges become
+    CUPTI marker records. Works only before the process's first NVTX call
+    (a launcher such as ``headcount profile`` calls it first thing); a no-op
+    when the variable is set already or ``HEADCOUNT_NVTX_INJECTION=0``.
+
+    Returns:
+        The library now injected, or ``None``.
+    """
+    if os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("HEADCOUNT_NVTX_INJECTION") == "0":
+        return None
+    lib = injection_library()
+    if lib:
+        os.environ["NVTX_INJECTION64_PATH"] = lib
+    return lib
 
 
 def require() -> None:

@@ -1,0 +1,32 @@
+"""scripts/gpu_check.sh --dry-run: the GPU check's steps and checks on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_gpu_check_dry_run(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", str(out)],
+                          env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    checks = {c["check"]: c for c in summary["checks"]}
+    assert summary["failed"] == 0
+    assert checks["heads explain their layer"]["status"] == "ok"
+    assert checks["copy-bandwidth ceiling"]["status"] == "skip"  # a CPU copy is no GPU ceiling
+    assert checks["cupti probe probe-cupti-13.4"]["detail"].startswith("no NVIDIA driver")
+    assert {r["implementation"] for r in summary["per_implementation"]} == {"eager", "sdpa"}
+    assert summary["overhead"]["model"] == "bert-tiny" and summary["overhead"]["median_step_s_with"] > 0
+    env = json.loads((out / "environment.json").read_text())
+    assert env["cuda_available"] is False
+    doctor = json.loads((out / "doctor.json").read_text())
+    assert doctor["usable"]["cupti"] is False
+    files = (out / "files.tsv").read_text()
+    assert "report/layers/" in files and "bandwidth.json" in files
