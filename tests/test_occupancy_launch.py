@@ -97,3 +97,25 @@ def test_by_external_id_maps_launches_to_ranges():
     ranges = pd.DataFrame({"range_id": [4, 5], "external_id": pd.array([11, 12], dtype="Int64")})
     work = pd.DataFrame({"external_id": pd.array([12, None, 11, 99], dtype="Int64")})
     assert attribution.by_external_id(work, ranges).tolist() == [5, -1, 4, -1]
+
+
+@pytest.mark.parametrize("fixture,cc,kernels", [
+    ("ncu/h800_flash_fwd_raw.C.csv", "9.0", 4),                 # H800, ncu 2023.3, raw page
+    ("ncu/a100_bert_flashattn_details_ncu2021.csv", "8.0", 10),  # A100 (SM80), ncu 2021, details page
+    ("ncu/rtx2080ti_two_kernels.ncu-rep", "7.5", 2),             # RTX 2080 Ti, read with ncu_report
+])
+def test_calculator_equals_ncus_theoretical_occupancy_on_real_kernels(fixture, cc, kernels):
+    """ncu's ``sm__maximum_warps_per_active_cycle_pct`` of kernels profiled on
+    real GPUs, from their block size, registers, shared memory and the
+    carveout ncu recorded."""
+    from pathlib import Path
+
+    from headcount.parsers import ncu_csv, ncu_rep
+
+    path = Path(__file__).parent / "fixtures" / fixture
+    k = ncu_rep.read_report(path) if path.suffix == ".ncu-rep" else ncu_csv.read_csv(path)
+    k = k.dropna(subset=["theoretical_occupancy_pct"])
+    assert len(k) == kernels
+    ours = kernel_occupancy(k, LIMITS[cc])
+    assert np.allclose(ours.to_numpy(), k["theoretical_occupancy_pct"].to_numpy(dtype=float))
+    assert k["theoretical_occupancy_pct"].nunique() >= (3 if kernels >= 10 else 1)

@@ -36,6 +36,8 @@ DISPLAY_NAMES = {
     "Registers Per Thread": "launch__registers_per_thread",
     "Static Shared Memory Per Block": "launch__shared_mem_per_block_static",
     "Dynamic Shared Memory Per Block": "launch__shared_mem_per_block_dynamic",
+    "Block Size": "launch__block_size",
+    "Shared Memory Configuration Size": "launch__shared_mem_config_size",
 }
 
 _NUMERIC = re.compile(r"^-?[\d.,]+$")

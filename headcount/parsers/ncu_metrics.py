@@ -35,6 +35,7 @@ METRICS: dict[str, tuple[str, ...]] = {
     "shared_memory_static_bytes": ("launch__shared_mem_per_block_static",),
     "shared_memory_dynamic_bytes": ("launch__shared_mem_per_block_dynamic",),
     "shared_memory_config_bytes": ("launch__shared_mem_config_size",),
+    "block_threads": ("launch__block_size",),
 }
 
 # counters a headcount report needs; ``missing_metrics`` names those not collected
@@ -114,7 +115,7 @@ def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
     frame["kind"] = "kernel"
     static, dynamic = frame.pop("shared_memory_static_bytes"), frame.pop("shared_memory_dynamic_bytes")
     frame["shared_memory_bytes"] = (static + dynamic).astype("Float64")
-    for col in ("duration_ns", "registers_per_thread", "ncu_id", "stream"):
+    for col in ("duration_ns", "registers_per_thread", "ncu_id", "stream", "block_threads"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").round().astype("Int64")
     total = frame["dram_read_bytes"] + frame["dram_write_bytes"]
     frame["dram_bytes"] = frame["dram_bytes"].where(frame["dram_bytes"].notna(), total)
