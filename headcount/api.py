@@ -228,12 +228,15 @@ class AttentionProfiler:
                             "process's first NVTX call (export it before starting Python); headcount's own ranges are unaffected")
                     self.collector_info["notices"].append(late)
                     notice(late)
+                pm = cupti_records.pm_samples_frame(records)
+                if len(pm):
+                    self._check_pm_clock(pm, records)
                 limits = getattr(self._recorder, "device_limits", None)
                 if limits is None:
                     limits = occupancy.limits_from_torch()
                 self._stats = tables_from_events(
                     cupti_records.events_frame(header, records), self._tagger.calls, self.implementation, self.run_id,
-                    source="cupti", limits=limits, pm_samples=cupti_records.pm_samples_frame(records))
+                    source="cupti", limits=limits, pm_samples=pm)
             else:
                 events = load_trace(self.trace_path)
                 self._stats = tables_from_events(events, self._tagger.calls, self.implementation, self.run_id,
@@ -242,6 +245,21 @@ class AttentionProfiler:
             if self._recorder is not None:
                 self._recorder.cleanup()
         return self._stats
+
+    def _check_pm_clock(self, pm: pd.DataFrame, records: list[dict]) -> None:
+        """Record the PM samples' regularity; say so when they do not overlap
+        the kernels in time at all (a clock mismatch would read as no traffic)."""
+        from headcount.derive.sampling import sample_gaps
+
+        info = sample_gaps(pm)
+        starts = [r["start"] for r in records if r["kind"] == "kernel"]
+        ends = [r["end"] for r in records if r["kind"] == "kernel"]
+        if starts and (info["last_ns"] < min(starts) or info["first_ns"] > max(ends)):
+            text = ("PM samples do not overlap the kernels in time (different clocks?): sampled DRAM figures are null, "
+                    "the analytic model is used")
+            self.collector_info["notices"].append(text)
+            notice(text)
+        self.collector_info.setdefault("pm_sampling", {})["samples"] = info
 
     def run_metadata(self) -> dict:
         """Metadata of this run as stored in the report."""

@@ -150,7 +150,9 @@ class ReplayPm:
         fail: an exception ``Collector.enable`` raises (PM sampling unavailable).
     """
 
-    def __init__(self, bytes_per_ns: float = 2.0, warps_pct: float = 40.0, fail: BaseException | None = None):
+    def __init__(self, bytes_per_ns: float = 2.0, warps_pct: float = 40.0, fail: BaseException | None = None,
+                 offset_ns: int = 0):
+        self.offset_ns = offset_ns  # a clock other than the activity records' (a failure mode)
         self.bytes_per_ns = bytes_per_ns
         self.warps_pct = warps_pct
         self.fail = fail
@@ -194,7 +196,7 @@ class ReplayPm:
                             values.append(outer.bytes_per_ns * self.interval / 2)
                         else:
                             values.append(outer.warps_pct)
-                    data.append(Sample(t, e, values))
+                    data.append(Sample(t + outer.offset_ns, e + outer.offset_ns, values))
                     t = e
                 data.num_total_samples = data.num_populated_samples = data.num_completed_samples = len(data)
                 return data

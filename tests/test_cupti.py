@@ -325,3 +325,12 @@ def test_injection_set_too_late_is_detected(llama, monkeypatch, capsys):
     prof.get_stats()
     assert "no NVTX marker record arrived" in capsys.readouterr().err
     assert any("before the process's first NVTX call" in n for n in prof.run_metadata()["collector"]["notices"])
+
+
+def test_pm_samples_on_another_clock_are_said_not_used(llama, capsys):
+    model, inputs = llama
+    prof, _ = _profile(model, inputs, steps=1, pm=ReplayPm(offset_ns=10**15))
+    stats = prof.get_stats()
+    assert "PM samples do not overlap the kernels in time" in capsys.readouterr().err
+    assert (stats["layers"]["dram_bytes_provenance"] == "analytic").all()
+    assert prof.run_metadata()["collector"]["pm_sampling"]["samples"]["samples"] > 0

@@ -193,7 +193,8 @@ def launches(gpu: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
     """
     calls = runtime.dropna(subset=["correlation_id"]).rename(columns={
         "pid": "launch_pid", "tid": "launch_tid", "start_ns": "api_start_ns", "end_ns": "api_end_ns"})
-    calls = calls[["launch_pid", "launch_tid", "correlation_id", "api_start_ns", "api_end_ns"]]
+    # a runtime call and the driver call it makes may share a correlation id: the outer (earlier) one is the launch
+    calls = calls[["launch_pid", "launch_tid", "correlation_id", "api_start_ns", "api_end_ns"]].sort_values("api_start_ns", kind="stable")
     if gpu["pid"].isna().all():
         calls = calls.drop_duplicates("correlation_id")
         return gpu.merge(calls, on="correlation_id", how="left")

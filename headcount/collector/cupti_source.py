@@ -345,8 +345,15 @@ class CuptiRecorder:
         self.stats["started_ns"] = cupti.get_timestamp()
 
     def stop(self) -> Path:
-        """Flush and disable; write the records file; returns its path."""
+        """Wait for the GPU, flush and disable; write the records file; returns its path."""
         cupti = self.cupti
+        try:  # kernels still running would be flushed without an end time
+            import torch
+
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - a failed sync is said, the records are still flushed
+            self.notices.append(f"could not wait for the GPU before flushing CUPTI ({exc})")
         if self._sampler is not None:
             samples, info = self._sampler.stop()
             self.records.extend(samples)
