@@ -151,8 +151,9 @@ class ReplayPm:
     """
 
     def __init__(self, bytes_per_ns: float = 2.0, warps_pct: float = 40.0, fail: BaseException | None = None,
-                 offset_ns: int = 0):
-        self.offset_ns = offset_ns  # a clock other than the activity records' (a failure mode)
+                 offset_ns: int = 0, accepts: int = 3):
+        self.offset_ns = offset_ns
+        self.accepts = accepts  # how many metrics the "chip" takes in one pass  # a clock other than the activity records' (a failure mode)
         self.bytes_per_ns = bytes_per_ns
         self.warps_pct = warps_pct
         self.fail = fail
@@ -174,6 +175,8 @@ class ReplayPm:
                     raise outer.fail
 
             def configure(self, *, metrics, sampling_interval, hardware_buffer_size, **kw):
+                if len(metrics) > outer.accepts:  # what cupti-python raises for ERROR_NOT_SUPPORTED
+                    raise ValueError("Requested PM sampling configuration is not supported.")
                 self.metrics, self.interval = metrics, sampling_interval
 
             def start(self):

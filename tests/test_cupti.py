@@ -334,3 +334,17 @@ def test_pm_samples_on_another_clock_are_said_not_used(llama, capsys):
     assert "PM samples do not overlap the kernels in time" in capsys.readouterr().err
     assert (stats["layers"]["dram_bytes_provenance"] == "analytic").all()
     assert prof.run_metadata()["collector"]["pm_sampling"]["samples"]["samples"] > 0
+
+
+def test_pm_sampling_takes_the_largest_metric_set_the_chip_accepts(llama, capsys):
+    model, inputs = llama
+    prof, _ = _profile(model, inputs, steps=1, pm=ReplayPm(accepts=2))
+    stats = prof.get_stats()
+    info = prof.run_metadata()["collector"]["pm_sampling"]
+    assert info["metrics"] == ["dram__bytes_read.sum", "dram__bytes_write.sum"]
+    assert (stats["layers"]["dram_bytes_provenance"] == "sampled").all()
+    assert stats["layers"]["achieved_occupancy_pct"].isna().all()  # warps active not sampled: unknown
+    prof, replay = _profile(model, inputs, steps=1, pm=ReplayPm(accepts=1))
+    err = capsys.readouterr().err
+    assert "PM sampling unavailable: no metric set accepted" in err
+    assert len(prof.get_stats()["kernels"]) == replay.launches

@@ -50,3 +50,14 @@ def test_nvtx_injection_check(tmp_path):
     lib = tmp_path / "libcupti.so"
     lib.write_bytes(b"")
     assert doctor.check_nvtx_injection({"NVTX_INJECTION64_PATH": str(lib)}).status == "ok"
+
+
+def test_libcupti_older_than_cupti_python_is_a_failure(monkeypatch):
+    versions = {"cupti-python": "13.4.0", "nvidia-cuda-cupti": "13.0.85"}
+    monkeypatch.setattr(doctor, "_version", lambda name: versions.get(name))
+    checks = {c.name: c for c in doctor.check_cupti()}
+    assert checks["libcupti"].status == "fail" and "older than cupti-python 13.4.0" in checks["libcupti"].detail
+    assert checks["libcupti"].hint == "pip install 'nvidia-cuda-cupti~=13.4'"
+    versions.pop("cupti-python")
+    checks = {c.name: c for c in doctor.check_cupti()}
+    assert checks["cupti-python"].status == "fail" and "headcount[cupti]" in checks["cupti-python"].hint

@@ -73,65 +73,59 @@ def read_records(path: str | Path) -> tuple[dict, list[dict]]:
     return header, records
 
 
-def _dims(x, y, z) -> str | None:
-    if x is None:
-        return None
-    return f"({int(x)}, {int(y)}, {int(z)})"
-
-
-def _nonzero(value):
-    """CUPTI leaves timestamps it could not take at 0."""
-    return value if value else None
-
-
 def events_frame(header: dict, records: list[dict]) -> pd.DataFrame:
     """The events table of a records file (columns: Kineto's plus :data:`EXTRA`).
 
     Raises:
         HeadcountError: a headcount range was never closed (the run stopped mid-range).
     """
-    pid = str(header.get("pid"))
-    external = {}
+    by_kind: dict[str, list[dict]] = {}
     for r in records:
-        if r["kind"] == "external_correlation":
-            external[r["correlation_id"]] = r["external_id"]
-    rows = []
-    open_ranges = 0
-    for r in records:
-        kind = r["kind"]
-        if kind == "range":
-            if r.get("end") is None:
-                open_ranges += 1
-                continue
-            rows.append({"kind": "range", "name": f"{r['domain']}@{r['name']}", "pid": str(r["process_id"]),
-                         "tid": str(r["thread_id"]), "start_ns": r["start"], "end_ns": r["end"], "external_id": r["id"]})
-        elif kind == "kernel":
-            smem_static = r.get("static_shared_memory") or 0
-            smem_dynamic = r.get("dynamic_shared_memory") or 0
-            block = (r.get("block_x") or 0) * (r.get("block_y") or 0) * (r.get("block_z") or 0)
-            rows.append({
-                "kind": "kernel", "name": r["name"], "pid": pid, "tid": None, "start_ns": r["start"], "end_ns": r["end"],
-                "correlation_id": r["correlation_id"], "device": r.get("device_id"), "stream": r.get("stream_id"),
-                "grid": _dims(r.get("grid_x"), r.get("grid_y"), r.get("grid_z")),
-                "block": _dims(r.get("block_x"), r.get("block_y"), r.get("block_z")),
-                "registers_per_thread": r.get("registers_per_thread"),
-                "shared_memory_bytes": smem_static + smem_dynamic,
-                "external_id": external.get(r["correlation_id"]),
-                "queued_ns": _nonzero(r.get("queued")), "submitted_ns": _nonzero(r.get("submitted")),
-                "block_threads": block or None, "shared_memory_static_bytes": smem_static,
-                "shared_memory_dynamic_bytes": smem_dynamic,
-                "shared_memory_config_bytes": _nonzero(r.get("shared_memory_executed")),
-                "local_memory_per_thread_bytes": r.get("local_memory_per_thread"),
-                "graph_id": _nonzero(r.get("graph_id")), "launch_type": r.get("launch_type"),
-            })
-        elif kind in ("runtime", "driver"):
-            rows.append({"kind": "runtime", "name": r["name"], "pid": str(r["process_id"]), "tid": str(r["thread_id"]),
-                         "start_ns": r["start"], "end_ns": r["end"], "correlation_id": r["correlation_id"],
-                         "external_id": external.get(r["correlation_id"])})
-    if open_ranges:
-        raise HeadcountError(f"{open_ranges} headcount range(s) in the CUPTI records were never closed",
+        by_kind.setdefault(r["kind"], []).append(r)
+    external = {r["correlation_id"]: r["external_id"] for r in by_kind.get("external_correlation", [])}
+    frames = []
+
+    ranges = pd.DataFrame(by_kind.get("range", []), columns=["id", "domain", "name", "process_id", "thread_id", "start", "end"])
+    if ranges["end"].isna().any():
+        raise HeadcountError(f"{int(ranges['end'].isna().sum())} headcount range(s) in the CUPTI records were never closed",
                              hint="the profiled block was interrupted; record it again")
-    frame = pd.DataFrame.from_records(rows, columns=[*COLUMNS, *EXTRA])
+    if len(ranges):
+        frames.append(pd.DataFrame({
+            "kind": "range", "name": ranges["domain"] + "@" + ranges["name"], "pid": ranges["process_id"].astype(str),
+            "tid": ranges["thread_id"].astype(str), "start_ns": ranges["start"], "end_ns": ranges["end"], "external_id": ranges["id"]}))
+
+    k = pd.DataFrame(by_kind.get("kernel", []))
+    if len(k):
+        for col in ("block_x", "block_y", "block_z", "grid_x", "grid_y", "grid_z", "static_shared_memory", "dynamic_shared_memory",
+                    "queued", "submitted", "shared_memory_executed", "graph_id", "local_memory_per_thread", "launch_type"):
+            if col not in k:
+                k[col] = None
+        smem_static = pd.to_numeric(k["static_shared_memory"]).fillna(0)
+        smem_dynamic = pd.to_numeric(k["dynamic_shared_memory"]).fillna(0)
+        block = pd.to_numeric(k["block_x"]) * pd.to_numeric(k["block_y"]) * pd.to_numeric(k["block_z"])
+        frames.append(pd.DataFrame({
+            "kind": "kernel", "name": k["name"], "pid": str(header.get("pid")), "tid": None, "start_ns": k["start"], "end_ns": k["end"],
+            "correlation_id": k["correlation_id"], "device": k.get("device_id"), "stream": k.get("stream_id"),
+            "grid": _dims_column(k, "grid"), "block": _dims_column(k, "block"),
+            "registers_per_thread": k.get("registers_per_thread"), "shared_memory_bytes": smem_static + smem_dynamic,
+            "external_id": k["correlation_id"].map(external),
+            "queued_ns": _nonzero_column(k["queued"]), "submitted_ns": _nonzero_column(k["submitted"]),
+            "block_threads": block.where(block > 0), "shared_memory_static_bytes": smem_static,
+            "shared_memory_dynamic_bytes": smem_dynamic, "shared_memory_config_bytes": _nonzero_column(k["shared_memory_executed"]),
+            "local_memory_per_thread_bytes": k["local_memory_per_thread"], "graph_id": _nonzero_column(k["graph_id"]),
+            "launch_type": k["launch_type"],
+        }))
+
+    api = pd.DataFrame(by_kind.get("runtime", []) + by_kind.get("driver", []),
+                       columns=["name", "process_id", "thread_id", "start", "end", "correlation_id"])
+    if len(api):
+        frames.append(pd.DataFrame({
+            "kind": "runtime", "name": api["name"], "pid": api["process_id"].astype(str), "tid": api["thread_id"].astype(str),
+            "start_ns": api["start"], "end_ns": api["end"], "correlation_id": api["correlation_id"],
+            "external_id": api["correlation_id"].map(external)}))
+
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    frame = frame.reindex(columns=[*COLUMNS, *EXTRA])
     for col in ("start_ns", "end_ns"):
         frame[col] = frame[col].astype(np.int64)
     for col in ("correlation_id", "device", "stream", "registers_per_thread", "shared_memory_bytes", *EXTRA):
@@ -141,6 +135,19 @@ def events_frame(header: dict, records: list[dict]) -> pd.DataFrame:
     frame["pid"] = frame["pid"].astype(str)
     frame["tid"] = frame["tid"].astype(object).where(frame["tid"].notna(), None)
     return frame
+
+
+def _dims_column(k: pd.DataFrame, prefix: str) -> pd.Series:
+    """``"(x, y, z)"`` launch dimensions, null where CUPTI gave none."""
+    x, y, z = (pd.to_numeric(k[f"{prefix}_{a}"]) for a in "xyz")
+    text = "(" + x.astype("Int64").astype(str) + ", " + y.astype("Int64").astype(str) + ", " + z.astype("Int64").astype(str) + ")"
+    return text.astype(object).where(x.notna(), None)
+
+
+def _nonzero_column(values: pd.Series) -> pd.Series:
+    """CUPTI leaves timestamps and ids it could not take at 0: those are unknown."""
+    v = pd.to_numeric(values)
+    return v.where(v != 0)
 
 
 def pm_samples_frame(records: list[dict]) -> pd.DataFrame:
