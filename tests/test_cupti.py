@@ -348,3 +348,22 @@ def test_pm_sampling_takes_the_largest_metric_set_the_chip_accepts(llama, capsys
     err = capsys.readouterr().err
     assert "PM sampling unavailable: no metric set accepted" in err
     assert len(prof.get_stats()["kernels"]) == replay.launches
+
+
+def test_console_summary_shows_launch_costs(llama):
+    from rich.console import Console
+
+    from headcount.reports import console as console_report
+
+    model, inputs = llama
+    prof, _ = _profile(model, inputs, steps=1, replay=ReplayCupti(launch_cost_ns=4_000, latency_ns=6_000))
+    stats = prof.get_stats()
+    con = Console(record=True, width=200)
+    console_report.print_summary(stats["layers"], stats["heads"], None, console=con, kernels=stats["kernels"])
+    text = con.export_text()
+    assert "kernels/call" in text and "Launching attention (per layer call)" in text
+    launch_part = text.split("Launching attention (per layer call)")[1]
+    row = next(line for line in launch_part.splitlines() if " fwd " in line)
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert cells[:4] == ["sdpa", "fwd", "4.0", "16.0"]  # 4 kernels a call, 4 × 4 µs of launch calls
+    assert cells[6:8] == ["10.0", "10.0"]  # latency p50/p99: 4 µs call + 6 µs latency

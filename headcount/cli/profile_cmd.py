@@ -163,5 +163,5 @@ def run(args) -> int:
     metadata = {**metadata, "implementations": impls}
     metadata.pop("implementation", None)
     out = dataset.write_run(args.out, run_id, tables, metadata, append=args.append, force=args.force)
-    console_report.print_summary(tables["layers"], tables["heads"], out, console=Console())
+    console_report.print_summary(tables["layers"], tables["heads"], out, console=Console(), kernels=tables["kernels"])
     return 0

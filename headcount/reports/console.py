@@ -20,6 +20,8 @@ def implementation_summary(layers: pd.DataFrame) -> pd.DataFrame:
     """Per implementation and phase: attention time per step (ns), calls per step,
     analytic FLOPs and bytes per step, operators/kernels per call."""
     steps = layers["steps"].fillna(1).clip(lower=1)
+    if _has_kernels(layers):  # GPU sources: kernels per call, not CPU operators
+        layers = layers.assign(op_count=layers["kernel_count"])
     per_step = layers.assign(
         duration_step=layers["duration_ns"] / steps,
         calls_step=layers["calls"] / steps,
@@ -40,19 +42,41 @@ def implementation_summary(layers: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns=["ops", "calls"])
 
 
+def _has_kernels(layers: pd.DataFrame) -> bool:
+    return "kernel_count" in layers and layers["kernel_count"].notna().any()
+
+
+def _launch_table(layers: pd.DataFrame, kernels: pd.DataFrame) -> Table:
+    from headcount.derive.launch import summary
+
+    t = Table(title="Launching attention (per layer call)",
+              caption="latency: kernel start − launch call start; gaps: GPU idle between a call's kernels; occupancy: theoretical")
+    for col in ("impl", "phase", "kernels", "launch cost µs", "gaps µs", "GPU µs", "latency p50 µs", "p99 µs", "occupancy %"):
+        t.add_column(col, justify="left" if col in ("impl", "phase") else "right")
+    occ = layers.groupby(["implementation", "phase"])["theoretical_occupancy_pct"].mean() if "theoretical_occupancy_pct" in layers else {}
+    for r in summary(layers, kernels).itertuples(index=False):
+        t.add_row(r.implementation, r.phase, _fmt(r.kernels_per_call, ",.1f"), _fmt(r.cpu_launch_cost_per_call_ns / 1e3, ",.1f"),
+                  _fmt(r.kernel_gap_per_call_ns / 1e3, ",.1f"), _fmt(r.gpu_time_per_call_ns / 1e3, ",.1f"),
+                  _fmt(r.launch_latency_p50_ns / 1e3, ",.1f"), _fmt(r.launch_latency_p99_ns / 1e3, ",.1f"),
+                  _fmt(occ.get((r.implementation, r.phase)) if len(occ) else None, ",.1f"))
+    return t
+
+
 def _provenance_caption(frame: pd.DataFrame) -> str:
     basis = ", ".join(sorted(frame["duration_basis"].dropna().unique())) or "–"
     return (f"time: {basis} ({'/'.join(sorted(frame['duration_provenance'].dropna().unique())) or '–'}); "
             f"bytes: {'/'.join(sorted(frame['dram_bytes_provenance'].dropna().unique())) or '–'}; FLOP: analytic")
 
 
-def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: Console | None = None, top: int = 5) -> None:
-    """Print the per-implementation comparison, the costliest layers (or heads,
-    when they were measured), and where the report is."""
+def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: Console | None = None, top: int = 5,
+                  kernels: pd.DataFrame | None = None) -> None:
+    """Print the per-implementation comparison, what launching costs (GPU
+    sources, given ``kernels``), the costliest layers (or heads, when they
+    were measured), and where the report is."""
     console = console or Console()
     summary = implementation_summary(layers)
     table = Table(title="Attention per step", caption=_provenance_caption(layers))
-    for col in ("impl", "phase", "ms", "calls", "ops/call", "GFLOP", "MB", "GB/s"):
+    for col in ("impl", "phase", "ms", "calls", "kernels/call" if _has_kernels(layers) else "ops/call", "GFLOP", "MB", "GB/s"):
         table.add_column(col, justify="left" if col in ("impl", "phase") else "right")
     for row in summary.itertuples(index=False):
         gbps = row.dram_bytes_per_step / row.attention_ns_per_step if row.attention_ns_per_step else None
@@ -62,6 +86,8 @@ def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: C
             _fmt(gbps, ",.2f"),
         )
     console.print(table)
+    if kernels is not None and _has_kernels(layers):
+        console.print(_launch_table(layers, kernels))
 
     measured_heads = heads[heads["provenance"] == "measured"] if len(heads) else heads
     rows, what = (measured_heads, "heads") if len(measured_heads) else (layers, "layers")
