@@ -367,3 +367,19 @@ def test_console_summary_shows_launch_costs(llama):
     cells = [c.strip() for c in row.strip("│ ").split("│")]
     assert cells[:4] == ["sdpa", "fwd", "4.0", "16.0"]  # 4 kernels a call, 4 × 4 µs of launch calls
     assert cells[6:8] == ["10.0", "10.0"]  # latency p50/p99: 4 µs call + 6 µs latency
+
+
+def test_pm_sampling_that_cannot_start_is_a_notice(llama, capsys):
+    model, inputs = llama
+    pm = ReplayPm()
+    original = pm.Collector
+
+    class NoStart(original):
+        def start(self):
+            raise real_cupti.cuptiError(int(real_cupti.Result.ERROR_INSUFFICIENT_PRIVILEGES))
+
+    pm.Collector = NoStart
+    prof, replay = _profile(model, inputs, steps=1, pm=pm)
+    assert "PM sampling unavailable: GPU performance counters are not permitted" in capsys.readouterr().err
+    assert len(prof.get_stats()["kernels"]) == replay.launches
+    assert prof.run_metadata()["collector"]["pm_sampling"]["enabled"] is False

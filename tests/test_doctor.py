@@ -61,3 +61,32 @@ def test_libcupti_older_than_cupti_python_is_a_failure(monkeypatch):
     versions.pop("cupti-python")
     checks = {c.name: c for c in doctor.check_cupti()}
     assert checks["cupti-python"].status == "fail" and "headcount[cupti]" in checks["cupti-python"].hint
+
+
+def test_subscriber_check_names_the_holder(monkeypatch):
+    """``cupti.subscribe`` as it fails when nsys/ncu/DCGM holds CUPTI (the real
+    cuptiError and status; the GPU-side call is stood in for)."""
+    from cupti import cupti as real
+
+    class Held:
+        def subscribe(self, callback, userdata):
+            raise real.cuptiError(int(real.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED))
+
+    class Free:
+        def __init__(self):
+            self.unsubscribed = False
+
+        def subscribe(self, callback, userdata):
+            return 7
+
+        def unsubscribe(self, handle):
+            self.unsubscribed = handle == 7
+
+    monkeypatch.delenv("NSYS_PROFILING_SESSION_ID", raising=False)
+    monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
+    check = doctor._check_subscriber(Held())
+    assert check.status == "fail" and "already held by another profiler" in check.detail and "one CUPTI subscriber" in check.hint
+    free = Free()
+    assert doctor._check_subscriber(free).status == "ok" and free.unsubscribed
+    monkeypatch.setenv("NSYS_PROFILING_SESSION_ID", "3")
+    assert "nsys" in doctor._check_subscriber(free).detail
