@@ -311,4 +311,9 @@ def runs_row(meta: dict) -> pd.DataFrame:
         "schema_version": meta.get("schema_version"),
         "command_line": " ".join(meta.get("command_line") or []),
         "start_time": meta.get("start_time"),
+        "rank": meta.get("rank"),
+        "world_size": meta.get("world_size"),
+        "pid": str(meta["pid"]) if meta.get("pid") is not None else None,
+        "complete": meta.get("complete"),
+        "program_exit_status": meta.get("program_exit_status"),
     }])

@@ -125,15 +125,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     if "sm_warps_active_sampled_pct" in ranges_table:
         ranges_table["sm_warps_active_x_duration"] = ranges_table["sm_warps_active_sampled_pct"] * ranges_table["duration_ns"]
 
-    attention = ranges_table[ranges_table["level"].isin(["layer", "head"])]
-    attention = attach_calls(attention, calls_frame(calls))
-    attention["flop"] = analytic.flop(attention, attention["phase"]) if len(attention) else []
-    attention["analytic_min_bytes"] = analytic.min_bytes(attention, attention["phase"]) if len(attention) else []
-    attention.loc[attention["q_heads"].isna(), ["flop", "analytic_min_bytes"]] = np.nan
-    attention["implementation"] = attention["implementation"].fillna(implementation)
-    extra = [c for c in attention.columns if c not in ranges_table.columns]
-    ranges_table = ranges_table.merge(attention[["range_id", *extra]], on="range_id", how="left")
-    ranges_table["implementation"] = ranges_table["implementation"].fillna(implementation)
+    ranges_table = _with_shapes(ranges_table, calls, implementation)
 
     frames = [cpu.assign(device="cpu", range_id=cpu_inner)]
     if len(gpu):
@@ -153,6 +145,21 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     for name, table in tables.items():
         table.insert(0, "run_id", run_id)
     return tables
+
+
+def _with_shapes(ranges_table: pd.DataFrame, calls, implementation: str) -> pd.DataFrame:
+    """Attach the call log's shapes to the layer/head ranges, with the analytic
+    FLOPs and minimum bytes of each (null where a range has no logged call)."""
+    attention = ranges_table[ranges_table["level"].isin(["layer", "head"])]
+    attention = attach_calls(attention, calls_frame(calls))
+    attention["flop"] = analytic.flop(attention, attention["phase"]) if len(attention) else []
+    attention["analytic_min_bytes"] = analytic.min_bytes(attention, attention["phase"]) if len(attention) else []
+    attention.loc[attention["q_heads"].isna(), ["flop", "analytic_min_bytes"]] = np.nan
+    attention["implementation"] = attention["implementation"].fillna(implementation)
+    extra = [c for c in attention.columns if c not in ranges_table.columns]
+    ranges_table = ranges_table.merge(attention[["range_id", *extra]], on="range_id", how="left")
+    ranges_table["implementation"] = ranges_table["implementation"].fillna(implementation)
+    return ranges_table
 
 
 def _label_ranges(ranges: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -279,7 +286,7 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
     return k
 
 
-def tables_from_nsys(export: dict, run_id: str) -> dict[str, pd.DataFrame]:
+def tables_from_nsys(export: dict, run_id: str, calls=None, implementation: str = "unknown") -> dict[str, pd.DataFrame]:
     """Build headcount's tables from an nsys export (:func:`headcount.parsers.nsys_sqlite.read_export`).
 
     Ranges are projected onto the GPU exactly as nsys's ``nvtx_gpu_proj_trace``
@@ -287,8 +294,8 @@ def tables_from_nsys(export: dict, run_id: str) -> dict[str, pd.DataFrame]:
     scheme (domain ``headcount``) give the layers/heads tables; a capture
     without them (someone else's code) is aggregated by NVTX path instead:
     one ``layers`` row per distinct path that launched GPU work (rows of
-    nested paths overlap). No call log exists here, so analytic FLOPs and
-    bytes are null.
+    nested paths overlap). Without the tagger's call log (``calls``: given by
+    ``headcount run``, absent for a parsed file) analytic FLOPs and bytes are null.
     """
     projected, work = attribution.project_gpu(export["ranges"], export["runtime"], export["gpu"])
     steps = projected[projected["domain"] == STEP_DOMAIN]
@@ -302,17 +309,25 @@ def tables_from_nsys(export: dict, run_id: str) -> dict[str, pd.DataFrame]:
         by_path = ranges_table["gpu_op_count"] > 0
         ranges_table.loc[by_path, "level"] = "layer"
         ranges_table.loc[by_path, "layer_name"] = ranges_table.loc[by_path, "path"]
-    ranges_table["duration_ns"] = (ranges_table["gpu_end_ns"] - ranges_table["gpu_start_ns"]).astype("float64")
-    ranges_table["duration_basis"] = "gpu_projected"
-    ranges_table["implementation"] = "unknown"
+    if len(work):
+        ranges_table["duration_ns"] = (ranges_table["gpu_end_ns"] - ranges_table["gpu_start_ns"]).astype("float64")
+        ranges_table["duration_basis"] = "gpu_projected"
+    else:  # a capture with no GPU work at all (a CPU-only program): the ranges' own time
+        ranges_table["duration_ns"] = (ranges_table["end_ns"] - ranges_table["start_ns"]).astype("float64")
+        ranges_table["duration_basis"] = "cpu_range"
     ranges_table["op_count"] = ranges_table["gpu_op_count"]
-    for col in ("flop", "analytic_min_bytes"):
-        ranges_table[col] = np.nan
-    ranges_table["kv_head"] = pd.array([pd.NA] * len(ranges_table), dtype="Int64")  # GQA mapping needs the call log
+    if calls is not None and len(calls):
+        ranges_table["implementation"] = None
+        ranges_table = _with_shapes(ranges_table, calls, implementation)
+    else:
+        ranges_table["implementation"] = implementation
+        for col in ("flop", "analytic_min_bytes"):
+            ranges_table[col] = np.nan
+        ranges_table["kv_head"] = pd.array([pd.NA] * len(ranges_table), dtype="Int64")  # GQA mapping needs the call log
 
     layers = aggregate.layers_table(ranges_table)
     heads = aggregate.heads_table(ranges_table, layers)
-    k = _kernels_table([_gpu_rows(work, work["range_id"].to_numpy())], projected, steps, "nsys", "unknown")
+    k = _kernels_table([_gpu_rows(work, work["range_id"].to_numpy())], projected, steps, "nsys", implementation)
     samples = export.get("gpu_metrics")
     if samples is not None and len(samples):
         k = sampling.apportion(k, samples)

@@ -11,7 +11,7 @@ import sys
 import traceback
 
 from headcount import __version__
-from headcount.cli import doctor_cmd, parse_cmd, profile_cmd
+from headcount.cli import doctor_cmd, parse_cmd, profile_cmd, run_cmd
 from headcount.errors import HeadcountError
 
 EXAMPLES = """\
@@ -20,6 +20,7 @@ examples:
   headcount profile --mode head          measure every attention head on its own
   headcount profile --help               all options of the profile command
   headcount parse run.sqlite -o report/  an existing nsys SQLite export into the same tables
+  headcount run --backend nsys -o out/ -- python train.py   any script, tagged without code changes
   headcount doctor                       what works here: GPU, driver, CUPTI, counters, nsys/ncu
   headcount profile --backend cupti      in-process CUPTI on an NVIDIA GPU (launch latency, occupancy, DRAM samples)
 
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     profile_cmd.add_parser(sub)
+    run_cmd.add_parser(sub)
     parse_cmd.add_parser(sub)
     doctor_cmd.add_parser(sub)
     return parser

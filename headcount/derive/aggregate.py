@@ -224,3 +224,9 @@ def with_launch_latency(layers: pd.DataFrame, heads: pd.DataFrame, kernels: pd.D
             table = table.merge(q, on=keys, how="left")
         out.append(table)
     return out[0], out[1]
+
+
+def rederive(table: pd.DataFrame) -> pd.DataFrame:
+    """Recompute the derived columns (bytes, bandwidth, intensity and their
+    provenance) of an aggregate after its inputs changed (measured durations)."""
+    return _derive(table, "measured")

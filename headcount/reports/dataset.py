@@ -68,7 +68,8 @@ def check_output(out: str | Path, append: bool = False, force: bool = False) -> 
     if out.exists() and not out.is_dir():
         raise HeadcountError(f"{out}: exists and is not a directory", hint="choose another output path with -o")
     if out.exists():
-        entries = [p for p in out.iterdir() if not p.name.startswith(".staging-")]
+        # raw/: the tools' own files that `headcount run` keeps beside the report
+        entries = [p for p in out.iterdir() if not p.name.startswith(".staging-") and p.name != "raw"]
         is_report = (out / MARKER).exists()
         if entries and not is_report:
             raise HeadcountError(

@@ -79,6 +79,7 @@ RUNS = pa.schema([
     ("model_config", S), ("batch", I), ("seq", I), ("dtype", S), ("steps", I), ("backward", B),
     ("device_kind", S), ("device_name", S), ("torch", S), ("transformers", S),
     ("tool_version", S), ("schema_version", S), ("command_line", S), ("start_time", S),
+    ("rank", I), ("world_size", I), ("pid", S), ("complete", B), ("program_exit_status", I),
 ])
 
 TABLES: dict[str, pa.Schema] = {

@@ -1,0 +1,163 @@
+"""From what a ``headcount run`` recorded to one set of tables per rank.
+
+Inputs are the raw folder's files: the tool's report (``.nsys-rep`` →
+SQLite, or ``.ncu-rep``), the CUPTI records of each process (cupti backend),
+and the ``child-<pid>.pkl`` every tagged process wrote (rank, call log,
+status; see :mod:`headcount.collector.child`). Each tagged process becomes
+one run, ``<run id>-rank<r>`` when there are several, so ranks live in their
+own partitions of one dataset and are never mixed up. Parse → attribute →
+derive are the shared ones of :mod:`headcount.pipeline`.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from headcount.derive import aggregate, analytic, launch, occupancy
+from headcount.errors import HeadcountError
+from headcount.parsers import cupti_records
+from headcount.pipeline import tables_from_events, tables_from_ncu, tables_from_nsys
+
+
+@dataclass
+class RankRun:
+    """One process's tables and what the run metadata says about it."""
+
+    run_id: str
+    rank: int
+    tables: dict[str, pd.DataFrame]
+    info: dict = field(default_factory=dict)
+
+
+def read_children(raw: Path) -> list[dict]:
+    """The ``child-<pid>.pkl`` files of a raw folder, by rank then pid."""
+    children = []
+    for path in sorted(raw.glob("child-*.pkl")):
+        try:
+            with path.open("rb") as fh:
+                children.append(pickle.load(fh))
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as exc:
+            raise HeadcountError(f"{path}: unreadable ({type(exc).__name__}: {exc})", hint="the process died while writing it; run again") from exc
+    children = [c for c in children if c.get("steps_seen", 0) > 0 or c.get("calls")]
+    children.sort(key=lambda c: (c["rank"] if c["rank"] is not None else 1 << 30, c["pid"]))
+    for i, child in enumerate(children):
+        if child["rank"] is None:
+            child["rank"] = i
+    return children
+
+
+def implementation_of(calls) -> str:
+    impls = {c.shape.implementation for c in calls if c.shape is not None}
+    return impls.pop() if len(impls) == 1 else ("mixed" if impls else "unknown")
+
+
+def _run_ids(run_id: str, children: list[dict]) -> list[str]:
+    if len(children) == 1 and not (children[0].get("world_size") or 1) > 1:
+        return [run_id]
+    return [f"{run_id}-rank{c['rank']}" for c in children]
+
+
+def _info(child: dict) -> dict:
+    keys = ("pid", "rank", "local_rank", "world_size", "steps_seen", "steps_selected", "complete", "ended_by", "notices", "argv",
+            "device")
+    return {k: child.get(k) for k in keys}
+
+
+def from_nsys(export: dict, children: list[dict], run_id: str) -> list[RankRun]:
+    """Split an nsys export by process: one run per tagged process, with its call log.
+
+    Raises:
+        HeadcountError: no tagged process and no NVTX range.
+    """
+    if not children:
+        tables = tables_from_nsys(export, run_id)
+        return [RankRun(run_id, 0, tables, {"notices": ["no tagged process reported back: aggregated by NVTX path"]})]
+    runs = []
+    for child, rid in zip(children, _run_ids(run_id, children)):
+        pid = str(child["pid"])
+        part = dict(export)
+        for key in ("ranges", "runtime", "gpu"):
+            frame = export[key]
+            part[key] = frame[frame["pid"].astype(str) == pid].reset_index(drop=True)
+        if not len(part["ranges"]):
+            runs.append(RankRun(rid, child["rank"], {}, {**_info(child), "notices": [*child["notices"], f"nsys recorded no NVTX range of process {pid}"]}))
+            continue
+        impl = implementation_of(child["calls"])
+        tables = tables_from_nsys(part, rid, calls=child["calls"], implementation=impl)
+        runs.append(RankRun(rid, child["rank"], tables, {**_info(child), "implementation": impl}))
+    return runs
+
+
+def from_ncu(kernels: pd.DataFrame, children: list[dict], run_id: str) -> list[RankRun]:
+    """ncu kernels (one run: ``.ncu-rep`` files carry no process id), with the
+    analytic FLOPs and bytes of every logged call of the profiled steps."""
+    calls = [c for child in children for c in child["calls"]]
+    impl = implementation_of(calls)
+    tables = tables_from_ncu(kernels, run_id)
+    for name in ("layers", "heads"):
+        tables[name] = _with_call_totals(tables[name], calls, impl, name == "heads")
+    info = {"notices": [], "processes": [_info(c) for c in children], "implementation": impl,
+            "complete": all(c.get("complete", True) for c in children)}
+    if len(children) > 1:
+        info["notices"].append("several processes under ncu: one run (ncu reports carry no process id), ranks not split")
+    return [RankRun(run_id, 0, tables, info)]
+
+
+def _with_call_totals(table: pd.DataFrame, calls, implementation: str, heads: bool) -> pd.DataFrame:
+    """Fill ``calls``, ``flop`` and ``analytic_min_bytes`` of ncu aggregates from the call log."""
+    if not len(table) or not calls:
+        return table
+    from headcount.attribute.calls import calls_frame
+
+    frame = calls_frame(calls)
+    frame = frame[frame["q_heads"].notna()] if "q_heads" in frame else frame.iloc[0:0]
+    if not len(frame):
+        return table
+    frame = frame.assign(flop=analytic.flop(frame, frame["phase"]), analytic_min_bytes=analytic.min_bytes(frame, frame["phase"]))
+    keys = ["phase", "layer_name", *(["head"] if heads else [])]
+    if not heads:
+        frame = frame[frame["head"].isna()] if frame["head"].isna().any() else frame
+    sums = frame.groupby(keys, dropna=False).agg(calls_log=("phase", "size"), flop_log=("flop", "sum"), min_log=("analytic_min_bytes", "sum")).reset_index()
+    t = table.copy()
+    for k in keys:
+        if k == "head":
+            t[k] = pd.array(t[k], dtype="Int64")
+            sums[k] = pd.array(sums[k], dtype="Int64")
+    t = t.merge(sums, on=keys, how="left")
+    t["calls"] = t["calls_log"]
+    t["flop"] = t["flop_log"]
+    t["analytic_min_bytes"] = t["min_log"]
+    t = t.drop(columns=["calls_log", "flop_log", "min_log"])
+    t["implementation"] = implementation
+    t = aggregate.rederive(t)
+    t["duration_per_call_ns"] = t["duration_ns"] / t["calls"]
+    return t
+
+
+def from_cupti(children: list[dict], run_id: str) -> list[RankRun]:
+    """Each process's CUPTI records with its call log (the cupti backend)."""
+    runs = []
+    for child, rid in zip(children, _run_ids(run_id, children)):
+        info = _info(child)
+        if not child.get("records"):
+            runs.append(RankRun(rid, child["rank"], {}, {**info, "notices": [*child["notices"], "no CUPTI records from this process"]}))
+            continue
+        header, records = cupti_records.read_records(child["records"])
+        events = cupti_records.events_frame(header, records)
+        impl = implementation_of(child["calls"])
+        device = child.get("device") or {}
+        limits = occupancy.limits_for(device.get("compute_capability"))
+        tables = tables_from_events(events, child["calls"], impl, rid, source="cupti", limits=limits,
+                                    pm_samples=cupti_records.pm_samples_frame(records))
+        tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
+        info.update(implementation=impl, collector={**header.get("stats", {}), "notices": header.get("notices", [])})
+        runs.append(RankRun(rid, child["rank"], tables, info))
+    return runs
+
+
+def empty(tables: dict) -> bool:
+    return not tables or not len(tables.get("layers", [])) and not len(tables.get("kernels", []))

@@ -1,0 +1,223 @@
+"""``headcount run``: run any script under nsys, ncu or the CUPTI collector,
+tagged without code changes, and write the report.
+
+The program's own output is passed through; its exit status is headcount's
+(a failing program still gets the report of what was recorded, marked
+incomplete). headcount's own failures have their own status: 2 (usage), 3
+(tool or environment), 4 (nothing tagged was recorded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+from headcount import assemble
+from headcount.api import runs_row
+from headcount.collector import child as child_mod
+from headcount.collector import cupti_source, launcher, nvidia_tools
+from headcount.errors import HeadcountError
+from headcount.reports import console as console_report
+from headcount.reports import dataset
+from headcount.reports.metadata import new_run_id, run_metadata
+
+EXAMPLES = """\
+examples:
+  headcount run --backend nsys -o out/ -- python train.py --epochs 1
+  headcount run --backend ncu --steps 10-11 -o out/ -- python train.py            only steps 10 and 11 under ncu
+  headcount run --backend ncu --nvtx-include "headcount@fwd/layer.3/" -o out/ -- python infer.py
+  headcount run --backend cupti --mode head -o out/ -- python train.py
+  headcount run --backend nsys -o out/ -- torchrun --nproc-per-node 2 train.py    one run per rank
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "run", help="run a script under nsys, ncu or the CUPTI collector, tagged, and write the report",
+        usage="headcount run [options] -o OUT -- COMMAND [ARGS ...]",
+        description="Run COMMAND with every Hugging Face model it builds tagged per layer (and head), under NVIDIA's "
+        "nsys or ncu or headcount's in-process CUPTI collector, then parse and attribute what was recorded into the "
+        "Parquet report. The tools' own files stay in OUT/raw/<run id>/.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--backend", choices=("nsys", "ncu", "cupti"), default="nsys", help="the recorder (default nsys)")
+    p.add_argument("-o", "--out", required=True, help="output directory")
+    p.add_argument("--mode", choices=("layer", "head"), default="layer", help="layer (as in production) or head (one head at a time)")
+    p.add_argument("--steps", default="", help="tag only these steps (a step starts at each outermost model forward): N or A-B")
+    p.add_argument("--capture-range", action="store_true",
+                   help="also limit the tool's capture to those steps (cudaProfilerStart/Stop; nsys and ncu, GPU only)")
+    p.add_argument("--tag-sdpa", action="store_true", help="also tag F.scaled_dot_product_attention calls made outside transformers")
+    g = p.add_argument_group("ncu")
+    g.add_argument("--nvtx-include", action="append", default=None,
+                   help="ncu NVTX filter, repeatable (default: headcount@fwd/, headcount@bwd/, headcount@recompute/); "
+                   "e.g. 'headcount@fwd/layer.3/' or 'headcount@fwd/layer.3/head.7/'")
+    g.add_argument("--metrics", default=None, help="comma-separated ncu metrics (default: a one-pass set: duration, DRAM bytes "
+                   "read/written, DRAM throughput, achieved occupancy, L2 bytes)")
+    g.add_argument("--set", dest="section_set", default=None, help="an ncu section set (e.g. full) instead of --metrics")
+    g.add_argument("--clock-control", choices=("none", "base"), default="none", help="ncu clock control (default none: realistic clocks)")
+    g.add_argument("--cache-control", choices=("all", "none"), default="all", help="ncu cache control (default all: flushed between passes)")
+    g.add_argument("--launch-count", type=int, default=5000, help="stop ncu after this many kernels (default 5000; 0: no limit)")
+    g = p.add_argument_group("nsys")
+    g.add_argument("--trace", default="cuda,nvtx", help="nsys --trace (default cuda,nvtx; add osrt for OS runtime calls)")
+    g.add_argument("--gpu-metrics", choices=("auto", "on", "off"), default="auto",
+                   help="nsys GPU metrics sampling (auto: when a GPU is present and nsys supports it)")
+    g = p.add_argument_group("cupti")
+    g.add_argument("--no-pm-sampling", action="store_true", help="do not sample DRAM traffic and warps active")
+    g.add_argument("--pm-interval-us", type=float, default=50.0, help="PM sampling interval (default 50 µs)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--append", action="store_true", help="add to an existing report")
+    group.add_argument("--force", action="store_true", help="replace an existing report")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program to run, after --")
+    p.set_defaults(func=run)
+    return p
+
+
+def _command(args) -> list[str]:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise HeadcountError("no command to run", hint="put the program after --, e.g. headcount run -o out/ -- python train.py")
+    return command
+
+
+def _validate(args) -> list[str]:
+    command = _command(args)
+    try:
+        child_mod.parse_steps(args.steps)
+    except ValueError as exc:
+        raise HeadcountError(f"--steps {args.steps}: not a step or a range of steps", hint="e.g. --steps 10 or --steps 10-12") from exc
+    if args.launch_count < 0:
+        raise HeadcountError(f"--launch-count {args.launch_count}: must be 0 or more", hint="0 means no limit")
+    if args.pm_interval_us <= 0:
+        raise HeadcountError(f"--pm-interval-us {args.pm_interval_us}: must be positive", hint="e.g. --pm-interval-us 50")
+    if shutil.which(command[0]) is None and not Path(command[0]).exists():
+        raise HeadcountError(f"{command[0]}: command not found", hint="check the program after --")
+    dataset.check_output(args.out, append=args.append, force=args.force)
+    return command
+
+
+def _gpu_present() -> bool:
+    return shutil.which("nvidia-smi") is not None and Path("/dev/nvidiactl").exists()
+
+
+def run(args) -> int:
+    console = Console(stderr=True)
+    command = _validate(args)
+    out = Path(args.out)
+    run_id = new_run_id()
+    raw = out / "raw" / run_id
+    tool_info: dict = {"backend": args.backend, "command": command}
+
+    if args.backend in ("nsys", "ncu"):
+        tool = nvidia_tools.find(args.backend)
+        text, numbers = nvidia_tools.version(tool)
+        nvidia_tools.check_version(args.backend, numbers, text)
+        tool_info["tool_version"] = text
+    else:
+        tool_info["tool_version"] = cupti_source.cupti_version()
+    raw.mkdir(parents=True, exist_ok=True)
+    env = launcher.child_env(raw, args.backend, args.mode, args.steps, args.tag_sdpa, args.capture_range,
+                             not args.no_pm_sampling, int(args.pm_interval_us * 1000))
+    if args.backend == "nsys":
+        gpu_flag = None
+        if args.gpu_metrics == "on" or (args.gpu_metrics == "auto" and _gpu_present()):
+            import subprocess
+
+            help_text = subprocess.run([tool, "profile", "--help"], capture_output=True, text=True).stdout
+            gpu_flag = nvidia_tools.nsys_gpu_metrics_flag(help_text)
+            if gpu_flag is None:
+                console.print(f"this nsys ({text}) has no GPU metrics option: sampling off")
+        argv = nvidia_tools.nsys_argv(tool, str(raw / "run"), command, trace=args.trace, gpu_metrics_flag=gpu_flag,
+                                      capture=args.capture_range)
+        tool_info.update(gpu_metrics=gpu_flag is not None, trace=args.trace)
+    elif args.backend == "ncu":
+        opt = nvidia_tools.NcuOptions(
+            nvtx_includes=tuple(args.nvtx_include or nvidia_tools.NCU_DEFAULT_INCLUDES),
+            metrics=tuple(m.strip() for m in args.metrics.split(",") if m.strip()) if args.metrics else
+            (() if args.section_set else nvidia_tools.NCU_METRICS),
+            section_set=args.section_set, clock_control=args.clock_control, cache_control=args.cache_control,
+            launch_count=args.launch_count or None, capture=args.capture_range)
+        argv = nvidia_tools.ncu_argv(tool, str(raw / "run"), command, opt, log_file=str(raw / "ncu.log"))
+        tool_info.update(nvtx_includes=list(opt.nvtx_includes), metrics=list(opt.metrics), set=opt.section_set,
+                         clock_control=opt.clock_control, cache_control=opt.cache_control, launch_count=opt.launch_count)
+    else:
+        argv = command
+        tool_info.update(pm_sampling=not args.no_pm_sampling, pm_interval_ns=int(args.pm_interval_us * 1000))
+    tool_info["tool_command"] = argv
+    console.print(f"headcount run: {args.backend}, {args.mode} mode{f', steps {args.steps}' if args.steps else ''}; raw files in {raw}/")
+
+    try:
+        status, tool_lines = launcher.run(argv, env)
+    except FileNotFoundError as exc:
+        raise HeadcountError(f"{argv[0]}: cannot be started ({exc.strerror})", hint="check the command", exit_code=3) from exc
+    if status:
+        console.print(f"the program exited with status {status}: the report holds what was recorded, marked incomplete")
+
+    if args.backend == "ncu":
+        log_lines = tool_lines + _lines(raw / "ncu.log")
+        error, warnings = nvidia_tools.read_ncu_log(log_lines)
+        tool_info["tool_notices"] = warnings
+        report = raw / "run.ncu-rep"
+        if error is not None and not report.exists():
+            raise error
+    runs = _assemble(args.backend, raw, run_id, console)
+    if not runs or all(assemble.empty(r.tables) for r in runs):
+        notes = "; ".join(n for r in runs for n in r.info.get("notices", []))
+        err = HeadcountError(f"nothing tagged was recorded{f' ({notes})' if notes else ''}",
+                             hint="does the program build a transformers model (or use --tag-sdpa)? raw files are kept in " + str(raw),
+                             exit_code=4)
+        if status:
+            console.print(f"headcount: error: {err.one_line()}")
+            return status
+        raise err
+    written = 0
+    for r in runs:
+        if assemble.empty(r.tables):
+            console.print(f"{r.run_id}: nothing recorded ({'; '.join(r.info.get('notices', []))})")
+            continue
+        meta = run_metadata(r.run_id, args.backend, tool_info.get("tool_version"), args.mode,
+                            {**r.info, **tool_info, "program_exit_status": status, "steps": r.info.get("steps_seen"),
+                             "complete": bool(r.info.get("complete", True)) and status == 0})
+        if r.info.get("device"):
+            meta["device"] = r.info["device"]
+        tables = {name: r.tables[name] for name in ("kernels", "ranges", "layers", "heads")}
+        tables["runs"] = runs_row(meta)
+        dataset.write_run(out, r.run_id, tables, meta, append=args.append or written > 0, force=args.force and written == 0)
+        written += 1
+    first = next(r for r in runs if not assemble.empty(r.tables))
+    console_report.print_summary(first.tables["layers"], first.tables["heads"], None, console=Console(),
+                                 kernels=first.tables["kernels"])
+    Console().print(f"Report: {out}/ ({written} run{'s' if written > 1 else ''}: {', '.join(r.run_id for r in runs)}); raw files: {raw}/")
+    return status
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def _assemble(backend: str, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
+    children = assemble.read_children(raw)
+    if backend == "nsys":
+        rep = raw / "run.nsys-rep"
+        if not rep.exists():
+            raise HeadcountError(f"nsys wrote no report ({rep} missing)", hint="see nsys's messages above", exit_code=3)
+        from headcount.parsers.nsys_rep import read_report
+
+        with console.status("exporting and reading the nsys report…"):
+            export = read_report(rep)
+        return assemble.from_nsys(export, children, run_id)
+    if backend == "ncu":
+        rep = raw / "run.ncu-rep"
+        from headcount.parsers import ncu_rep
+
+        with console.status("reading the ncu report…"):
+            kernels = ncu_rep.read_report(rep)
+        return assemble.from_ncu(kernels, children, run_id)
+    return assemble.from_cupti(children, run_id)

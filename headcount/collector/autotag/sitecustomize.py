@@ -1,0 +1,38 @@
+"""``headcount run``'s hook in the profiled program (see headcount/collector/child.py).
+
+The launcher puts this folder first on ``PYTHONPATH``. Python imports the
+first ``sitecustomize`` it finds, so the one this file hides (a
+distribution's, a virtual environment's) is run first, then headcount's
+child session is installed. Nothing here may break the user's program.
+"""
+
+import os
+import sys
+
+
+def _chain() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    import importlib.util
+
+    for entry in sys.path:
+        if not entry or os.path.abspath(entry) == here:
+            continue
+        candidate = os.path.join(entry, "sitecustomize.py")
+        if os.path.isfile(candidate):
+            spec = importlib.util.spec_from_file_location("_headcount_hidden_sitecustomize", candidate)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return
+
+
+try:
+    _chain()
+except Exception as exc:  # noqa: BLE001
+    print(f"headcount: the sitecustomize that headcount's hides failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+try:
+    from headcount.collector import child as _child
+
+    _child.install()
+except Exception as exc:  # noqa: BLE001
+    print(f"headcount: auto-tagging not installed in process {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -1,0 +1,162 @@
+"""Driving NVIDIA's tools for ``headcount run``: find them, check their
+version, build their command lines, read their complaints.
+
+Command building and log reading are pure functions (tested without a GPU);
+running is :mod:`headcount.collector.launcher`'s job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+from headcount.collector.cupti_errors import PERMISSION_HINT
+from headcount.collector.naming import DOMAIN
+from headcount.errors import HeadcountError
+
+# oldest releases whose options and report formats headcount uses
+MIN_VERSION = {"ncu": (2022, 1), "nsys": (2023, 1)}
+
+# one pass on recent GPUs: time, DRAM bytes and throughput, achieved occupancy,
+# L2 bytes; the launch__* and theoretical-occupancy values cost no pass
+NCU_METRICS = (
+    "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed", "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "lts__t_bytes.sum", "sm__maximum_warps_per_active_cycle_pct", "launch__registers_per_thread", "launch__block_size",
+    "launch__shared_mem_per_block_static", "launch__shared_mem_per_block_dynamic", "launch__shared_mem_config_size",
+)
+NCU_DEFAULT_INCLUDES = tuple(f"{DOMAIN}@{phase}/" for phase in ("fwd", "bwd", "recompute"))
+
+
+def find(tool: str) -> str:
+    """Path of ``nsys`` or ``ncu``: ``$HEADCOUNT_NSYS`` / ``$HEADCOUNT_NCU``, else PATH.
+
+    Raises:
+        HeadcountError: not found (exit code 3).
+    """
+    override = os.environ.get(f"HEADCOUNT_{tool.upper()}")
+    if override:
+        if not (os.path.isfile(override) and os.access(override, os.X_OK)):
+            raise HeadcountError(f"HEADCOUNT_{tool.upper()}={override}: not an executable", hint=f"point it at the {tool} binary", exit_code=3)
+        return override
+    path = shutil.which(tool)
+    if path is None:
+        name = "Nsight Systems" if tool == "nsys" else "Nsight Compute"
+        raise HeadcountError(f"no {tool} on PATH", hint=f"install NVIDIA {name}, or set HEADCOUNT_{tool.upper()} to its {tool}", exit_code=3)
+    return path
+
+
+def version(path: str) -> tuple[str, tuple[int, ...]]:
+    """(``--version`` text, (year, minor, …)) of a tool.
+
+    Raises:
+        HeadcountError: the tool does not run.
+    """
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HeadcountError(f"{path} --version failed: {exc}", hint="check the installation", exit_code=3) from exc
+    text = (done.stdout + done.stderr).strip()
+    m = re.search(r"(20\d\d)\.(\d+)(?:\.(\d+))?(?:\.(\d+))?", text)
+    numbers = tuple(int(g) for g in m.groups() if g is not None) if m else ()
+    return (text.splitlines()[-1] if text else ""), numbers
+
+
+def check_version(tool: str, numbers: tuple[int, ...], text: str) -> None:
+    """Raises HeadcountError (exit 3) when ``tool`` is older than headcount needs."""
+    need = MIN_VERSION[tool]
+    if not numbers or numbers[:2] < need:
+        raise HeadcountError(f"{tool} {'.'.join(map(str, numbers)) or text!s} is too old for headcount run (needs {need[0]}.{need[1]} or newer)",
+                             hint=f"install a newer Nsight {'Systems' if tool == 'nsys' else 'Compute'}, or point HEADCOUNT_{tool.upper()} at one",
+                             exit_code=3)
+
+
+@dataclass
+class NcuOptions:
+    """What ``headcount run --backend ncu`` asks ncu for (all recorded in the run metadata)."""
+
+    nvtx_includes: tuple[str, ...] = NCU_DEFAULT_INCLUDES
+    metrics: tuple[str, ...] = NCU_METRICS
+    section_set: str | None = None
+    clock_control: str = "none"
+    cache_control: str = "all"
+    launch_count: int | None = 5000
+    capture: bool = False
+    extra: list[str] = field(default_factory=list)
+
+
+def ncu_argv(ncu: str, out_base: str, command: list[str], opt: NcuOptions, log_file: str | None = None) -> list[str]:
+    """The ncu command line: only kernels under headcount's ranges (``--nvtx``
+    with one include per phase, or the user's), every process of the tree,
+    realistic clocks, a kernel-count guard, the report written to ``out_base``."""
+    argv = [ncu, "--nvtx"]
+    for include in opt.nvtx_includes:
+        argv += ["--nvtx-include", include]
+    argv += ["--target-processes", "all", "--clock-control", opt.clock_control, "--cache-control", opt.cache_control]
+    if opt.section_set:
+        argv += ["--set", opt.section_set]
+    if opt.metrics:
+        argv += ["--metrics", ",".join(opt.metrics)]
+    if opt.launch_count:
+        argv += ["--launch-count", str(opt.launch_count)]
+    if opt.capture:
+        argv += ["--profile-from-start", "off"]
+    if log_file:
+        argv += ["--log-file", log_file]
+    argv += [*opt.extra, "--force-overwrite", "--export", out_base, *command]
+    return argv
+
+
+def nsys_gpu_metrics_flag(help_text: str) -> str | None:
+    """The GPU-metrics option this nsys knows (``--gpu-metrics-devices`` from
+    2024.x, ``--gpu-metrics-device`` before), from ``nsys profile --help``."""
+    if "--gpu-metrics-devices" in help_text:
+        return "--gpu-metrics-devices"
+    if "--gpu-metrics-device" in help_text:
+        return "--gpu-metrics-device"
+    return None
+
+
+def nsys_argv(nsys: str, out_base: str, command: list[str], trace: str = "cuda,nvtx", gpu_metrics_flag: str | None = None,
+              capture: bool = False, extra: list[str] | None = None) -> list[str]:
+    """The nsys command line: CUDA and NVTX traced (``osrt`` on request), no
+    CPU sampling, GPU metrics of every device when asked and supported,
+    optional cudaProfilerApi capture range, the report written to ``out_base``."""
+    argv = [nsys, "profile", f"--trace={trace}", "--sample=none", "--cpuctxsw=none", "-o", out_base, "--force-overwrite", "true"]
+    if gpu_metrics_flag:
+        argv.append(f"{gpu_metrics_flag}=all")
+    if capture:
+        argv += ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
+    return [*argv, *(extra or []), *command]
+
+
+_NCU_CAUSES = [
+    (re.compile(r"ERR_NVGPUCTRPERM"), "GPU performance counters are not permitted for this user (ERR_NVGPUCTRPERM)", PERMISSION_HINT),
+    (re.compile(r"failed to connect to the CUDA driver|libcuda\.so", re.I), "ncu could not reach an NVIDIA driver (no GPU here?)",
+     "run headcount run --backend ncu on a machine with an NVIDIA GPU; --backend nsys records NVTX ranges anywhere"),
+    (re.compile(r"Profiling is not supported on this device|not supported on this device", re.I), "ncu cannot profile this GPU",
+     "see ncu's supported-GPU list; --backend nsys or cupti may still work"),
+    (re.compile(r"already.*(profil|instrument)|another profiler", re.I), "another profiler holds the GPU counters",
+     "stop nsys, DCGM profiling or other ncu sessions first"),
+]
+
+
+def read_ncu_log(lines: list[str]) -> tuple[HeadcountError | None, list[str]]:
+    """ncu's ``==ERROR==``/``==WARNING==`` lines → (the error that stopped it, notices).
+
+    The first known cause wins; an unknown ``==ERROR==`` line is passed on as it is.
+    """
+    errors = [ln.strip() for ln in lines if ln.startswith("==ERROR==")]
+    warnings = [ln.strip().removeprefix("==WARNING==").strip() for ln in lines if ln.startswith("==WARNING==")]
+    for pattern, message, hint in _NCU_CAUSES:
+        hit = next((e for e in errors if pattern.search(e)), None)
+        if hit:
+            return HeadcountError(f"{message}: {hit.removeprefix('==ERROR==').strip()}", hint=hint, exit_code=3), warnings
+    meaningful = [e for e in errors if "application returned an error code" not in e]
+    if meaningful:
+        return HeadcountError(f"ncu failed: {meaningful[0].removeprefix('==ERROR==').strip()}", hint="see ncu's messages above",
+                              exit_code=3), warnings
+    return None, warnings
