@@ -220,3 +220,15 @@ class LaunchOnEveryOp(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.replay.launch(f"replay::{func.__name__}")
         return func(*args, **(kwargs or {}))
+
+
+SHARED: ReplayCupti | None = None
+
+
+def factory():
+    """``HEADCOUNT_CUPTI_FACTORY=cupti_replay:factory``: the replay a child
+    process of ``headcount run --backend cupti`` records with (one per process)."""
+    global SHARED
+    if SHARED is None:
+        SHARED = ReplayCupti()
+    return SHARED, ReplayPm()

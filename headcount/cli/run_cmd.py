@@ -154,9 +154,6 @@ def run(args) -> int:
         status, tool_lines = launcher.run(argv, env)
     except FileNotFoundError as exc:
         raise HeadcountError(f"{argv[0]}: cannot be started ({exc.strerror})", hint="check the command", exit_code=3) from exc
-    if status:
-        console.print(f"the program exited with status {status}: the report holds what was recorded, marked incomplete")
-
     if args.backend == "ncu":
         log_lines = tool_lines + _lines(raw / "ncu.log")
         error, warnings = nvidia_tools.read_ncu_log(log_lines)
@@ -164,6 +161,8 @@ def run(args) -> int:
         report = raw / "run.ncu-rep"
         if error is not None and not report.exists():
             raise error
+    if status:
+        console.print(f"the program exited with status {status}: the report holds what was recorded, marked incomplete")
     runs = _assemble(args.backend, raw, run_id, console)
     if not runs or all(assemble.empty(r.tables) for r in runs):
         notes = "; ".join(n for r in runs for n in r.info.get("notices", []))

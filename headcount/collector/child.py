@@ -14,7 +14,7 @@ never builds a model — torchrun's launcher, a data worker — is left alone):
   are tagged (and, with ``HEADCOUNT_RUN_CAPTURE=1``, only they are inside
   ``cudaProfilerStart``/``Stop`` for nsys/ncu capture ranges);
 - with ``HEADCOUNT_RUN_TAG_SDPA=1`` tags ``F.scaled_dot_product_attention``
-  calls made outside transformers (``layer.K``: the K-th such call of the step);
+  calls made outside transformers (``sdpa.K``: the K-th such call of the step);
 - for the cupti backend, runs the in-process collector.
 
 At exit — normal, uncaught exception, SIGTERM or SIGINT — it closes what is
@@ -213,7 +213,7 @@ class ChildSession:
             session._sdpa_calls += 1
             fn = tagged.get(k)
             if fn is None:
-                fn = tagged[k] = tag_attention(original, layer=k)
+                fn = tagged[k] = tag_attention(original, layer=f"sdpa.{k}")
             return fn(query, key, value, *args, **kwargs)
 
         torch.nn.functional.scaled_dot_product_attention = scaled_dot_product_attention

@@ -1,0 +1,257 @@
+"""``headcount run``: real nsys 2023.4.4 and ncu 2024.1.1 wrapping plain CPU
+training scripts (one process, and two ranks under torchrun with gloo), the
+cupti backend on the replayed GPU, and the pieces (command lines, ncu's log,
+the child's flush on signals)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from headcount.cli.main import main as cli_main
+from headcount.collector import child as child_mod
+from headcount.collector import launcher, nvidia_tools
+from nsight import nsight_bin
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+TRAIN = str(WORKLOADS / "tiny_cpu_training.py")
+
+
+@pytest.fixture
+def nsight_path(monkeypatch):
+    """PATH with the real nsys and ncu (and this venv's python, torchrun) first."""
+    tools = Path(nsight_bin("nsys")).parent
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("HEADCOUNT_NSYS", raising=False)
+    return tools
+
+
+def _run(args, capsys):
+    rc = cli_main(["run", *args])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def test_nsys_records_a_plain_script_per_layer_head_and_step(nsight_path, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, stdout, err = _run(["--backend", "nsys", "--mode", "head", "-o", str(out), "--", sys.executable, TRAIN, "--steps", "3"], capsys)
+    assert rc == 0, err
+    assert "trained 3 steps" in stdout  # the program's output is not swallowed
+    ranges = pd.read_parquet(out / "ranges")
+    heads = ranges[ranges["level"] == "head"]
+    assert sorted(heads["step"].unique()) == [0, 1, 2]
+    assert heads.groupby(["phase"]).size().to_dict() == {"bwd": 3 * 2 * 4, "fwd": 3 * 2 * 4}
+    assert set(heads["layer_name"]) == {"layer.0", "layer.1"} and set(heads["head"]) == {0, 1, 2, 3}
+    assert (heads["duration_basis"] == "cpu_range").all() and heads["duration_ns"].gt(0).all()
+    assert heads["flop"].gt(0).all() and set(heads["kv_head"]) == {0, 1}  # shapes from the child's call log
+    runs = pd.read_parquet(out / "runs")
+    assert runs["source"].tolist() == ["nsys"] and runs["complete"].tolist() == [True]
+    assert "Nsight Systems" in runs["source_version"].iloc[0] and runs["steps"].tolist() == [3]
+    raw = next((out / "raw").iterdir())
+    assert (raw / "run.nsys-rep").exists() and list(raw.glob("child-*.pkl"))
+    manifest = json.loads(next((out / "manifests").glob("*/run.json")).read_text())
+    assert manifest["tool_command"][1:3] == ["profile", "--trace=cuda,nvtx"]
+
+
+def test_nsys_with_two_ranks_under_torchrun(nsight_path, tmp_path, capsys):
+    out = tmp_path / "out"
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    rc, stdout, err = _run(["--backend", "nsys", "-o", str(out), "--", torchrun, "--nproc-per-node", "2", TRAIN, "--ddp", "--steps", "2"], capsys)
+    assert rc == 0, err
+    runs = pd.read_parquet(out / "runs").sort_values("rank")
+    assert runs["rank"].tolist() == [0, 1] and runs["world_size"].tolist() == [2, 2]
+    assert runs["pid"].nunique() == 2 and runs["run_id"].str.endswith(("-rank0", "-rank1")).all()
+    ranges = pd.read_parquet(out / "ranges")
+    layers = ranges[ranges["level"] == "layer"]
+    # each rank: 2 steps × 2 layers × fwd/bwd, its own process only
+    assert layers.groupby("run_id").size().tolist() == [8, 8]
+    assert layers.groupby("run_id")["pid"].nunique().tolist() == [1, 1]
+    pid_of_run = dict(zip(runs["run_id"], runs["pid"]))
+    assert all(str(p) == pid_of_run[r] for r, p in zip(layers["run_id"], layers["pid"]))
+
+
+def test_steps_option_tags_only_those_steps(nsight_path, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, _, err = _run(["--backend", "nsys", "--steps", "1-2", "-o", str(out), "--", sys.executable, TRAIN, "--steps", "4"], capsys)
+    assert rc == 0, err
+    ranges = pd.read_parquet(out / "ranges")
+    assert sorted(ranges.loc[ranges["level"] == "layer", "step"].unique()) == [1, 2]
+    assert pd.read_parquet(out / "runs")["steps"].tolist() == [4]
+
+
+def test_tag_sdpa_outside_transformers(nsight_path, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, _, err = _run(["--backend", "nsys", "--tag-sdpa", "-o", str(out), "--", sys.executable, TRAIN, "--steps", "2", "--sdpa-outside"], capsys)
+    assert rc == 0, err
+    layers = pd.read_parquet(out / "layers")
+    assert set(layers["layer_name"]) == {"layer.0", "layer.1", "sdpa.0"}
+    own = layers[layers["layer_name"] == "sdpa.0"]
+    assert own["calls"].tolist() == [2, 2] and set(own["phase"]) == {"fwd", "bwd"}  # transformers' calls not tagged twice
+    assert layers.loc[layers["layer_name"] == "layer.0", "calls"].tolist() == [2, 2]
+
+
+def test_the_programs_exit_status_is_passed_through(nsight_path, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, _, err = _run(["--backend", "nsys", "-o", str(out), "--", sys.executable, TRAIN, "--steps", "1", "--fail"], capsys)
+    assert rc == 1 and "exited with status 1" in err and "RuntimeError: the program failed on purpose" in err
+    runs = pd.read_parquet(out / "runs")
+    assert runs["complete"].tolist() == [False] and runs["program_exit_status"].tolist() == [1]
+    assert len(pd.read_parquet(out / "layers"))  # what was recorded is reported
+    rc, _, _ = _run(["--backend", "nsys", "-o", str(tmp_path / "out7"), "--", sys.executable, TRAIN, "--steps", "1", "--exit", "7"], capsys)
+    assert rc == 7
+
+
+def test_cupti_backend_on_the_replayed_gpu(tmp_path, capsys, monkeypatch):
+    """The child records with cupti_replay's stand-in for the GPU (see its docstring)."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.setenv("HEADCOUNT_CUPTI_FACTORY", "cupti_replay:factory")
+    out = tmp_path / "out"
+    rc, stdout, err = _run(["--backend", "cupti", "-o", str(out), "--", sys.executable, str(WORKLOADS / "replayed_gpu_training.py"), "3"], capsys)
+    assert rc == 0, err
+    assert "launched" in stdout
+    layers = pd.read_parquet(out / "layers")
+    assert (layers["kernels_per_call"] > 0).all() and (layers["dram_bytes_provenance"] == "sampled").all()
+    kernels = pd.read_parquet(out / "kernels")
+    assert (kernels["source"] == "cupti").all() and kernels["launch_latency_ns"].notna().all()
+    assert sorted(kernels["step"].dropna().unique()) == [0, 1, 2]
+    raw = next((out / "raw").iterdir())
+    assert list(raw.glob("cupti-*/cupti-records.jsonl.gz"))
+
+
+def test_cupti_backend_without_gpu_says_nothing_was_recorded(tmp_path, capsys):
+    rc, _, err = _run(["--backend", "cupti", "-o", str(tmp_path / "out"), "--", sys.executable, TRAIN, "--steps", "1"], capsys)
+    assert rc == 4
+    assert "cupti source did not start" in err and "no NVIDIA driver" in err
+    assert "headcount: error: nothing tagged was recorded" in err
+
+
+def test_ncu_without_gpu_is_one_clear_line(nsight_path, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, _, err = _run(["--backend", "ncu", "-o", str(out), "--", sys.executable, TRAIN, "--steps", "1"], capsys)
+    assert rc == 3
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("headcount: error: ncu could not reach an NVIDIA driver")
+    assert not (out / "layers").exists() and (out / "raw").exists()
+
+
+@pytest.mark.parametrize("args,expect", [
+    ([], "no command to run"),
+    (["--steps", "x", "--", "python"], "--steps x: not a step"),
+    (["--", "/no/such/program"], "command not found"),
+])
+def test_usage_errors(args, expect, tmp_path, capsys):
+    rc, _, err = _run(["-o", str(tmp_path / "o"), *args], capsys)
+    assert rc == 2 and expect in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_tool(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    rc, _, err = _run(["--backend", "nsys", "-o", str(tmp_path / "o"), "--", sys.executable, "-c", "pass"], capsys)
+    assert rc == 3 and "no nsys on PATH" in err
+
+
+# ------------------------------------------------------------------ pieces
+def test_ncu_command_line():
+    opt = nvidia_tools.NcuOptions(launch_count=100, capture=True)
+    argv = nvidia_tools.ncu_argv("ncu", "/o/run", ["python", "t.py", "--x"], opt, log_file="/o/ncu.log")
+    assert argv[:8] == ["ncu", "--nvtx", "--nvtx-include", "headcount@fwd/", "--nvtx-include", "headcount@bwd/",
+                        "--nvtx-include", "headcount@recompute/"]
+    joined = " ".join(argv)
+    assert "--target-processes all --clock-control none --cache-control all" in joined
+    assert "--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum" in joined
+    assert "--launch-count 100" in joined and "--profile-from-start off" in joined and "--log-file /o/ncu.log" in joined
+    assert argv[-6:] == ["--force-overwrite", "--export", "/o/run", "python", "t.py", "--x"]
+    one = nvidia_tools.ncu_argv("ncu", "/o/r", ["p"], nvidia_tools.NcuOptions(nvtx_includes=("headcount@fwd/layer.3/",), metrics=(),
+                                                                            section_set="full", launch_count=None))
+    assert one[:4] == ["ncu", "--nvtx", "--nvtx-include", "headcount@fwd/layer.3/"] and "--set" in one and "--metrics" not in one
+
+
+def test_ncu_command_line_is_accepted_by_the_real_ncu(nsight_path, tmp_path):
+    """ncu parses every option headcount passes (it stops at the missing driver, after parsing)."""
+    argv = nvidia_tools.ncu_argv(nsight_bin("ncu"), str(tmp_path / "r"), [sys.executable, "-c", "pass"], nvidia_tools.NcuOptions(),
+                                 log_file=str(tmp_path / "log"))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    text = done.stdout + done.stderr + (tmp_path / "log").read_text()
+    assert "unrecognised option" not in text.lower() and "unrecognized option" not in text.lower()
+    assert "failed to connect to the CUDA driver" in text
+
+
+@pytest.mark.parametrize("line,expect", [
+    ("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters on the target device 0.",
+     "not permitted for this user (ERR_NVGPUCTRPERM)"),
+    ("==ERROR== Nsight Compute failed to connect to the CUDA driver (stub libcuda.so[.1] on path?).", "could not reach an NVIDIA driver"),
+    ("==ERROR== Profiling is not supported on this device", "cannot profile this GPU"),
+    ("==ERROR== Failed to prepare kernel for profiling", "ncu failed: Failed to prepare kernel for profiling"),
+])
+def test_ncu_log_reading(line, expect):
+    error, warnings = nvidia_tools.read_ncu_log(["==PROF== Connected to process 1", line, "==WARNING== No kernels were profiled."])
+    assert expect in error.one_line() and error.exit_code == 3 and warnings == ["No kernels were profiled."]
+    assert nvidia_tools.read_ncu_log(["==ERROR== The application returned an error code (1)."])[0] is None
+
+
+def test_tool_versions_and_gates(nsight_path):
+    text, numbers = nvidia_tools.version(nsight_bin("nsys"))
+    assert numbers[:2] == (2023, 4)
+    nvidia_tools.check_version("nsys", numbers, text)
+    with pytest.raises(Exception, match="too old for headcount run"):
+        nvidia_tools.check_version("ncu", (2021, 3, 1), "Version 2021.3.1")
+    help_text = subprocess.run([nsight_bin("nsys"), "profile", "--help"], capture_output=True, text=True).stdout
+    assert nvidia_tools.nsys_gpu_metrics_flag(help_text) == "--gpu-metrics-device"  # the 2023.x spelling
+    assert nvidia_tools.nsys_gpu_metrics_flag("  --gpu-metrics-devices=<arg>") == "--gpu-metrics-devices"
+    argv = nvidia_tools.nsys_argv("nsys", "/o/run", ["python", "x.py"], gpu_metrics_flag="--gpu-metrics-device", capture=True)
+    assert "--gpu-metrics-device=all" in argv and "--capture-range=cudaProfilerApi" in argv and argv[-2:] == ["python", "x.py"]
+
+
+def test_the_child_flushes_on_sigterm(tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text(
+        "import os, signal, torch\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,\n"
+        "                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)\n"
+        "m = LlamaForCausalLM(cfg)\n"
+        "ids = torch.randint(0, 64, (1, 8))\n"
+        "m(input_ids=ids, labels=ids).loss.backward()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('not reached')\n")
+    env = launcher.child_env(tmp_path, "nsys", "layer")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGTERM and "not reached" not in done.stdout
+    child_file = next(tmp_path.glob("child-*.pkl"))
+    doc = pickle.loads(child_file.read_bytes())
+    assert doc["complete"] is False and doc["ended_by"] == "signal SIGTERM" and doc["steps_seen"] == 1
+    assert {(c.phase, c.layer_name) for c in doc["calls"]} == {("fwd", "layer.0"), ("bwd", "layer.0")}
+
+
+def test_the_hidden_sitecustomize_still_runs(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIR_SITECUSTOMIZE'] = 'ran'\n")
+    env = launcher.child_env(tmp_path, "nsys", "layer", base={**os.environ, "PYTHONPATH": str(theirs)})
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('THEIR_SITECUSTOMIZE'))"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ran" and done.returncode == 0
+
+
+def test_a_process_that_builds_no_model_is_left_alone(tmp_path):
+    env = launcher.child_env(tmp_path, "nsys", "layer")
+    done = subprocess.run([sys.executable, "-c", "import sys; print('transformers' in sys.modules)"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False" and not list(tmp_path.glob("child-*.pkl"))
+
+
+def test_steps_parsing():
+    assert child_mod.parse_steps("") is None
+    assert child_mod.parse_steps("5") == (5, 5) and child_mod.parse_steps("10-12") == (10, 12)
+    for bad in ("x", "3-1", "-2"):
+        with pytest.raises(ValueError):
+            child_mod.parse_steps(bad)
