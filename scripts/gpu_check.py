@@ -226,12 +226,19 @@ def overhead(out: Path, args) -> int:
 
 
 def workload(args) -> int:
-    """Warm up untagged, then one tagged training step (NVTX ranges for ncu's --nvtx-include)."""
+    """Warm up untagged, then one tagged training step (NVTX ranges for ncu's
+    --nvtx-include). ``--plain``: two training steps and no tagging at all
+    (for ``headcount run``, which tags by itself)."""
     from headcount.collector.tagging import AttentionTagger
 
     model, inputs, _ = _model(args)
     _train_step(model, inputs)
     _sync()
+    if args.plain:
+        _train_step(model, inputs)
+        _sync()
+        print("workload: 2 untagged training steps")
+        return 0
     tagger = AttentionTagger([model], mode=args.mode)
     tagger.activate()
     try:
@@ -370,6 +377,17 @@ def check(out: Path) -> int:
     else:
         record("ncu slice", "skip", "not run (no GPU or no ncu)")
 
+    for backend in ("nsys", "ncu", "cupti"):
+        report_dir = out / f"run-{backend}"
+        if (report_dir / "layers").exists():
+            run_layers = pd.read_parquet(report_dir / "layers")
+            run_runs = pd.read_parquet(report_dir / "runs")
+            provenance = ",".join(sorted(set(run_layers["dram_bytes_provenance"].dropna())))
+            record(f"headcount run --backend {backend}", "ok" if len(run_layers) and (run_runs["source"] == backend).all() else "FAIL",
+                   f"{len(run_layers)} layer rows, bytes {provenance}, complete {run_runs['complete'].tolist()}")
+        elif (out / f"run-{backend}.log").exists():
+            record(f"headcount run --backend {backend}", "FAIL", (out / f"run-{backend}.log").read_text().strip().splitlines()[-1][:300])
+
     ov = load("overhead.json")
     if ov:
         record("collector overhead", "info", f"{ov['overhead_pct']:+.1f}% on a {ov['model']} training step "
@@ -405,6 +423,7 @@ def main(argv=None) -> int:
         s.add_argument("--steps", type=int, default=10)
         s.add_argument("--mode", default="layer")
         s.add_argument("--dry-run", action="store_true")
+        s.add_argument("--plain", action="store_true")
     args = p.parse_args(argv)
     if args.cmd == "probe-cupti":
         return probe_cupti(Path(args.out), args.nvtx_markers)

@@ -21,7 +21,9 @@
 #   6. measures the collector's overhead on that training step (overhead.json);
 #   7. profiles a slice (layers 0 and 1, sdpa, one step) under ncu and parses it
 #      (ncu/slice.ncu-rep, ncu-report/);
-#   8. checks the numbers against physics and writes summary.json (exit 1 if a check fails).
+#   8. runs the workload as a plain script under `headcount run` with nsys, cupti and
+#      (layer 0 of one step) ncu (run-nsys/, run-cupti/, run-ncu/);
+#   9. checks the numbers against physics and writes summary.json (exit 1 if a check fails).
 # Each step has a time limit; a failed step is logged and the next one runs.
 #
 # --dry-run (any machine, CI): the same steps on bert-tiny with the torch
@@ -152,7 +154,20 @@ else
   log "skip ncu slice (dry run or no ncu)"
 fi
 
-# 8. physics ---------------------------------------------------------------------
+# 8. headcount run on a plain script: nsys, cupti, and ncu on layer 0 of one step --------
+if [ "$DRY" = 0 ]; then
+  RUNARGS="--model $MODEL --batch ${RUN_BATCH:-4} --seq $SEQ --dtype $DTYPE --impl sdpa --plain"
+  step run-nsys 180 $PY -m headcount.cli.main run --backend nsys -o "$OUT/run-nsys" -- $PY scripts/gpu_check.py workload $RUNARGS
+  step run-cupti 180 $PY -m headcount.cli.main run --backend cupti -o "$OUT/run-cupti" -- $PY scripts/gpu_check.py workload $RUNARGS
+  command -v ncu > /dev/null && step run-ncu 240 $PY -m headcount.cli.main run --backend ncu --steps 1 \
+    --nvtx-include "headcount@fwd/layer.0/" --nvtx-include "headcount@bwd/layer.0/" --cache-control none \
+    -o "$OUT/run-ncu" -- $PY scripts/gpu_check.py workload $RUNARGS
+elif command -v nsys > /dev/null; then
+  step run-nsys 180 $PY -m headcount.cli.main run --backend nsys -o "$OUT/run-nsys" -- $PY scripts/gpu_check.py workload \
+    --model $MODEL --batch $BATCH --seq $SEQ --dtype $DTYPE --impl sdpa --plain --dry-run
+fi
+
+# 9. physics ---------------------------------------------------------------------
 log "start check"
 timeout 120 $PY scripts/gpu_check.py check "$OUT" 2>&1 | tee "$OUT/check.log"
 rc=${PIPESTATUS[0]}

@@ -8,13 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from nsight import nsight_bin
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_gpu_check_dry_run(tmp_path):
     out = tmp_path / "out"
+    tools = Path(nsight_bin("nsys")).parent  # the dry run also wraps a script with the real nsys
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", str(out)],
-                          env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=600)
+                          env={**os.environ, "PYTHON": sys.executable, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"},
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     checks = {c["check"]: c for c in summary["checks"]}
@@ -30,3 +34,4 @@ def test_gpu_check_dry_run(tmp_path):
     assert doctor["usable"]["cupti"] is False
     files = (out / "files.tsv").read_text()
     assert "report/layers/" in files and "bandwidth.json" in files
+    assert checks["headcount run --backend nsys"]["status"] == "ok"
