@@ -11,7 +11,7 @@ import os
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_llama import tiny_llama
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=3)
@@ -23,11 +23,7 @@ args = p.parse_args()
 
 if args.ddp:
     torch.distributed.init_process_group("gloo")
-torch.manual_seed(0)
-cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-cfg._attn_implementation = "sdpa"
-model = LlamaForCausalLM(cfg)
+model = tiny_llama()
 if args.ddp:
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
