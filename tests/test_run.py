@@ -255,3 +255,14 @@ def test_steps_parsing():
     for bad in ("x", "3-1", "-2"):
         with pytest.raises(ValueError):
             child_mod.parse_steps(bad)
+
+
+def test_cupti_children_get_nvtx_injection(tmp_path, monkeypatch):
+    lib_dir = tmp_path / "site" / "nvidia" / "cu13" / "lib"
+    lib_dir.mkdir(parents=True)
+    (lib_dir / "libcupti.so.13").write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    base = {k: v for k, v in os.environ.items() if k not in ("NVTX_INJECTION64_PATH", "HEADCOUNT_NVTX_INJECTION")}
+    assert launcher.child_env(tmp_path, "cupti", "layer", base=base)["NVTX_INJECTION64_PATH"] == str(lib_dir / "libcupti.so.13")
+    assert "NVTX_INJECTION64_PATH" not in launcher.child_env(tmp_path, "nsys", "layer", base=base)
+    assert "NVTX_INJECTION64_PATH" not in launcher.child_env(tmp_path, "cupti", "layer", base={**base, "HEADCOUNT_NVTX_INJECTION": "0"})
