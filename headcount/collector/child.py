@@ -153,7 +153,7 @@ class ChildSession:
         depth = getattr(self._local, "depth", 0)
         self._local.depth = depth + 1
         if depth == 0:
-            self._next_step()
+            self._next_step(module)
         return None
 
     def _post_forward(self, module, args, output):
@@ -164,13 +164,14 @@ class ChildSession:
     def _selected(self, step: int) -> bool:
         return self.steps is None or self.steps[0] <= step <= self.steps[1]
 
-    def _next_step(self) -> None:
+    def _next_step(self, model) -> None:
         self._close_step()
         self.step += 1
         self._sdpa_calls = 0
         selected = self._selected(self.step)
         if selected and not self.tagging:
             self.tagger.activate()
+            self.tagger.add_model(model)  # its own forward started before the tagger's hook existed
             self.tagging = True
             self._capture(True)
         elif not selected and self.tagging:
