@@ -24,9 +24,9 @@ from headcount.derive import launch, occupancy
 from headcount.errors import HeadcountError, notice
 from headcount.parsers import cupti_records
 from headcount.parsers.kineto import load_trace
-from headcount.pipeline import tables_from_events
+from headcount.pipeline import add_roofline, tables_from_events
 from headcount.reports import dataset
-from headcount.reports.metadata import new_run_id, run_metadata
+from headcount.reports.metadata import device_info, new_run_id, run_metadata
 
 BACKENDS = ("auto", "torch", "cupti")
 
@@ -242,6 +242,8 @@ class AttentionProfiler:
                 self._stats = tables_from_events(events, self._tagger.calls, self.implementation, self.run_id,
                                                  limits=occupancy.limits_from_torch())
             self._stats["launch"] = launch.summary(self._stats["layers"], self._stats["kernels"])
+            device = device_info()
+            add_roofline(self._stats, device.get("name") if device.get("kind") == "cuda" else None, self._tagger.calls)
             if self._recorder is not None:
                 self._recorder.cleanup()
         return self._stats

@@ -20,7 +20,7 @@ import pandas as pd
 from headcount.derive import aggregate, analytic, launch, occupancy
 from headcount.errors import HeadcountError
 from headcount.parsers import cupti_records
-from headcount.pipeline import tables_from_events, tables_from_ncu, tables_from_nsys
+from headcount.pipeline import add_roofline, tables_from_events, tables_from_ncu, tables_from_nsys
 
 
 @dataclass
@@ -88,6 +88,7 @@ def from_nsys(export: dict, children: list[dict], run_id: str) -> list[RankRun]:
             continue
         impl = implementation_of(child["calls"])
         tables = tables_from_nsys(part, rid, calls=child["calls"], implementation=impl)
+        add_roofline(tables, (child.get("device") or {}).get("name"), child["calls"])
         runs.append(RankRun(rid, child["rank"], tables, {**_info(child), "implementation": impl}))
     return runs
 
@@ -100,6 +101,8 @@ def from_ncu(kernels: pd.DataFrame, children: list[dict], run_id: str) -> list[R
     tables = tables_from_ncu(kernels, run_id)
     for name in ("layers", "heads"):
         tables[name] = _with_call_totals(tables[name], calls, impl, name == "heads")
+    device = next((c.get("device") for c in children if c.get("device")), None) or {}
+    add_roofline(tables, device.get("name"), calls)
     info = {"notices": [], "processes": [_info(c) for c in children], "implementation": impl,
             "complete": all(c.get("complete", True) for c in children)}
     if len(children) > 1:
@@ -154,6 +157,7 @@ def from_cupti(children: list[dict], run_id: str) -> list[RankRun]:
         tables = tables_from_events(events, child["calls"], impl, rid, source="cupti", limits=limits,
                                     pm_samples=cupti_records.pm_samples_frame(records))
         tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
+        add_roofline(tables, device.get("name"), child["calls"])
         info.update(implementation=impl, collector={**header.get("stats", {}), "notices": header.get("notices", [])})
         runs.append(RankRun(rid, child["rank"], tables, info))
     return runs

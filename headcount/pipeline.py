@@ -15,7 +15,7 @@ import pandas as pd
 from headcount.attribute import attribution
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.collector.naming import DOMAIN, STEP_DOMAIN, parse_path
-from headcount.derive import aggregate, analytic, launch, occupancy, sampling
+from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling
 from headcount.errors import HeadcountError
 
 BREAKDOWN_COLUMNS = [
@@ -372,3 +372,15 @@ def _headcount_stack(nvtx: str | None) -> str | None:
         if domain == DOMAIN:
             return stack
     return None
+
+
+def add_roofline(tables: dict, device_name: str | None, calls=None, measured_gbps: float | None = None) -> dict:
+    """Fill ``roofline_class`` of the layers and heads tables (in place) from
+    the device's peaks (:mod:`headcount.derive.devices`) and the dtype of the
+    logged calls; null where either is unknown (a CPU run, a mixed-dtype run)."""
+    dtypes = {c.shape.dtype for c in (calls or []) if c.shape is not None}
+    dtype = dtypes.pop() if len(dtypes) == 1 else None
+    for name in ("layers", "heads"):
+        if name in tables and len(tables[name]):
+            tables[name]["roofline_class"] = devices.roofline_class(tables[name], device_name, dtype, measured_gbps)
+    return tables

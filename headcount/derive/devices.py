@@ -1,0 +1,81 @@
+"""Device peaks for the roofline (DESIGN §6): DRAM bandwidth and dense
+tensor/vector FLOP/s per dtype, with where each number comes from.
+
+Peaks are NVIDIA's datasheet figures (dense, i.e. without 2:4 sparsity; the
+boost clock). A measured copy ceiling (``scripts/gpu_check.py bandwidth``)
+replaces the datasheet bandwidth when given: real kernels never reach the
+datasheet figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    name: str
+    dram_gbps: float                  # 1e9 bytes/s
+    tflops: dict                      # dtype → dense TFLOP/s (1e12)
+    source: str
+
+
+_A100 = {"float16": 312.0, "bfloat16": 312.0, "float32": 19.5, "tf32": 156.0}
+_H100_SXM = {"float16": 989.4, "bfloat16": 989.4, "float32": 66.9, "tf32": 494.7}
+_SRC_A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021)"
+_SRC_H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023)"
+
+# matched in order against the device name torch or the profile reports (lower case)
+DEVICES: list[tuple[tuple[str, ...], DevicePeaks]] = [
+    (("h200",), DevicePeaks("H200 SXM 141GB", 4800.0, _H100_SXM, "NVIDIA H200 Tensor Core GPU datasheet (2024)")),
+    (("h100", "pcie"), DevicePeaks("H100 PCIe 80GB", 2000.0, {"float16": 756.5, "bfloat16": 756.5, "float32": 51.2, "tf32": 378.0}, _SRC_H100)),
+    (("h100",), DevicePeaks("H100 SXM 80GB", 3350.0, _H100_SXM, _SRC_H100)),
+    (("h800",), DevicePeaks("H800 SXM 80GB", 3350.0, _H100_SXM, "NVIDIA H800 product brief (2023)")),
+    (("a100", "80gb", "pcie"), DevicePeaks("A100 80GB PCIe", 1935.0, _A100, _SRC_A100)),
+    (("a100", "80gb"), DevicePeaks("A100 80GB SXM", 2039.0, _A100, _SRC_A100)),
+    (("a100",), DevicePeaks("A100 40GB", 1555.0, _A100, _SRC_A100)),
+    (("l40s",), DevicePeaks("L40S", 864.0, {"float16": 362.1, "bfloat16": 362.1, "float32": 91.6, "tf32": 183.0},
+                            "NVIDIA L40S datasheet (2023)")),
+    (("l4",), DevicePeaks("L4", 300.0, {"float16": 121.0, "bfloat16": 121.0, "float32": 30.3, "tf32": 60.0}, "NVIDIA L4 datasheet (2023)")),
+    (("4090",), DevicePeaks("GeForce RTX 4090", 1008.0, {"float16": 165.2, "bfloat16": 165.2, "float32": 82.6, "tf32": 82.6},
+                            "NVIDIA Ada Lovelace GPU architecture whitepaper v1.1, FP16/BF16 tensor with FP32 accumulate")),
+]
+
+
+def peaks_for(device_name: str | None) -> DevicePeaks | None:
+    """The table's entry for a device name such as ``NVIDIA H100 80GB HBM3``, or ``None``."""
+    if not device_name:
+        return None
+    name = device_name.lower()
+    for keys, peaks in DEVICES:
+        if all(k in name for k in keys):
+            return peaks
+    return None
+
+
+def ridge(peaks: DevicePeaks, dtype: str, measured_gbps: float | None = None) -> float | None:
+    """FLOP per byte where the roofline bends: peak FLOP/s ÷ bandwidth (the
+    measured ceiling when given)."""
+    tflops = peaks.tflops.get(dtype)
+    if tflops is None:
+        return None
+    return tflops * 1e12 / ((measured_gbps or peaks.dram_gbps) * 1e9)
+
+
+def roofline_class(table: pd.DataFrame, device_name: str | None, dtype: str | None,
+                   measured_gbps: float | None = None) -> pd.Series:
+    """``memory-bound`` where a row's intensity is below the device's ridge
+    point for ``dtype``, else ``compute-bound``; null where the device, the
+    dtype or the intensity is unknown (never a guess)."""
+    out = pd.Series([None] * len(table), index=table.index, dtype=object)
+    peaks = peaks_for(device_name)
+    point = ridge(peaks, dtype, measured_gbps) if peaks and dtype else None
+    if point is None or "intensity_flop_per_byte" not in table:
+        return out
+    intensity = table["intensity_flop_per_byte"].astype("float64")
+    known = intensity.notna().to_numpy()
+    out[known] = np.where(intensity[known] < point, "memory-bound", "compute-bound")
+    return out
