@@ -1,0 +1,57 @@
+"""``headcount query OUT "SQL"``: DuckDB over a report's tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from rich.console import Console
+from rich.table import Table
+
+from headcount.reports.query import run_query
+
+EXAMPLES = """\
+views: kernels, ranges, layers, heads, runs (all runs; run_id is a column)
+
+examples:
+  headcount query out/ "SELECT implementation, layer, head, excess_traffic FROM heads ORDER BY excess_traffic DESC LIMIT 10"
+  headcount query out/ "SELECT run_id, layer, avg(bandwidth_gbps) AS gbps FROM layers GROUP BY ALL ORDER BY ALL"
+  headcount query out/ "SELECT name, sum(duration_ns)/1e6 AS ms FROM kernels GROUP BY name ORDER BY ms DESC LIMIT 5" --csv top.csv
+"""
+
+
+def add_parser(subparsers):
+    import argparse
+
+    p = subparsers.add_parser("query", help="SQL (DuckDB) over a report's tables", epilog=EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              description="Run a SQL query with DuckDB over every table of a report; print it, or write CSV or Parquet.")
+    p.add_argument("report", help="report directory")
+    p.add_argument("sql", help="the query")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--csv", default=None, help="write the result as CSV to this file")
+    g.add_argument("--parquet", default=None, help="write the result as Parquet to this file")
+    p.add_argument("--max-rows", type=int, default=50, help="rows printed (default 50)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    table = run_query(args.report, args.sql)
+    if args.csv:
+        pacsv.write_csv(table, args.csv)
+        Console(stderr=True).print(f"{table.num_rows} rows → {Path(args.csv)}")
+        return 0
+    if args.parquet:
+        pq.write_table(table, args.parquet)
+        Console(stderr=True).print(f"{table.num_rows} rows → {Path(args.parquet)}")
+        return 0
+    shown = Table(show_header=True, header_style="bold", caption=f"{table.num_rows} rows" + (
+        f", first {args.max_rows} shown" if table.num_rows > args.max_rows else ""))
+    for name in table.column_names:
+        shown.add_column(name, overflow="fold")
+    for row in table.slice(0, args.max_rows).to_pylist():
+        shown.add_row(*("" if v is None else f"{v:,.4g}" if isinstance(v, float) else str(v) for v in row.values()))
+    Console().print(shown)
+    return 0

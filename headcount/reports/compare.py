@@ -1,0 +1,83 @@
+"""The implementation comparison (``headcount compare``): per run and
+attention implementation, what attention costs — from any mix of sources.
+
+Tables in, a table and notes out. Times are per step where steps are known
+(``steps``), else per profile; ``speedup`` is the baseline's attention time
+over the row's, within the same run when the run has the baseline.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = [
+    "run_id", "implementation", "source", "device", "dtype", "batch", "seq", "duration_basis",
+    "attention_ms_per_step", "calls_per_step", "kernels_per_call", "cpu_launch_cost_us_per_call", "launch_latency_p50_us",
+    "dram_mb_per_step", "dram_bytes_provenance", "bandwidth_gbps", "flop_per_byte", "bound", "speedup",
+]
+_SHAPE_KEYS = {"device": "device", "dtype": "dtype", "batch": "batch size", "seq": "sequence length", "model": "model"}
+
+
+def _sum(g: pd.DataFrame, col: str) -> float:
+    return float(g[col].sum(min_count=1)) if col in g else np.nan
+
+
+def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """One row per run × implementation, and notes on what is not comparable.
+
+    Args:
+        layers: the ``layers`` table of one or more reports.
+        runs: their ``runs`` table.
+        baseline: implementation the speed-up is measured against (default:
+            eager when present, else the first).
+    """
+    rows = []
+    info = runs.drop_duplicates(["run_id", "implementation"]).set_index(["run_id", "implementation"]) if len(runs) else None
+    for (run_id, impl), g in layers.groupby(["run_id", "implementation"], sort=True):
+        steps = g["steps"].max() if g["steps"].notna().any() else 1
+        calls = _sum(g, "calls")
+        duration = _sum(g, "duration_ns")
+        dram = _sum(g, "dram_bytes")
+        meta = {}
+        if info is not None:
+            key = (run_id, impl) if (run_id, impl) in info.index else next((k for k in info.index if k[0] == run_id), None)
+            if key is not None:
+                r = info.loc[key]
+                meta = {"source": r.get("source"), "device": r.get("device_name"), "dtype": r.get("dtype"), "batch": r.get("batch"),
+                        "seq": r.get("seq"), "model": r.get("model")}
+        bound = g["roofline_class"].dropna().mode() if "roofline_class" in g else pd.Series(dtype=object)
+        rows.append({
+            "run_id": run_id, "implementation": impl, **meta, "duration_basis": g["duration_basis"].iloc[0],
+            "attention_ms_per_step": duration / steps / 1e6, "calls_per_step": calls / steps,
+            "kernels_per_call": _sum(g, "kernel_count") / calls if calls else np.nan,
+            "cpu_launch_cost_us_per_call": _sum(g, "cpu_launch_cost_ns") / calls / 1e3 if calls else np.nan,
+            "launch_latency_p50_us": float(g["launch_latency_p50_ns"].median()) / 1e3 if "launch_latency_p50_ns" in g else np.nan,
+            "dram_mb_per_step": dram / steps / 1e6, "dram_bytes_provenance": "/".join(sorted(set(g["dram_bytes_provenance"].dropna()))) or None,
+            "bandwidth_gbps": dram / duration if duration else np.nan,
+            "flop_per_byte": _sum(g, "flop") / dram if dram else np.nan,
+            "bound": bound.iloc[0] if len(bound) else None,
+        })
+    table = pd.DataFrame(rows).reindex(columns=[*COLUMNS, "model"])
+    if not len(table):
+        return table[COLUMNS], ["no layer rows to compare"]
+    base_impl = baseline or ("eager" if (table["implementation"] == "eager").any() else table["implementation"].iloc[0])
+    notes = []
+    if not (table["implementation"] == base_impl).any():
+        notes.append(f"baseline {base_impl} is in no run: no speed-up")
+    fallback = table.loc[table["implementation"] == base_impl, "attention_ms_per_step"]
+    fallback = fallback.iloc[0] if len(fallback) else np.nan
+    speedups = []
+    for row in table.itertuples(index=False):
+        same = table[(table["run_id"] == row.run_id) & (table["implementation"] == base_impl)]["attention_ms_per_step"]
+        base = same.iloc[0] if len(same) else fallback
+        speedups.append(base / row.attention_ms_per_step if row.attention_ms_per_step else np.nan)
+    table["speedup"] = speedups
+    for key, label in _SHAPE_KEYS.items():
+        values = sorted({str(v) for v in table[key] if not pd.isna(v)})
+        if len(values) > 1:
+            notes.append(f"not comparable as they stand: the runs differ in {label} ({', '.join(values)})")
+    if table["duration_basis"].nunique() > 1:
+        notes.append("times differ in basis (" + ", ".join(sorted(table["duration_basis"].dropna().unique())) +
+                      "): ncu's kernel sums leave out launch gaps, CPU ranges include the CPU's work")
+    return table[COLUMNS], notes
