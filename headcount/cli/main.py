@@ -11,7 +11,7 @@ import sys
 import traceback
 
 from headcount import __version__
-from headcount.cli import compare_cmd, doctor_cmd, parse_cmd, profile_cmd, query_cmd, run_cmd
+from headcount.cli import compare_cmd, doctor_cmd, parse_cmd, profile_cmd, query_cmd, report_cmd, run_cmd
 from headcount.errors import HeadcountError
 
 EXAMPLES = """\
@@ -21,6 +21,7 @@ examples:
   headcount profile --help               all options of the profile command
   headcount parse run.sqlite -o report/  an existing nsys SQLite export into the same tables
   headcount run --backend nsys -o out/ -- python train.py   any script, tagged without code changes
+  headcount report headcount-report             an HTML page: heatmaps, roofline, comparison, bottlenecks
   headcount compare headcount-report            eager vs sdpa (vs flash…): time, kernels, launch cost, bytes
   headcount query headcount-report "SELECT * FROM layers ORDER BY duration_ns DESC LIMIT 5"
   headcount doctor                       what works here: GPU, driver, CUPTI, counters, nsys/ncu
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile_cmd.add_parser(sub)
     run_cmd.add_parser(sub)
     parse_cmd.add_parser(sub)
+    report_cmd.add_parser(sub)
     compare_cmd.add_parser(sub)
     query_cmd.add_parser(sub)
     doctor_cmd.add_parser(sub)

@@ -1,0 +1,40 @@
+"""``headcount report OUT``: the HTML page (and the console summary)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.console import Console
+
+from headcount.errors import HeadcountError
+from headcount.reports import console as console_report
+from headcount.reports.html import render
+from headcount.reports.query import connect
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("report", help="write a self-contained HTML page of a report (heatmaps, roofline, comparison)",
+                              description="Write one self-contained HTML file (no script, no network) with the implementation "
+                              "comparison, the bottlenecks in words, layer × head heatmaps and a roofline, and print the summary.")
+    p.add_argument("report", help="report directory")
+    p.add_argument("-o", "--output", default=None, help="HTML file to write (default REPORT/report.html)")
+    p.add_argument("--ceiling-gbps", type=float, default=None, help="a measured DRAM bandwidth ceiling to draw instead of the datasheet's")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    page = render(args.report, args.ceiling_gbps)
+    target = Path(args.output) if args.output else Path(args.report) / "report.html"
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise HeadcountError(f"{target}: cannot write the page ({exc.strerror or exc})", hint="choose a writable path with -o") from exc
+    con = connect(args.report)
+    layers, heads = con.sql("SELECT * FROM layers").df(), con.sql("SELECT * FROM heads").df()
+    console_report.print_summary(layers, heads, None, console=Console())
+    Console().print(f"HTML: {target}")
+    return 0
