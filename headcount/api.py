@@ -87,6 +87,12 @@ class AttentionProfiler:
         pm_interval_ns: PM sampling interval, GPU nanoseconds.
         recorder: a ready recorder to use instead of building one (tests
             stand a replay of recorded CUPTI records in for the GPU this way).
+        attention_stats: also compute per-head attention statistics
+            (entropy, max attention, top-k mass, effective tokens; see
+            :mod:`headcount.derive.attention_stats`) into
+            ``get_stats()["attention_stats"]``; ``True`` or the collector's
+            options (``{"rows": 64, "top_k": 5, "every": 1}``). Off by default:
+            it launches work of its own.
 
     Raises:
         HeadcountError: unknown mode or backend.
@@ -94,7 +100,8 @@ class AttentionProfiler:
 
     def __init__(self, model=None, mode: str = "layer", backend: str = "auto", run_id: str | None = None,
                  trace_dir: str | Path | None = None, metadata: dict | None = None, strict: bool = False,
-                 pm_sampling: bool = True, pm_interval_ns: int = cupti_source.DEFAULT_PM_INTERVAL_NS, recorder=None):
+                 pm_sampling: bool = True, pm_interval_ns: int = cupti_source.DEFAULT_PM_INTERVAL_NS, recorder=None,
+                 attention_stats: bool | dict = False):
         if mode not in MODES:
             raise HeadcountError(f"unknown mode {mode!r}", hint="use mode='layer' or mode='head'")
         if recorder is not None:
@@ -104,6 +111,7 @@ class AttentionProfiler:
         if why:
             notice(why)
         self.strict = strict
+        self.attention_stats = attention_stats
         self.pm_sampling = pm_sampling
         self.pm_interval_ns = pm_interval_ns
         self._given_recorder = recorder
@@ -128,6 +136,16 @@ class AttentionProfiler:
             return cupti_source.CuptiRecorder(pm_sampling=self.pm_sampling, pm_interval_ns=self.pm_interval_ns,
                                               record_dir=self._trace_dir)
         return TorchRecorder(self._trace_dir)
+
+    def _observe(self) -> None:
+        """Attach the attention-statistics collector to the tagger (when asked)."""
+        self._stats_collector = None
+        if self.attention_stats and self._tagger is not None:
+            from headcount.collector.attention_stats import AttentionStatsCollector
+
+            options = self.attention_stats if isinstance(self.attention_stats, dict) else {}
+            self._stats_collector = AttentionStatsCollector(**options)
+            self._tagger.observer = self._stats_collector.observe
 
     def __enter__(self) -> "AttentionProfiler":
         self._stats = None
@@ -159,6 +177,7 @@ class AttentionProfiler:
             self._tagger = None
             self._step_emitter = None
             notice(f"{self.backend} source did not start, the block runs unprofiled: {err.one_line()}")
+        self._observe()
         self._notices_printed = 0
         self._print_notices()
         return self
@@ -242,6 +261,11 @@ class AttentionProfiler:
                 self._stats = tables_from_events(events, self._tagger.calls, self.implementation, self.run_id,
                                                  limits=occupancy.limits_from_torch())
             self._stats["launch"] = launch.summary(self._stats["layers"], self._stats["kernels"])
+            if getattr(self, "_stats_collector", None) is not None:
+                table = self._stats_collector.table()
+                table.insert(0, "implementation", self.implementation)
+                table.insert(0, "run_id", self.run_id)
+                self._stats["attention_stats"] = table
             device = device_info()
             add_roofline(self._stats, device.get("name") if device.get("kind") == "cuda" else None, self._tagger.calls)
             if self._recorder is not None:
@@ -283,7 +307,7 @@ class AttentionProfiler:
                 ``append``/``force``), is not writable, or nothing was tagged.
         """
         stats = self.get_stats()
-        tables = {name: stats[name] for name in ("kernels", "ranges", "layers", "heads")}
+        tables = {name: stats[name] for name in ("kernels", "ranges", "layers", "heads", "attention_stats") if name in stats}
         tables["runs"] = self.runs_table()
         return dataset.write_run(out, self.run_id, tables, self.run_metadata(), append=append, force=force)
 

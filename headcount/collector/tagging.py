@@ -236,6 +236,8 @@ class AttentionTagger:
         self._wrappers: dict[tuple[Callable, str], Callable] = {}
         self._hook = None
         self.active = False
+        # called with (layer info, module, q, k, mask, kwargs) for each forward call (attention statistics)
+        self.observer = None
         for model in models or ():
             self.add_model(model)
 
@@ -366,6 +368,8 @@ class AttentionTagger:
                 info = layers.get(id(module)) or self._layer_of(module)
                 if info is None:
                     return fn(module, query, key, value, attention_mask, *args, **kwargs)
+                if self.observer is not None and _graph_task_id() == -1:
+                    self.observer(info, module, query, key, attention_mask, kwargs)  # outside the ranges
                 if not log_calls and self.mode == "layer" and not (
                     grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
                 ):

@@ -82,10 +82,17 @@ RUNS = pa.schema([
     ("rank", I), ("world_size", I), ("pid", S), ("complete", B), ("program_exit_status", I),
 ])
 
+ATTENTION_STATS = pa.schema([
+    ("implementation", S), ("step", I), ("layer_name", S), ("layer", I), ("head", I), ("kv_head", I), ("model", S),
+    ("calls", I), ("rows_per_call", I), ("entropy_nats", F), ("normalized_entropy", F), ("max_attention", F),
+    ("top_k_mass", F), ("effective_tokens", F),
+])
+
 TABLES: dict[str, pa.Schema] = {
     "kernels": KERNELS,
     "ranges": RANGES,
     "layers": LAYERS,
     "heads": HEADS,
     "runs": RUNS,
+    "attention_stats": ATTENTION_STATS,
 }
