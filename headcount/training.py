@@ -1,0 +1,179 @@
+"""Profiling during training: every N steps, appended to one dataset, with
+per-head attention statistics tracked for drift.
+
+- :class:`StepProfiler` for a plain training loop::
+
+      sp = StepProfiler(model, "out/", every=100)
+      for step, batch in enumerate(loader):
+          with sp.step(step):
+              model(**batch).loss.backward()
+          optimizer.step()
+
+- :class:`HeadcountCallback` for ``transformers.Trainer`` (the same, driven
+  by the trainer's step events)::
+
+      Trainer(..., callbacks=[HeadcountCallback("out/", every=100)])
+
+Each profiled step is its own run (``<id>-step<N>``) in the dataset; its
+``attention_stats`` rows carry the global step, and the ``drift`` table
+compares each head's normalized entropy with the first profiled step. A
+head whose normalized entropy moved more than ``drift_threshold`` (heads
+turning uniform, or collapsing onto one token) is warned about once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from headcount.api import AttentionProfiler
+from headcount.reports.metadata import new_run_id
+
+DRIFT_COLUMNS = ["step", "baseline_step", "layer_name", "layer", "head", "baseline_normalized_entropy",
+                 "normalized_entropy", "change", "alert"]
+
+
+class HeadDriftWarning(UserWarning):
+    """A head's attention statistics moved past the threshold."""
+
+
+def drift_table(history: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """Each head's normalized entropy at the latest step against the first.
+
+    Args:
+        history: ``attention_stats`` rows of several steps (``step``, ``layer_name``, ``head``, ``normalized_entropy``).
+        threshold: absolute change that raises an alert.
+    """
+    if not len(history):
+        return pd.DataFrame(columns=DRIFT_COLUMNS)
+    first, last = history["step"].min(), history["step"].max()
+    keys = ["layer_name", "layer", "head"]
+    base = history[history["step"] == first][[*keys, "normalized_entropy"]].rename(columns={"normalized_entropy": "baseline_normalized_entropy"})
+    now = history[history["step"] == last][[*keys, "normalized_entropy"]]
+    table = now.merge(base, on=keys, how="left")
+    table["change"] = table["normalized_entropy"] - table["baseline_normalized_entropy"]
+    table["alert"] = table["change"].abs() > threshold
+    table["step"], table["baseline_step"] = last, first
+    return table[DRIFT_COLUMNS]
+
+
+class StepProfiler:
+    """Profile every ``every``-th step of a training loop into ``out``.
+
+    Args:
+        model: the model.
+        out: report directory (created, or appended to).
+        every: profile steps 0, every, 2·every, …
+        mode, backend: as :class:`~headcount.AttentionProfiler`.
+        attention_stats: also track per-head attention statistics (cheap: 32 sampled rows a call).
+        drift_threshold: change of normalized entropy that raises a :class:`HeadDriftWarning`.
+    """
+
+    def __init__(self, model, out: str | Path, every: int = 100, mode: str = "layer", backend: str = "auto",
+                 attention_stats: bool | dict = True, drift_threshold: float = 0.15):
+        if every < 1:
+            raise ValueError("every must be at least 1")
+        self.model = model
+        self.out = Path(out)
+        self.every = every
+        self.mode = mode
+        self.backend = backend
+        self.attention_stats = {"rows": 32} if attention_stats is True else attention_stats
+        self.drift_threshold = drift_threshold
+        self.base_id = new_run_id()
+        self.history = pd.DataFrame()
+        self.alerted: set[tuple] = set()
+        self.profiled: list[int] = []
+        self._prof: AttentionProfiler | None = None
+        self._step = None
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def start(self, step: int) -> None:
+        """Begin profiling ``step`` (when it is due)."""
+        if self._prof is not None or not self.due(step):
+            return
+        self._step = step
+        self._prof = AttentionProfiler(self.model, mode=self.mode, backend=self.backend, run_id=f"{self.base_id}-step{step:07d}",
+                                       attention_stats=self.attention_stats, metadata={"global_step": step})
+        self._prof.__enter__()
+
+    def stop(self) -> None:
+        """End the profiled step: write its run, update the drift."""
+        if self._prof is None:
+            return
+        prof, self._prof = self._prof, None
+        prof.__exit__(None, None, None)
+        if prof.failure is not None:
+            return
+        stats = prof.get_stats()
+        if "attention_stats" in stats:
+            stats["attention_stats"]["step"] = self._step
+            self.history = pd.concat([self.history, stats["attention_stats"]], ignore_index=True)
+        prof.save(self.out, append=bool(self.profiled) or (self.out / "headcount.json").exists())
+        self.profiled.append(self._step)
+        self._warn()
+
+    def _warn(self) -> None:
+        table = self.drift()
+        for row in table[table["alert"]].itertuples(index=False):
+            key = (row.layer_name, row.head)
+            if key not in self.alerted:
+                self.alerted.add(key)
+                warnings.warn(f"headcount: {row.layer_name} head {row.head}: normalized attention entropy "
+                              f"{row.baseline_normalized_entropy:.3f} at step {row.baseline_step} → {row.normalized_entropy:.3f} "
+                              f"at step {row.step} (threshold {self.drift_threshold})", HeadDriftWarning, stacklevel=3)
+
+    def drift(self) -> pd.DataFrame:
+        """The drift table so far (see :func:`drift_table`)."""
+        return drift_table(self.history, self.drift_threshold)
+
+    @contextlib.contextmanager
+    def step(self, step: int):
+        """Profile the block when ``step`` is due."""
+        self.start(step)
+        try:
+            yield
+        finally:
+            self.stop()
+
+    def close(self) -> None:
+        """Write the final drift table beside the dataset (``drift.parquet``)."""
+        self.stop()
+        if len(self.history):
+            self.drift().to_parquet(self.out / "drift.parquet", index=False)
+
+
+def _callback_base():
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class HeadcountCallback(_callback_base()):
+    """``transformers.Trainer`` callback: a :class:`StepProfiler` driven by
+    the trainer (profiles from ``on_step_begin`` to ``on_step_end``: the
+    forward, backward and optimizer step of one global step)."""
+
+    def __init__(self, out: str | Path, every: int = 100, **options):
+        self.out = out
+        self.every = every
+        self.options = options
+        self.profiler: StepProfiler | None = None
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if self.profiler is None:
+            self.profiler = StepProfiler(model, self.out, self.every, **self.options)
+        self.profiler.start(state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.profiler is not None:
+            self.profiler.stop()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.profiler is not None:
+            self.profiler.close()

@@ -1,0 +1,76 @@
+"""Profiling during training: a real transformers.Trainer on a tiny model on CPU,
+and the plain-loop helper; drift of the heads' attention statistics."""
+
+from __future__ import annotations
+
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import _llama
+from headcount.training import HeadcountCallback, HeadDriftWarning, StepProfiler, drift_table
+
+
+class _Data(torch.utils.data.Dataset):
+    def __init__(self, n=64, seq=16):
+        gen = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, 128, (n, seq), generator=gen)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def test_trainer_callback_profiles_every_n_steps(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    model = _llama("sdpa")
+    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=24, per_device_train_batch_size=4, learning_rate=5e-3,
+                             report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True)
+    callback = HeadcountCallback(tmp_path / "out", every=8, drift_threshold=0.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer(model=model, args=args, train_dataset=_Data(), callbacks=[callback]).train()
+    out = tmp_path / "out"
+    runs = pd.read_parquet(out / "runs")
+    assert len(runs) == 3 and runs["run_id"].str.endswith(("step0000000", "step0000008", "step0000016")).all()
+    stats = pd.read_parquet(out / "attention_stats")
+    assert sorted(stats["step"].unique()) == [0, 8, 16]
+    assert len(stats) == 3 * 2 * 4  # steps × layers × heads
+    layers = pd.read_parquet(out / "layers")
+    assert set(layers["phase"]) == {"fwd", "bwd"} and layers.groupby("run_id").size().tolist() == [4, 4, 4]
+    drift = pd.read_parquet(out / "drift.parquet")
+    assert (drift["step"] == 16).all() and (drift["baseline_step"] == 0).all() and len(drift) == 8
+    assert drift["change"].abs().gt(0).all()  # training moved every head a little
+    alerts = [w for w in caught if issubclass(w.category, HeadDriftWarning)]
+    assert len(alerts) == drift["alert"].sum() == 8  # threshold 0: every head, warned once
+
+
+def test_plain_loop_helper_and_no_alert_under_the_threshold(tmp_path):
+    model = _llama("eager")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 128, (2, 16))
+    sp = StepProfiler(model, tmp_path / "out", every=5, drift_threshold=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeadDriftWarning)
+        for step in range(11):
+            with sp.step(step):
+                model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        sp.close()
+    assert sp.profiled == [0, 5, 10]
+    assert not sp.drift()["alert"].any()
+
+
+def test_drift_table_arithmetic():
+    history = pd.DataFrame({"step": [0, 0, 10, 10], "layer_name": ["layer.0"] * 4, "layer": [0] * 4, "head": [0, 1, 0, 1],
+                            "normalized_entropy": [0.9, 0.5, 0.95, 0.1]})
+    table = drift_table(history, threshold=0.2)
+    assert table["change"].round(6).tolist() == [0.05, -0.4] and table["alert"].tolist() == [False, True]
+    with pytest.raises(ValueError):
+        StepProfiler(None, "x", every=0)
