@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -93,34 +92,11 @@ def probe_cupti(out: Path, nvtx_markers: bool) -> int:
 
 # ---------------------------------------------------------------- bandwidth
 def bandwidth(out: Path, dry_run: bool) -> int:
-    """Device-to-device copy: (read + written bytes) / time, best of 20."""
-    import torch
+    """Device-to-device copy ceiling (headcount calibrate's measurement)."""
+    from headcount.collector.calibrate import copy_ceiling
 
     device = "cuda" if _cuda() and not dry_run else "cpu"
-    n_bytes = (2 << 30) if device == "cuda" else (64 << 20)
-    src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    best = math.inf
-    for i in range(23):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            seconds = time.perf_counter() - t0
-        if i >= 3:
-            best = min(best, seconds)
-    gbps = 2 * n_bytes / best / 1e9
-    doc = {"device": device, "bytes": n_bytes, "best_seconds": best, "copy_ceiling_gbps": gbps,
-           "rule": "2 × bytes (read + write) / fastest of 20 copies after 3 warm-ups"}
-    if device == "cuda":
-        doc["device_name"] = torch.cuda.get_device_name()
-    _write(out / "bandwidth.json", doc)
+    _write(out / "bandwidth.json", copy_ceiling(device, (2 << 30) if device == "cuda" else (64 << 20)))
     return 0
 
 

@@ -33,3 +33,17 @@ def test_ridge_point_and_class():
     assert devices.roofline_class(t, "NVIDIA H100 80GB HBM3", "float32").tolist()[:2] == ["memory-bound", "compute-bound"]  # ridge 20
     assert devices.roofline_class(t, None, "bfloat16").isna().all()
     assert devices.roofline_class(t, "NVIDIA H100 80GB HBM3", None).isna().all()
+
+
+def test_calibrate_cli(tmp_path, capsys):
+    from headcount.cli.main import main as cli_main
+    from headcount.collector import calibrate
+
+    assert cli_main(["calibrate"]) == 3  # no GPU here
+    assert "calibration needs a CUDA GPU" in capsys.readouterr().err
+    out = tmp_path / "r"
+    assert cli_main(["profile", "--steps", "1", "--seq", "16", "--impl", "sdpa", "-o", str(out)]) == 0
+    assert cli_main(["calibrate", "--device", "cpu", "--mib", "8", "-o", str(out)]) == 0
+    stored = calibrate.load(out)
+    assert stored["device"] == "cpu" and stored["copy_ceiling_gbps"] > 0 and stored["bytes"] == 8 << 20
+    assert calibrate.load(out, device_name="NVIDIA H100") is None

@@ -11,7 +11,7 @@ import sys
 import traceback
 
 from headcount import __version__
-from headcount.cli import compare_cmd, doctor_cmd, parse_cmd, profile_cmd, query_cmd, report_cmd, run_cmd
+from headcount.cli import calibrate_cmd, compare_cmd, doctor_cmd, parse_cmd, profile_cmd, query_cmd, report_cmd, run_cmd
 from headcount.errors import HeadcountError
 
 EXAMPLES = """\
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_cmd.add_parser(sub)
     compare_cmd.add_parser(sub)
     query_cmd.add_parser(sub)
+    calibrate_cmd.add_parser(sub)
     doctor_cmd.add_parser(sub)
     return parser
 

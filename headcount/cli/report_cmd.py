@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from headcount.collector import calibrate
 from headcount.errors import HeadcountError
 from headcount.reports import console as console_report
 from headcount.reports.html import render
@@ -25,7 +26,12 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    page = render(args.report, args.ceiling_gbps)
+    ceiling = args.ceiling_gbps
+    if ceiling is None:  # a calibration stored with the report (headcount calibrate -o REPORT)
+        stored = calibrate.load(args.report)
+        if stored and stored.get("device") == "cuda":
+            ceiling = stored["copy_ceiling_gbps"]
+    page = render(args.report, ceiling)
     target = Path(args.output) if args.output else Path(args.report) / "report.html"
     tmp = target.with_name(target.name + ".tmp")
     try:
