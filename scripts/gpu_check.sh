@@ -137,6 +137,10 @@ step profile-layer 300 $PY -m headcount.cli.main profile --model $MODEL --impl $
 step profile-head 300 $PY -m headcount.cli.main profile --model $MODEL --impl $impls --mode head --backend $BACKEND \
   --dtype $DTYPE --batch $BATCH --seq $SEQ --steps $HEAD_STEPS --trace-dir "$OUT/records-head" -o "$OUT/report" --append
 
+# the measured ceiling stored with the report, then its HTML page (report/report.html)
+if [ "$DRY" = 0 ]; then step calibrate 120 $PY -m headcount.cli.main calibrate -o "$OUT/report"; fi
+step html-report 120 $PY -m headcount.cli.main report "$OUT/report"
+
 # 6. overhead of the collector ------------------------------------------------------
 step overhead 180 $PY scripts/gpu_check.py overhead "$OUT" --model $MODEL --batch $BATCH --seq $SEQ --dtype $DTYPE \
   --impl sdpa --steps $OVERHEAD_STEPS $DRYFLAG

@@ -35,3 +35,4 @@ def test_gpu_check_dry_run(tmp_path):
     files = (out / "files.tsv").read_text()
     assert "report/layers/" in files and "bandwidth.json" in files
     assert checks["headcount run --backend nsys"]["status"] == "ok"
+    assert "report/report.html" in files
