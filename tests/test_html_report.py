@@ -49,6 +49,8 @@ def test_roofline_has_ceilings_for_a_known_device():
                            "phase": ["fwd", "bwd"], "implementation": ["sdpa", "sdpa"], "layer_name": ["layer.0", "layer.0"]})
     svg = html_report.roofline(points, "NVIDIA H100 80GB HBM3", "bfloat16")
     assert "DRAM ceiling 3,350 GB/s" in svg and "compute ceiling 989 TFLOP/s (bfloat16)" in svg and svg.count("<circle") == 2
+    heads = points.assign(head=[3, 5])
+    assert svg.count("fill=\"none\"") == 0 and html_report.roofline(heads, None, None).count("fill=\"none\"") == 2
     assert "ceiling" not in html_report.roofline(points, None, None)
 
 

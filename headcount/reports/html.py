@@ -129,9 +129,15 @@ def roofline(points: pd.DataFrame, device_name: str | None, dtype: str | None, m
             parts.append(f'<line x1="{px(x_knee)}" y1="{py(peak)}" x2="{px(x_hi)}" y2="{py(peak)}" stroke="#c0392b" stroke-width="2">'
                          f'<title>compute ceiling {peak / 1e12:,.0f} TFLOP/s ({_e(dtype)})</title></line>')
     colors = {"fwd": "#2c728e", "bwd": "#e67e22", "recompute": "#7f8c8d"}
+    head_rows = "head" in pts.columns
     for row, x, y in zip(pts.itertuples(index=False), xs, ys):
-        parts.append(f'<circle cx="{px(x)}" cy="{py(y)}" r="4" fill="{colors.get(row.phase, "#555")}" fill-opacity="0.8">'
-                     f'<title>{_e(row.implementation)} {_e(row.phase)} {_e(row.layer_name)}: {x:,.1f} FLOP/B, {y / 1e12:,.3f} TFLOP/s</title></circle>')
+        head = getattr(row, "head", None) if head_rows else None
+        label = f"{row.layer_name} head {int(head)}" if head is not None and not pd.isna(head) else row.layer_name
+        is_head = head is not None and not pd.isna(head)
+        shape = (f'r="2.5" fill="none" stroke="{colors.get(row.phase, "#555")}"' if is_head
+                 else f'r="4" fill="{colors.get(row.phase, "#555")}" fill-opacity="0.8"')
+        parts.append(f'<circle cx="{px(x)}" cy="{py(y)}" {shape}>'
+                     f'<title>{_e(row.implementation)} {_e(row.phase)} {_e(label)}: {x:,.1f} FLOP/B, {y / 1e12:,.3f} TFLOP/s</title></circle>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -221,8 +227,10 @@ def render(out: str | Path, measured_gbps: float | None = None) -> str:
                    f"({'measured copy ceiling' if measured_gbps else peaks.source}), "
                    f"{_num(peaks.tflops.get(dtype, float('nan')), ',.0f')} TFLOP/s {dtype or ''}" if peaks else
                    f"no ceilings: the device ({device or 'unknown'}) is not in the device table (a CPU run has none)")
-        body.append("<h2>Roofline</h2>" + roofline(layers, device, dtype, measured_gbps) +
-                    f'<p class="cap">One point per layer row (blue forward, orange backward); {_e(caption)}. '
-                    "FLOPs are analytic; bytes as in the tables' provenance.</p>")
+        measured_heads = heads[heads["provenance"] == "measured"] if len(heads) else heads
+        points = pd.concat([layers, measured_heads], ignore_index=True) if len(measured_heads) else layers
+        body.append("<h2>Roofline</h2>" + roofline(points, device, dtype, measured_gbps) +
+                    f'<p class="cap">Filled: one point per layer row; rings: heads measured on their own (head mode); '
+                    f"blue forward, orange backward; {_e(caption)}. FLOPs are analytic; bytes as in the tables' provenance.</p>")
     return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>headcount report</title>"
             f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>")
