@@ -152,8 +152,8 @@ class ReplayPm:
 
     def __init__(self, bytes_per_ns: float = 2.0, warps_pct: float = 40.0, fail: BaseException | None = None,
                  offset_ns: int = 0, accepts: int = 3):
-        self.offset_ns = offset_ns
-        self.accepts = accepts  # how many metrics the "chip" takes in one pass  # a clock other than the activity records' (a failure mode)
+        self.offset_ns = offset_ns  # samples on another clock than the activity records (a failure mode)
+        self.accepts = accepts  # how many metrics the stand-in chip accepts in a single configuration
         self.bytes_per_ns = bytes_per_ns
         self.warps_pct = warps_pct
         self.fail = fail
