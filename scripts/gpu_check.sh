@@ -24,7 +24,9 @@
 #   8. runs the workload as a plain script under `headcount run` with nsys, cupti and
 #      (layer 0 of one step) ncu (run-nsys/, run-cupti/, run-ncu/);
 #   9. checks the numbers against physics and writes summary.json (exit 1 if a check fails).
-# Each step has a time limit; a failed step is logged and the next one runs.
+# Each step has a time limit and the whole check a deadline ($DEADLINE, default
+# 540 s; steps that no longer fit are skipped, the checks always run); a
+# failed step is logged and the next one runs.
 #
 # --dry-run (any machine, CI): the same steps on bert-tiny with the torch
 # source on CPU; GPU-only steps and checks are skipped.
@@ -40,9 +42,17 @@ export PYTHONUNBUFFERED=1
 : > "$OUT/steps.log"
 
 log() { echo "[gpu_check $(date +%T)] $*" | tee -a "$OUT/steps.log"; }
+DEADLINE=${DEADLINE:-540}  # seconds for the whole check (the device tool allows 600 a call); the checks keep 45
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output in NAME.log
   local name=$1 limit=$2
   shift 2
+  local left=$((DEADLINE - SECONDS - 45))
+  if [ "$left" -lt 20 ]; then
+    log "skip $name: out of time (DEADLINE=$DEADLINE s)"
+    echo "skipped: out of time" > "$OUT/$name.log"
+    return 124
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   log "start $name"
   local t0=$SECONDS
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
