@@ -10,8 +10,7 @@ from rich.console import Console
 from headcount.collector import calibrate
 from headcount.errors import HeadcountError
 from headcount.reports import console as console_report
-from headcount.reports.html import render
-from headcount.reports.query import connect
+from headcount.reports.html import load_tables, render
 
 
 def add_parser(subparsers):
@@ -31,7 +30,8 @@ def run(args) -> int:
         stored = calibrate.load(args.report)
         if stored and stored.get("device") == "cuda":
             ceiling = stored["copy_ceiling_gbps"]
-    page = render(args.report, ceiling)
+    tables = load_tables(args.report)
+    page = render(args.report, ceiling, tables)
     target = Path(args.output) if args.output else Path(args.report) / "report.html"
     tmp = target.with_name(target.name + ".tmp")
     try:
@@ -39,8 +39,6 @@ def run(args) -> int:
         os.replace(tmp, target)
     except OSError as exc:
         raise HeadcountError(f"{target}: cannot write the page ({exc.strerror or exc})", hint="choose a writable path with -o") from exc
-    con = connect(args.report)
-    layers, heads = con.sql("SELECT * FROM layers").df(), con.sql("SELECT * FROM heads").df()
-    console_report.print_summary(layers, heads, None, console=Console())
+    console_report.print_summary(tables["layers"], tables["heads"], None, console=Console())
     Console().print(f"HTML: {target}")
     return 0

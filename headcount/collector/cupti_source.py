@@ -40,6 +40,7 @@ from pathlib import Path
 
 from headcount.collector.cupti_errors import classify
 from headcount.errors import HeadcountError
+from headcount.reports.metadata import package_version
 
 BUFFER_BYTES = 8 << 20
 DEFAULT_PM_INTERVAL_NS = 50_000
@@ -74,12 +75,7 @@ def load_cupti():
 
 def cupti_version() -> str | None:
     """Installed cupti-python version, or ``None``."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("cupti-python")
-    except metadata.PackageNotFoundError:
-        return None
+    return package_version("cupti-python")
 
 
 def api_name(cupti, kind_name: str, cbid: int) -> str:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from headcount.collector import nvidia_tools
 from headcount.collector.cupti_errors import HOLDER_HINT, PERMISSION_HINT, classify
+from headcount.errors import HeadcountError
+from headcount.reports.metadata import package_version as _version
 
 # environment variables that mean another CUPTI client is injected into this process
 INJECTED_TOOLS = {
@@ -37,13 +39,6 @@ class Check:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _major_minor(version: str | None) -> tuple[int, int] | None:
@@ -202,11 +197,10 @@ def _tool_version(tool: str) -> str | None:
     if not exe:
         return None
     try:
-        done = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+        text, _ = nvidia_tools.version(exe)
+    except HeadcountError:
         return f"{exe} (version unknown)"
-    lines = [ln.strip() for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
-    return f"{lines[-1] if lines else 'version unknown'} ({exe})"
+    return f"{text or 'version unknown'} ({exe})"
 
 
 def check_tools() -> list[Check]:

@@ -178,19 +178,25 @@ def _table(frame: pd.DataFrame, columns: list[tuple[str, str, str]]) -> str:
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
-def render(out: str | Path, measured_gbps: float | None = None) -> str:
-    """The HTML page of report ``out``.
+def load_tables(out: str | Path) -> dict[str, pd.DataFrame]:
+    """``layers``, ``heads`` and ``runs`` of report ``out`` (all runs; empty when absent).
 
     Raises:
         HeadcountError: ``out`` is not a report.
     """
     con = connect(out)
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    return {name: con.sql(f"SELECT * FROM {name}").df() if name in views else pd.DataFrame() for name in ("layers", "heads", "runs")}
 
-    def table(name):
-        return con.sql(f"SELECT * FROM {name}").df() if name in views else pd.DataFrame()
 
-    layers, heads, runs = table("layers"), table("heads"), table("runs")
+def render(out: str | Path, measured_gbps: float | None = None, tables: dict[str, pd.DataFrame] | None = None) -> str:
+    """The HTML page of report ``out`` (its tables read unless given).
+
+    Raises:
+        HeadcountError: ``out`` is not a report.
+    """
+    tables = tables if tables is not None else load_tables(out)
+    layers, heads, runs = tables["layers"], tables["heads"], tables["runs"]
     body = [f"<h1>headcount report: {_e(Path(out).name)}</h1>"]
     body.append("<h2>Runs</h2>" + _table(runs, [("run", "run_id", "s"), ("implementation", "implementation", "s"), ("source", "source", "s"),
                                                   ("mode", "mode", "s"), ("device", "device_name", "s"), ("model", "model", "s"),

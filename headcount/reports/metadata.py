@@ -25,7 +25,8 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
     return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def _version(package: str) -> str | None:
+def package_version(package: str) -> str | None:
+    """The installed version of a Python distribution, or ``None``."""
     try:
         return _md.version(package)
     except _md.PackageNotFoundError:
@@ -68,9 +69,9 @@ def run_metadata(run_id: str, source: str, source_version: str | None, mode: str
         "device": device_info(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "torch": _version("torch"),
-        "transformers": _version("transformers"),
-        "nvtx": _version("nvtx"),
+        "torch": package_version("torch"),
+        "transformers": package_version("transformers"),
+        "nvtx": package_version("nvtx"),
         "command_line": list(sys.argv),
         "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
