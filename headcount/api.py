@@ -154,17 +154,15 @@ class AttentionProfiler:
         models = [self.model] if self.model is not None else []
         try:
             self._recorder = self._new_recorder()
+            log = None
             if self.backend == "cupti":
                 # CUPTI first: the ranges push correlation ids into the running session
                 self._recorder.start()
                 log = self._recorder.range_log
-                self._tagger = AttentionTagger(models, mode=self.mode, auto=self.model is None, range_log=log)
-                self._step_emitter = CorrelatedEmitter(log, domain=STEP_DOMAIN)
-                self._tagger.activate()
-            else:
-                self._tagger = AttentionTagger(models, mode=self.mode, auto=self.model is None)
-                self._step_emitter = RangeEmitter(domain=STEP_DOMAIN)
-                self._tagger.activate()
+            self._tagger = AttentionTagger(models, mode=self.mode, auto=self.model is None, range_log=log)
+            self._step_emitter = CorrelatedEmitter(log, domain=STEP_DOMAIN) if log is not None else RangeEmitter(domain=STEP_DOMAIN)
+            self._tagger.activate()
+            if log is None:
                 try:
                     self._recorder.start()
                 except BaseException:
