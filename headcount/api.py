@@ -16,6 +16,7 @@ import pandas as pd
 import contextlib
 
 from headcount.collector import cupti_source
+from headcount.collector import device as _device
 from headcount.collector.naming import STEP_DOMAIN
 from headcount.collector.ranges import CorrelatedEmitter, RangeEmitter
 from headcount.collector.tagging import MODES, AttentionTagger
@@ -135,7 +136,8 @@ class AttentionProfiler:
         if self.backend == "cupti":
             return cupti_source.CuptiRecorder(pm_sampling=self.pm_sampling, pm_interval_ns=self.pm_interval_ns,
                                               record_dir=self._trace_dir)
-        return TorchRecorder(self._trace_dir)
+        where = _device.of_model(self.model) if self.model is not None else None
+        return TorchRecorder(self._trace_dir, cuda=None if where is None else where.type == "cuda")
 
     def _observe(self) -> None:
         """Attach the attention-statistics collector to the tagger (when asked)."""
@@ -264,8 +266,7 @@ class AttentionProfiler:
                 table.insert(0, "implementation", self.implementation)
                 table.insert(0, "run_id", self.run_id)
                 self._stats["attention_stats"] = table
-            device = device_info()
-            add_roofline(self._stats, device.get("name") if device.get("kind") == "cuda" else None, self._tagger.calls)
+            add_roofline(self._stats, self.device_info(), self._tagger.calls)
             if self._recorder is not None:
                 self._recorder.cleanup()
         return self._stats
@@ -285,12 +286,21 @@ class AttentionProfiler:
             notice(text)
         self.collector_info.setdefault("pm_sampling", {})["samples"] = info
 
+    def device_info(self) -> dict:
+        """Where the profiled work ran: the device of the profiled model's
+        parameters (with no model given: of the first model tagged), the CPU
+        when there is none. Never merely a GPU this machine has."""
+        models = [self.model] if self.model is not None else (self._tagger.models if self._tagger else [])
+        where = next((d for d in map(_device.of_model, models) if d is not None), None)
+        return device_info(where)
+
     def run_metadata(self) -> dict:
         """Metadata of this run as stored in the report."""
         extra = {"implementation": self.implementation, **self.metadata}
         if getattr(self, "collector_info", None):
             extra["collector"] = self.collector_info
-        return run_metadata(self.run_id, self.backend, self._recorder.version if self._recorder else None, self.mode, extra)
+        return run_metadata(self.run_id, self.backend, self._recorder.version if self._recorder else None, self.mode, extra,
+                            device=self.device_info())
 
     def runs_table(self) -> pd.DataFrame:
         """One-row ``runs`` table of this session."""
@@ -329,6 +339,9 @@ def runs_row(meta: dict) -> pd.DataFrame:
         "backward": meta.get("backward"),
         "device_kind": device.get("kind"),
         "device_name": device.get("name"),
+        "device_compute_capability": device.get("compute_capability"),
+        "device_sm_count": device.get("sm_count"),
+        "device_memory_bandwidth_gbps": device.get("memory_bandwidth_gbps"),
         "torch": meta.get("torch"),
         "transformers": meta.get("transformers"),
         "tool_version": meta.get("tool_version"),

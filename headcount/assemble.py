@@ -63,7 +63,7 @@ def _run_ids(run_id: str, children: list[dict]) -> list[str]:
 
 def _info(child: dict) -> dict:
     keys = ("pid", "rank", "local_rank", "world_size", "steps_seen", "steps_selected", "complete", "ended_by", "notices", "argv",
-            "device")
+            "device", "program")
     return {k: child.get(k) for k in keys}
 
 
@@ -75,7 +75,7 @@ def from_nsys(export: dict, children: list[dict], run_id: str) -> list[RankRun]:
     """
     if not children:
         tables = tables_from_nsys(export, run_id)
-        return [RankRun(run_id, 0, tables, {"notices": ["no tagged process reported back: aggregated by NVTX path"]})]
+        return [RankRun(run_id, 0, tables, {"notices": ["no tagged process reported back: NVTX ranges only, no layers"]})]
     runs = []
     for child, rid in zip(children, _run_ids(run_id, children)):
         pid = str(child["pid"])
@@ -88,7 +88,7 @@ def from_nsys(export: dict, children: list[dict], run_id: str) -> list[RankRun]:
             continue
         impl = implementation_of(child["calls"])
         tables = tables_from_nsys(part, rid, calls=child["calls"], implementation=impl)
-        add_roofline(tables, (child.get("device") or {}).get("name"), child["calls"])
+        add_roofline(tables, child.get("device"), child["calls"])
         runs.append(RankRun(rid, child["rank"], tables, {**_info(child), "implementation": impl}))
     return runs
 
@@ -102,9 +102,10 @@ def from_ncu(kernels: pd.DataFrame, children: list[dict], run_id: str) -> list[R
     for name in ("layers", "heads"):
         tables[name] = _with_call_totals(tables[name], calls, impl, name == "heads")
     device = next((c.get("device") for c in children if c.get("device")), None) or {}
-    add_roofline(tables, device.get("name"), calls)
+    add_roofline(tables, device, calls)
     info = {"notices": [], "processes": [_info(c) for c in children], "implementation": impl,
-            "complete": all(c.get("complete", True) for c in children)}
+            "complete": all(c.get("complete", True) for c in children), "device": device or None,
+            "program": next((c.get("program") for c in children if c.get("program")), None)}
     if len(children) > 1:
         info["notices"].append("several processes under ncu: one run (ncu reports carry no process id), ranks not split")
     return [RankRun(run_id, 0, tables, info)]
@@ -157,7 +158,7 @@ def from_cupti(children: list[dict], run_id: str) -> list[RankRun]:
         tables = tables_from_events(events, child["calls"], impl, rid, source="cupti", limits=limits,
                                     pm_samples=cupti_records.pm_samples_frame(records))
         tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
-        add_roofline(tables, device.get("name"), child["calls"])
+        add_roofline(tables, device, child["calls"])
         info.update(implementation=impl, collector={**header.get("stats", {}), "notices": header.get("notices", [])})
         runs.append(RankRun(rid, child["rank"], tables, info))
     return runs

@@ -9,6 +9,7 @@ present).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -72,13 +73,107 @@ def _model_class(config):
     return transformers.AutoModel
 
 
-def load_model(spec: str | None, dtype: str = "float32", seed: int = 0):
-    """Build the model to profile.
+@dataclass(frozen=True)
+class ModelChoice:
+    """A model resolved from ``--model`` without building it: its config
+    (cheap to read) for checking the options, and how to build it.
+
+    Attributes:
+        spec: what the user passed (``None`` for the embedded default).
+        config: the transformers config.
+        cls: the model class to build.
+        description: one line for the progress output and the run metadata.
+        path: the local directory (``None`` for embedded models).
+        has_weights: the directory holds weights (else random weights are used).
+    """
+
+    spec: str | None
+    config: object
+    cls: type
+    description: str
+    path: Path | None = None
+    has_weights: bool = False
+
+    @property
+    def max_positions(self) -> int | None:
+        """Longest sequence the model's position embeddings allow (``None``: no limit, e.g. relative positions)."""
+        c = self.config
+        return getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
+
+
+def choose_model(spec: str | None) -> ModelChoice:
+    """Resolve ``--model`` to a config and a class, reading no weights.
+
+    Raises:
+        HeadcountError: the path does not exist, is not a model directory, or its config cannot be read.
+    """
+    import transformers
+    from transformers import AutoConfig
+
+    if spec in (None, DEFAULT_MODEL):
+        return ModelChoice(spec, default_config(), transformers.LlamaForCausalLM,
+                           "default (Llama, 4 layers, 8 query heads, 2 kv heads, random weights)")
+    if spec in PRESETS:
+        build, description = PRESETS[spec]
+        return ModelChoice(spec, build(), transformers.BertForMaskedLM, description)
+    path = Path(spec)
+    if not path.exists():
+        raise HeadcountError(f"--model {spec}: no such directory or embedded model",
+                             hint=f"pass a local model directory, one of {', '.join(PRESETS)}, or omit --model for the embedded default")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise HeadcountError(f"--model {spec}: not a model directory (no config.json)", hint="pass a directory written by save_pretrained()")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (ValueError, OSError, KeyError, json.JSONDecodeError) as exc:
+        raise HeadcountError(f"--model {spec}: config.json cannot be read ({str(exc).splitlines()[0]})", hint="check that it is a transformers config") from exc
+    cls = _model_class(config)
+    has_weights = any((path / f).exists() for f in _WEIGHT_FILES)
+    return ModelChoice(spec, config, cls, str(path), path, has_weights)
+
+
+def check_options(choice: ModelChoice, implementations, seq: int, device) -> None:
+    """Check ``--impl`` and ``--seq`` against the model and ``--device``
+    before anything is built or run.
+
+    Args:
+        device: the resolved ``torch.device``.
+
+    Raises:
+        HeadcountError: an implementation that cannot run on this device or
+            this model, or a sequence longer than the model's positions.
+    """
+    limit = choice.max_positions
+    if limit and seq > limit:
+        raise HeadcountError(f"--seq {seq} exceeds the model's {limit} positions", hint=f"use --seq {limit} or less")
+    from transformers import utils as hf_utils
+
+    for impl in implementations:
+        if impl not in IMPLEMENTATIONS:
+            raise HeadcountError(f"--impl {impl}: unknown attention implementation", hint=f"choose from {', '.join(IMPLEMENTATIONS)}")
+        if impl.startswith("flash_attention"):
+            if torch.device(device).type != "cuda":
+                raise HeadcountError(f"--impl {impl} runs on a CUDA GPU only and --device is {device}",
+                                     hint="use --impl eager,sdpa,flex_attention here, or --device cuda on a GPU machine")
+            available = getattr(hf_utils, f"is_flash_attn_{impl[-1]}_available", lambda: False)
+            if not available():
+                package = "flash-attn" if impl.endswith("2") else "flash-attn 3 (flash_attn_interface)"
+                raise HeadcountError(f"--impl {impl}: {package} is not installed", hint="install it, or choose another --impl")
+        support = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}.get(impl)
+        if impl.startswith("flash_attention"):
+            support = "_supports_flash_attn"
+        if support and getattr(choice.cls, support, True) is False:
+            raise HeadcountError(f"--impl {impl}: {choice.cls.__name__} does not support it", hint="choose another --impl")
+
+
+def load_model(spec: "str | ModelChoice | None", dtype: str = "float32", seed: int = 0, device=None):
+    """Build the model to profile, on ``device``.
 
     Args:
         spec: ``None`` or ``"default"`` for the embedded default, a name of
-            :data:`PRESETS` (``bert-base``, ``bert-tiny``), else a local model directory.
+            :data:`PRESETS` (``bert-base``, ``bert-tiny``), a local model
+            directory, or a :class:`ModelChoice` already made by :func:`choose_model`.
         dtype: ``float32``, ``float16`` or ``bfloat16`` (aliases fp32/fp16/bf16).
+        device: where parameters go (a ``torch.device`` or string; default cpu).
 
     Returns:
         ``(model, description)``; the model is in training mode with dropout off.
@@ -89,43 +184,21 @@ def load_model(spec: str | None, dtype: str = "float32", seed: int = 0):
     if dtype not in DTYPES:
         raise HeadcountError(f"unknown dtype {dtype!r}", hint=f"choose one of {', '.join(sorted(set(DTYPES)))}")
     torch_dtype = DTYPES[dtype]
+    choice = spec if isinstance(spec, ModelChoice) else choose_model(spec)
     torch.manual_seed(seed)
-    from transformers import AutoConfig
-
-    if spec in (None, DEFAULT_MODEL):
-        config = default_config()
-        from transformers import LlamaForCausalLM
-
-        model = LlamaForCausalLM(config)
-        description = "default (Llama, 4 layers, 8 query heads, 2 kv heads, random weights)"
-    elif spec in PRESETS:
-        from transformers import BertForMaskedLM
-
-        build, description = PRESETS[spec]
-        model = BertForMaskedLM(build())
-    else:
-        path = Path(spec)
-        if not path.exists():
-            raise HeadcountError(f"--model {spec}: no such directory or embedded model",
-                                 hint=f"pass a local model directory, one of {', '.join(PRESETS)}, or omit --model for the embedded default")
-        if not path.is_dir() or not (path / "config.json").is_file():
-            raise HeadcountError(f"--model {spec}: not a model directory (no config.json)", hint="pass a directory written by save_pretrained()")
-        try:
-            config = AutoConfig.from_pretrained(path, local_files_only=True)
-        except (ValueError, OSError, KeyError, json.JSONDecodeError) as exc:
-            raise HeadcountError(f"--model {spec}: config.json cannot be read ({str(exc).splitlines()[0]})", hint="check that it is a transformers config") from exc
-        cls = _model_class(config)
-        has_weights = any((path / f).exists() for f in _WEIGHT_FILES)
-        try:
-            if has_weights:
-                model = cls.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
-                description = f"{path} ({type(model).__name__})"
-            else:
-                model = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
-                description = f"{path} ({type(model).__name__}, no weights in the directory: random weights)"
-        except (ValueError, OSError, KeyError, RuntimeError) as exc:
-            raise HeadcountError(f"--model {spec}: cannot build the model ({str(exc).splitlines()[0]})", hint="check the directory's files") from exc
-    model = model.to(torch_dtype)
+    description = choice.description
+    try:
+        if choice.path is not None and choice.has_weights:
+            model = choice.cls.from_pretrained(choice.path, local_files_only=True, dtype=torch_dtype)
+            description = f"{choice.path} ({type(model).__name__})"
+        else:
+            cls = choice.cls
+            model = cls.from_config(choice.config) if hasattr(cls, "from_config") else cls(choice.config)
+            if choice.path is not None:
+                description = f"{choice.path} ({type(model).__name__}, no weights in the directory: random weights)"
+    except (ValueError, OSError, KeyError, RuntimeError) as exc:
+        raise HeadcountError(f"--model {choice.spec}: cannot build the model ({str(exc).splitlines()[0]})", hint="check the directory's files") from exc
+    model = model.to(device=torch.device(device) if device is not None else None, dtype=torch_dtype)
     for module in model.modules():  # dropout off: profiles of identical steps stay comparable
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -141,8 +214,8 @@ def set_implementation(model, implementation: str) -> None:
     """
     if implementation not in IMPLEMENTATIONS:
         raise HeadcountError(f"unknown attention implementation {implementation!r}", hint=f"choose from {', '.join(IMPLEMENTATIONS)}")
-    if implementation.startswith("flash_attention") and not torch.cuda.is_available():
-        raise HeadcountError(f"{implementation} needs a CUDA GPU and this machine has none", hint="use --impl eager,sdpa here")
+    if implementation.startswith("flash_attention") and next(model.parameters()).device.type != "cuda":
+        raise HeadcountError(f"{implementation} needs the model on a CUDA GPU", hint="use --impl eager,sdpa here, or --device cuda")
     try:
         model.set_attn_implementation(implementation)
     except (ImportError, ValueError) as exc:

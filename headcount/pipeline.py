@@ -291,10 +291,10 @@ def tables_from_nsys(export: dict, run_id: str, calls=None, implementation: str 
 
     Ranges are projected onto the GPU exactly as nsys's ``nvtx_gpu_proj_trace``
     (all domains of a thread nest together). Ranges named by headcount's
-    scheme (domain ``headcount``) give the layers/heads tables; a capture
-    without them (someone else's code) is aggregated by NVTX path instead:
-    one ``layers`` row per distinct path that launched GPU work (rows of
-    nested paths overlap). Without the tagger's call log (``calls``: given by
+    scheme (domain ``headcount``) give the layers/heads tables; other ranges
+    (someone else's code) stay in ``ranges`` only, with ``level`` ``other``,
+    and are never posed as layers (the report summarises them by path,
+    :func:`headcount.reports.query.range_summary`). Without the tagger's call log (``calls``: given by
     ``headcount run``, absent for a parsed file) analytic FLOPs and bytes are null.
     """
     projected, work = attribution.project_gpu(export["ranges"], export["runtime"], export["gpu"])
@@ -305,10 +305,6 @@ def tables_from_nsys(export: dict, run_id: str, calls=None, implementation: str 
         ranges_table.loc[~ours, col] = None
     ranges_table.loc[~ours, ["layer", "head"]] = pd.NA
     ranges_table.loc[~ours, "level"] = "other"
-    if not (ranges_table["level"] == "layer").any():
-        by_path = ranges_table["gpu_op_count"] > 0
-        ranges_table.loc[by_path, "level"] = "layer"
-        ranges_table.loc[by_path, "layer_name"] = ranges_table.loc[by_path, "path"]
     if len(work):
         ranges_table["duration_ns"] = (ranges_table["gpu_end_ns"] - ranges_table["gpu_start_ns"]).astype("float64")
         ranges_table["duration_basis"] = "gpu_projected"
@@ -327,6 +323,8 @@ def tables_from_nsys(export: dict, run_id: str, calls=None, implementation: str 
 
     layers = aggregate.layers_table(ranges_table)
     heads = aggregate.heads_table(ranges_table, layers)
+    if len(work):  # with the limits of the GPU each kernel ran on, as the recording describes it
+        work = work.assign(theoretical_occupancy_pct=occupancy.device_occupancy(work, export.get("devices")).to_numpy())
     k = _kernels_table([_gpu_rows(work, work["range_id"].to_numpy())], projected, steps, "nsys", implementation)
     samples = export.get("gpu_metrics")
     if samples is not None and len(samples):
@@ -374,13 +372,22 @@ def _headcount_stack(nvtx: str | None) -> str | None:
     return None
 
 
-def add_roofline(tables: dict, device_name: str | None, calls=None, measured_gbps: float | None = None) -> dict:
+def add_roofline(tables: dict, device: dict | None, calls=None, measured_gbps: float | None = None) -> dict:
     """Fill ``roofline_class`` of the layers and heads tables (in place) from
-    the device's peaks (:mod:`headcount.derive.devices`) and the dtype of the
-    logged calls; null where either is unknown (a CPU run, a mixed-dtype run)."""
+    the peaks of the device the work ran on (:mod:`headcount.derive.devices`)
+    and the dtype of the logged calls; null where either is unknown (a CPU
+    run, a mixed-dtype run).
+
+    Args:
+        device: the run's device (``kind``, ``name``, optionally
+            ``memory_bandwidth_gbps`` as a recording reports it).
+        measured_gbps: a measured copy ceiling, which wins over the device's figure.
+    """
     dtypes = {c.shape.dtype for c in (calls or []) if c.shape is not None}
     dtype = dtypes.pop() if len(dtypes) == 1 else None
-    for name in ("layers", "heads"):
-        if name in tables and len(tables[name]):
-            tables[name]["roofline_class"] = devices.roofline_class(tables[name], device_name, dtype, measured_gbps)
+    name = devices.gpu_name(device)
+    ceiling = devices.ceiling_gbps(device, measured_gbps)
+    for table_name in ("layers", "heads"):
+        if table_name in tables and len(tables[table_name]):
+            tables[table_name]["roofline_class"] = devices.roofline_class(tables[table_name], name, dtype, ceiling)
     return tables

@@ -280,6 +280,8 @@ def check(out: Path) -> int:
     on_gpu = (runs["device_kind"] == "cuda").all()
     summary["source"] = source
     record("profile source", "info", f"{source} on {runs['device_name'].iloc[0]}")
+    if _cuda():  # headcount profile --device cuda: the runs must say the GPU, never the CPU
+        record("profile ran on the GPU", "ok" if on_gpu else "FAIL", ", ".join(sorted(set(runs["device_kind"].astype(str)))))
     manifests = [json.loads(p.read_text()) for p in (report / "manifests").glob("*/run.json")]
     dropped = [m.get("collector", {}).get("dropped_records") for m in manifests if m.get("collector")]
     if dropped:

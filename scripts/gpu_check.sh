@@ -63,9 +63,9 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output
 }
 
 if [ "$DRY" = 1 ]; then
-  MODEL=bert-tiny BATCH=2 SEQ=32 DTYPE=float32 STEPS=2 HEAD_STEPS=1 OVERHEAD_STEPS=3 BACKEND=torch DRYFLAG=--dry-run
+  MODEL=bert-tiny BATCH=2 SEQ=32 DTYPE=float32 STEPS=2 HEAD_STEPS=1 OVERHEAD_STEPS=3 BACKEND=torch DRYFLAG=--dry-run DEVICE=cpu
 else
-  MODEL=bert-base BATCH=${BATCH:-16} SEQ=${SEQ:-512} DTYPE=bfloat16 STEPS=3 HEAD_STEPS=2 OVERHEAD_STEPS=10 BACKEND=cupti DRYFLAG=
+  MODEL=bert-base BATCH=${BATCH:-16} SEQ=${SEQ:-512} DTYPE=bfloat16 STEPS=3 HEAD_STEPS=2 OVERHEAD_STEPS=10 BACKEND=cupti DRYFLAG= DEVICE=cuda
 fi
 
 # 1. wheels and environment -------------------------------------------------
@@ -142,9 +142,9 @@ if [ "$DRY" = 0 ]; then step occupancy 120 $PY scripts/gpu_check.py occupancy "$
 # 5. the profile: layer and head mode -------------------------------------------
 impls=eager,sdpa
 if [ "$DRY" = 0 ] && $PY -c "import flash_attn" 2>/dev/null; then impls=$impls,flash_attention_2; fi
-step profile-layer 300 $PY -m headcount.cli.main profile --model $MODEL --impl $impls --mode layer --backend $BACKEND \
+step profile-layer 300 $PY -m headcount.cli.main profile --model $MODEL --impl $impls --mode layer --backend $BACKEND --device $DEVICE \
   --dtype $DTYPE --batch $BATCH --seq $SEQ --steps $STEPS --trace-dir "$OUT/records-layer" -o "$OUT/report" --append
-step profile-head 300 $PY -m headcount.cli.main profile --model $MODEL --impl $impls --mode head --backend $BACKEND \
+step profile-head 300 $PY -m headcount.cli.main profile --model $MODEL --impl $impls --mode head --backend $BACKEND --device $DEVICE \
   --dtype $DTYPE --batch $BATCH --seq $SEQ --steps $HEAD_STEPS --trace-dir "$OUT/records-head" -o "$OUT/report" --append
 
 # the measured ceiling stored with the report, then its HTML page (report/report.html)

@@ -9,7 +9,12 @@ them (same fields, same nanosecond clock semantics, per-thread external
 correlation stacks, asynchronous kernels on one stream), and handed to the
 recorder's buffer-completed callback exactly as cupti-python hands them.
 Everything else (enums, record classes, error types) is the installed
-cupti-python itself. Once a GPU run has produced records
+cupti-python itself.
+
+Time is a virtual, deterministic clock (never the wall clock): every
+timestamp read advances it by ``tick_ns`` and every launch by
+``launch_cost_ns + op_gap_ns``, so launch latency, gaps and kernel order are
+the same on an idle and on a loaded machine. Once a GPU run has produced records
 (``tests/fixtures/gpu/``), tests should replay those instead.
 
 :class:`LaunchOnEveryOp` makes every aten operator of a CPU model "launch a
@@ -21,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-import time
 import zlib
 
 from cupti import cupti as real
@@ -37,15 +41,25 @@ class ReplayCupti:
         kernel_ns: kernel duration.
         dropped: what ``activity_get_num_dropped_records`` reports.
         fail_enable: an exception ``activity_enable`` raises (a failure mode).
+        op_gap_ns: virtual CPU time from the end of one launch call to the
+            next launch (the CPU work of an operator); larger than
+            ``kernel_ns`` by default, so the replayed GPU never queues and
+            every kernel starts exactly ``launch_cost_ns + latency_ns`` after
+            its launch call.
+        tick_ns: how far each timestamp read moves the clock.
     """
 
     def __init__(self, launch_cost_ns: int = 3_000, latency_ns: int = 5_000, kernel_ns: int = 20_000,
-                 dropped: int = 0, fail_enable: BaseException | None = None):
+                 dropped: int = 0, fail_enable: BaseException | None = None, op_gap_ns: int | None = None,
+                 tick_ns: int = 100):
         self.launch_cost_ns = launch_cost_ns
         self.latency_ns = latency_ns
         self.kernel_ns = kernel_ns
         self.dropped = dropped
         self.fail_enable = fail_enable
+        self.op_gap_ns = op_gap_ns if op_gap_ns is not None else latency_ns + kernel_ns + 1_000
+        self.tick_ns = tick_ns
+        self._now = 1_000_000_000  # virtual ns; any origin will do
         self.enabled: set[int] = set()
         self.thread_id_type = None
         self.latency_timestamps = False
@@ -62,7 +76,11 @@ class ReplayCupti:
 
     # -- the functions the recorder calls --------------------------------
     def get_timestamp(self) -> int:
-        return time.perf_counter_ns()
+        """The virtual clock: each read moves it by ``tick_ns`` (so a range's
+        open and close never share a timestamp)."""
+        with self._lock:
+            self._now += self.tick_ns
+            return self._now
 
     def set_thread_id_type(self, kind) -> None:
         self.thread_id_type = kind
@@ -103,9 +121,10 @@ class ReplayCupti:
     def launch(self, name: str) -> None:
         """A ``cudaLaunchKernel`` call on this thread and the kernel it runs."""
         tid = threading.get_native_id()
-        t0 = time.perf_counter_ns()
         h = zlib.crc32(name.encode())
         with self._lock:
+            t0 = self._now + self.tick_ns
+            self._now = t0 + self.launch_cost_ns + self.op_gap_ns
             self._correlation += 1
             corr = self._correlation
             records = []
@@ -151,7 +170,8 @@ class ReplayPm:
     """
 
     def __init__(self, bytes_per_ns: float = 2.0, warps_pct: float = 40.0, fail: BaseException | None = None,
-                 offset_ns: int = 0, accepts: int = 3):
+                 offset_ns: int = 0, accepts: int = 3, clock=None):
+        self.clock = clock  # the replayed GPU's clock (ReplayCupti.get_timestamp); set by whoever pairs them
         self.offset_ns = offset_ns  # samples on another clock than the activity records (a failure mode)
         self.accepts = accepts  # how many metrics the stand-in chip accepts in a single configuration
         self.bytes_per_ns = bytes_per_ns
@@ -180,10 +200,10 @@ class ReplayPm:
                 self.metrics, self.interval = metrics, sampling_interval
 
             def start(self):
-                self.t0 = time.perf_counter_ns()
+                self.t0 = outer.clock()
 
             def stop(self):
-                self.t1 = time.perf_counter_ns() + 10_000_000  # kernels run after their (CPU) launch
+                self.t1 = outer.clock() + 10_000_000  # kernels run after their (CPU) launch
 
             def decode(self, max_samples):
                 data = Data()
@@ -231,4 +251,4 @@ def factory():
     global SHARED
     if SHARED is None:
         SHARED = ReplayCupti()
-    return SHARED, ReplayPm()
+    return SHARED, ReplayPm(clock=SHARED.get_timestamp)

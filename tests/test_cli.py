@@ -51,7 +51,9 @@ def test_profile_local_model_directory(tmp_path):
         (["--seq", "0"], "--seq 0: must be at least 1"),
         (["--batch", "-2"], "--batch -2: must be at least 1"),
         (["--impl", "warp_attention"], "unknown attention implementation"),
-        (["--impl", "flash_attention_2"], "needs a CUDA GPU"),
+        (["--impl", "flash_attention_2"], "runs on a CUDA GPU only and --device is cpu"),
+        (["--device", "tpu"], "--device tpu"),
+        (["--device", "cuda:x"], "--device cuda:x: not a device"),
         (["--impl", "flex_attention"], "add --no-backward"),
         (["--seq", "100000"], "exceeds the model's 1024 positions"),
         (["--impl", "sdpa,sdpa"], "twice"),
@@ -92,3 +94,63 @@ def test_help_shows_examples_and_entry_point_works():
     bad = subprocess.run([sys.executable, "-m", "headcount.cli.main", "profile", "--seq", "-1", "-o", "/tmp/x-headcount-never"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("headcount: error:") and "Traceback" not in bad.stderr
+
+
+# ---------------------------------------------------------------- --device
+def test_device_cuda_without_a_gpu_is_one_line_exit_3_and_writes_nothing(tmp_path):
+    out = tmp_path / "r"
+    for device in ("cuda", "cuda:1"):
+        done = subprocess.run([sys.executable, "-m", "headcount.cli.main", "profile", *SMALL, "--device", device, "-o", str(out)],
+                              capture_output=True, text=True)
+        assert done.returncode == 3, done.stderr
+        lines = [l for l in done.stderr.splitlines() if l.strip()]
+        assert lines == [lines[0]] and lines[0].startswith(f"headcount: error: --device {device}: no CUDA GPU here")
+        assert not out.exists()
+
+
+def test_device_cpu_runs_there_and_says_so(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["profile", *SMALL, "--impl", "sdpa", "--no-backward", "--device", "cpu", "-o", str(out)]) == 0
+    runs = pd.read_parquet(out / "runs")
+    assert runs["device_kind"].tolist() == ["cpu"] and runs["device_name"].notna().all()
+    assert pd.read_parquet(out / "layers")["roofline_class"].isna().all()  # a CPU run is never classified against a GPU
+
+
+def test_options_are_checked_before_the_model_is_loaded(tmp_path, capsys, monkeypatch):
+    """--impl, --seq and --device are refused before anything is built (load_model is never reached)."""
+    from headcount.cli import profile_cmd
+
+    def never(*a, **k):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(profile_cmd, "load_model", never)
+    for args, message in ((["--impl", "eager,flash_attention_2"], "runs on a CUDA GPU only"),
+                          (["--model", "bert-tiny", "--seq", "513"], "exceeds the model's 512 positions"),
+                          (["--device", "cuda"], "no CUDA GPU here")):
+        code = main(["profile", "--steps", "1", *args, "-o", str(tmp_path / "r")])
+        err = capsys.readouterr().err
+        assert code in (2, 3) and message in err and "was loaded" not in err
+
+
+def test_a_cpu_model_on_a_gpu_machine_is_labelled_cpu(monkeypatch, tmp_path):
+    """Stands in for a machine with a GPU: torch.cuda reports an H100 (the GPU
+    boundary; no GPU here). The model stays on the CPU, so the run must say
+    cpu and no roofline class may come from the H100's datasheet."""
+    import torch
+
+    from headcount import AttentionProfiler
+    from headcount.models import load_model, make_inputs
+
+    class Props:
+        name, major, minor, multi_processor_count, total_memory = "NVIDIA H100 80GB HBM3", 9, 0, 132, 80 << 30
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *_: Props())
+    model, _ = load_model("bert-tiny", device="cpu")
+    prof = AttentionProfiler(model, backend="torch")
+    with prof, torch.no_grad():
+        model(**make_inputs(model, 1, 16))
+    meta = prof.run_metadata()
+    assert meta["device"]["kind"] == "cpu" and "H100" not in str(meta["device"]["name"])
+    assert prof.get_stats()["layers"]["roofline_class"].isna().all()

@@ -34,6 +34,8 @@ def llama():
 
 def _profile(model, inputs, mode="layer", steps=2, replay=None, pm=None, tmp_path=None, backward=True):
     replay = replay or ReplayCupti()
+    if pm is not None:
+        pm.clock = replay.get_timestamp  # one clock for the replayed GPU and its PM sampler
     rec = CuptiRecorder(cupti=replay, pm_module=pm, pm_sampling=pm is not None, record_dir=tmp_path)
     rec.device_limits = LIMITS["9.0"]
     prof = AttentionProfiler(model, mode=mode, recorder=rec)

@@ -40,7 +40,7 @@ def test_calibrate_cli(tmp_path, capsys):
     from headcount.collector import calibrate
 
     assert cli_main(["calibrate"]) == 3  # no GPU here
-    assert "calibration needs a CUDA GPU" in capsys.readouterr().err
+    assert "--device cuda: no CUDA GPU here" in capsys.readouterr().err
     out = tmp_path / "r"
     assert cli_main(["profile", "--steps", "1", "--seq", "16", "--impl", "sdpa", "-o", str(out)]) == 0
     assert cli_main(["calibrate", "--device", "cpu", "--mib", "8", "-o", str(out)]) == 0

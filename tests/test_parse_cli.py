@@ -31,13 +31,68 @@ def test_parse_two_exports_into_one_report(tmp_path, capsys):
     with_ops = ranges[ranges["gpu_op_count"] > 0]
     assert len(with_ops) == len(reference) == 3242
     assert set(with_ops["duration_basis"]) == {"gpu_projected"}
-    # no NVTX naming of ours in that capture: layers fall back to one row per NVTX path
-    layers = pd.read_parquet(out / "layers")
-    assert len(layers) == with_ops["path"].nunique()
-    assert layers["flop"].isna().all() and layers["dram_bytes"].isna().all()
-    top = duckdb.sql(f"SELECT layer_name, duration_ns FROM read_parquet('{out}/layers/**/*.parquet', hive_partitioning=true) "
-                     "ORDER BY duration_ns DESC LIMIT 1").fetchall()
+    # no NVTX naming of ours in that capture: the ranges stay ranges, never posed as layers
+    assert not (out / "layers").exists() or len(pd.read_parquet(out / "layers")) == 0
+    assert set(ranges["level"]) == {"other"} and ranges["layer_name"].isna().all()
+    top = duckdb.sql(f"SELECT name, duration_ns FROM read_parquet('{out}/ranges/**/*.parquet', hive_partitioning=true) "
+                     "ORDER BY duration_ns DESC NULLS LAST LIMIT 1").fetchall()
     assert top and top[0][1] > 0
+
+
+H200 = FIX / "h200_nvfuser_nsys2024.6.sqlite"
+NCU = Path(__file__).parent / "fixtures" / "ncu"
+
+
+def test_parsed_recordings_keep_their_device_and_not_this_machines_versions(tmp_path, capsys):
+    out = tmp_path / "r"
+    files = [A100, H200, NCU / "rtx2080ti_two_kernels.ncu-rep", NCU / "h800_flash_fwd_raw.C.csv"]
+    assert main(["parse", *map(str, files), "-o", str(out)]) == 0
+    runs = pd.read_parquet(out / "runs").sort_values("device_name")
+    assert runs["device_name"].tolist() == ["NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 2080 Ti", "NVIDIA H200", "NVIDIA H800"]
+    assert runs["device_compute_capability"].tolist() == ["8.0", "7.5", "9.0", "9.0"]
+    assert runs["device_sm_count"].tolist() == [108, 68, 132, 132]
+    bandwidth = dict(zip(runs["device_name"], runs["device_memory_bandwidth_gbps"]))
+    assert bandwidth["NVIDIA H200"] == pytest.approx(4916.736) and bandwidth["NVIDIA A100-SXM4-80GB"] == pytest.approx(2039.04)
+    # the recorded program's versions are not in these files: null, never the parsing machine's
+    assert runs["torch"].isna().all() and runs["transformers"].isna().all()
+    from headcount import __version__
+    assert (runs["tool_version"] == __version__).all()
+
+    kernels = pd.read_parquet(out / "kernels").merge(runs[["run_id", "device_name"]], on="run_id")
+    a100 = kernels[(kernels["device_name"] == "NVIDIA A100-SXM4-80GB") & (kernels["kind"] == "kernel")]
+    assert len(a100) == 1312 and a100["theoretical_occupancy_pct"].notna().mean() >= 0.9
+    assert a100["theoretical_occupancy_pct"].between(0, 100, inclusive="right").all()
+    h200 = kernels[(kernels["device_name"] == "NVIDIA H200") & (kernels["kind"] == "kernel")]
+    assert h200["theoretical_occupancy_pct"].notna().all()
+
+
+def test_occupancy_of_a_parsed_kernel_by_hand():
+    """One A100 kernel of the fixture, worked by hand from TARGET_INFO_GPU's limits."""
+    from headcount.derive import occupancy
+    from headcount.parsers.nsys_sqlite import read_export
+
+    export = read_export(A100)
+    device = export["devices"].set_index("device").loc[0]
+    assert (device["max_warps_per_sm"], device["max_blocks_per_sm"], device["shared_memory_per_sm"]) == (64, 32, 167936)
+    limits = occupancy.limits_from_device(device)
+    # 128 threads (4 warps), 32 registers, no shared memory: 32 × 32 = 1,024 registers per warp, 16 per
+    # sub-partition → 64 warps by registers, 64 by the SM's warps, 32 blocks × 4 warps = 128 → 64 warps: 100 %
+    assert occupancy.theoretical_occupancy_pct([128], [32], [0], limits)[0] == 100.0
+    # 256 threads, 128 registers: 4,096 per warp → 4 warps per sub-partition, 16 in all → 2 blocks of 8 warps: 25 %
+    assert occupancy.theoretical_occupancy_pct([256], [128], [0], limits)[0] == 25.0
+
+
+def test_report_of_someone_elses_ranges_summarises_them_as_ranges(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["parse", str(H100), str(H200), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "NVTX ranges (not headcount's attention ranges)" in printed and "aten::copy_" in printed
+    assert "None" not in printed and "unknown)" not in printed
+    page = (out / "report.html").read_text()
+    assert "No attention layers in this run" in page and "KernelExecutor::runFusion" in page
+    assert "Bottlenecks" not in page
 
 
 @pytest.mark.parametrize("name, content, message", [

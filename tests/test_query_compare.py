@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 
 from headcount.cli.main import main as cli_main
 from headcount.errors import HeadcountError
 from headcount.reports.compare import comparison
+from headcount.reports.figures import number
 from headcount.reports.query import run_query
 
 
@@ -59,3 +62,95 @@ def test_compare_within_and_across_reports(reports, capsys):
     assert cli_main(["compare", str(a), str(b), "--baseline", "sdpa"]) == 0
     out = capsys.readouterr().out
     assert "Attention implementations" in out and "differ in batch size (2, 4)" in out.replace("\n", " ")
+
+
+# ---------------------------------------------------------------- runs are never mixed (issue 10 §2)
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """A Llama eager+sdpa run, a bert-tiny sdpa run appended, then a second
+    Llama run with sdpa only (comparable to the first: same config, shapes, dtype, mode)."""
+    out = tmp_path_factory.mktemp("mixed") / "r"
+    common = ["--steps", "3", "--seq", "32", "--batch", "2", "--device", "cpu", "-o", str(out)]
+    assert cli_main(["profile", *common]) == 0
+    assert cli_main(["profile", "--model", "bert-tiny", "--impl", "sdpa", "--append", *common]) == 0
+    assert cli_main(["profile", "--impl", "sdpa", "--append", *common]) == 0
+    assert cli_main(["profile", "--impl", "sdpa", "--mode", "head", "--append", *common]) == 0
+    runs = pd.read_parquet(out / "runs")
+    return out, runs
+
+
+def test_compare_takes_speed_ups_only_within_a_run_or_from_a_comparable_one(mixed, tmp_path, capsys):
+    out, runs = mixed
+    assert cli_main(["compare", str(out), "--csv", str(tmp_path / "c.csv")]) == 0
+    printed = capsys.readouterr().out.replace("\n", " ")
+    table = pd.read_csv(tmp_path / "c.csv")
+    model = dict(zip(runs["run_id"], runs["model"]))
+    mode = runs.drop_duplicates("run_id").set_index("run_id")["mode"]
+    table["model"] = table["run_id"].map(model)
+    llama = runs[runs["model"].str.startswith("default") & (runs["implementation"] == "eager")]["run_id"].iloc[0]
+    bert = table[table["model"].str.startswith("bert-tiny")]
+    assert len(bert) == 1 and bert["speedup"].isna().all() and bert["baseline_run"].isna().all()
+    own = table[table["run_id"] == llama].set_index("implementation")
+    assert own.loc["eager", "speedup"] == 1.0
+    assert own.loc["sdpa", "speedup"] == pytest.approx(own.loc["eager", "attention_ms_per_step"] / own.loc["sdpa", "attention_ms_per_step"])
+    # the second Llama run (sdpa only, layer mode) is compared with the first run's eager, and says so
+    second = table[(table["run_id"] != llama) & table["model"].str.startswith("default") & (table["run_id"].map(mode) == "layer")]
+    assert len(second) == 1 and second["baseline_run"].iloc[0] == llama
+    assert second["speedup"].iloc[0] == pytest.approx(own.loc["eager", "attention_ms_per_step"] / second["attention_ms_per_step"].iloc[0])
+    assert f"its sdpa speed-up is against run {llama}" in printed
+    # head mode is another workload: never compared with layer mode's eager
+    head = table[table["run_id"].map(mode) == "head"]
+    assert len(head) == 1 and head["speedup"].isna().all()
+
+
+def test_console_and_page_keep_runs_apart(mixed, capsys):
+    out, runs = mixed
+    assert cli_main(["report", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for run_id in runs["run_id"].unique():
+        assert f"run {run_id}" in printed
+    # calls per step within one run: the 2-layer bert-tiny shows 2 per phase, never the sum over runs
+    bert_part = printed.split("bert-tiny")[1].split("Top 5")[0]
+    rows = [line for line in bert_part.splitlines() if " sdpa " in line and (" fwd " in line or " bwd " in line)]
+    assert rows and all(cells.split("│")[4].strip() == "2" for cells in rows)
+
+    page = (out / "report.html").read_text()
+    headings = [h for h in page.split("<h2>")[1:] if h.startswith("Run ")]
+    assert len(headings) == runs["run_id"].nunique()
+    assert sum("bert-tiny" in h.split("</h2>")[0] for h in headings) == 1
+    assert sum("default (Llama" in h.split("</h2>")[0] for h in headings) == 3
+    # every heatmap cell is one row of one run: its value is that row's median per call, never a sum over runs
+    heads = pd.read_parquet(out / "heads")
+    for section in headings:
+        run_id = section.split(":")[0].removeprefix("Run ").strip()
+        mine = heads[heads["run_id"] == run_id]
+        grids = re.findall(r"<h3>Layer × head: (\w+), (\w+)</h3>(.*?)</div>", section)
+        assert grids
+        for impl, phase, svg in grids:
+            cells = mine[(mine["implementation"] == impl) & (mine["phase"] == phase)]
+            titles = re.findall(r"<title>(\S+) head (\d+): ([\d,.]+) µs per call</title>", svg)
+            assert len(titles) == len(cells)
+            for layer, head, value in titles:
+                row = cells[(cells["layer_name"] == layer) & (cells["head"] == int(head))].iloc[0]
+                assert value == number(row["duration_per_call_p50_ns"] * 1e-3)
+
+
+def test_step_profiler_runs_are_summarised_one_by_one(tmp_path, capsys):
+    """Three profiled steps are three runs: the summary shows 2 calls per step for a 2-layer model, not 6."""
+    import torch
+
+    from conftest import _llama
+    from headcount.training import StepProfiler
+
+    model = _llama("sdpa")
+    ids = torch.randint(0, 128, (2, 16))
+    sp = StepProfiler(model, tmp_path / "out", every=1)
+    for step in range(3):
+        with sp.step(step):
+            model(input_ids=ids, labels=ids).loss.backward()
+    sp.close()
+    capsys.readouterr()
+    assert cli_main(["report", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    rows = [line for line in printed.splitlines() if line.startswith("│ sdpa") and "│ fwd " in line and line.count("│") == 9]
+    assert len(rows) == 3 and all(line.split("│")[4].strip() == "2" for line in rows)

@@ -16,10 +16,10 @@ from rich.console import Console
 
 from headcount.api import runs_row
 from headcount.errors import HeadcountError
-from headcount.parsers import ncu_csv, ncu_rep
+from headcount.parsers import ncu_csv, ncu_metrics, ncu_rep
 from headcount.parsers.nsys_rep import read_report
-from headcount.parsers.nsys_sqlite import read_export
-from headcount.pipeline import tables_from_ncu, tables_from_nsys
+from headcount.parsers.nsys_sqlite import read_export, run_device
+from headcount.pipeline import add_roofline, tables_from_ncu, tables_from_nsys
 from headcount.reports import dataset
 from headcount.reports.metadata import new_run_id, run_metadata
 
@@ -82,11 +82,16 @@ def run(args) -> int:
             if kind == "nsys":
                 tables = tables_from_nsys(data, run_id)
                 version = data["meta"].get("EXPORT_PRODUCT_VERSION")
+                device = run_device(data)
             else:
                 tables = tables_from_ncu(data, run_id)
                 version = None
-        meta = run_metadata(run_id, kind, version, "parse", {"input": str(path), "implementation": "unknown"})
-        meta["device"] = {"kind": "cuda", "name": None}
+                device = ncu_metrics.run_device(data)
+        # the device and program versions the recording names (null where it does not), never this machine's
+        device = device or {"kind": "cuda", "name": None}
+        add_roofline(tables, device)
+        meta = run_metadata(run_id, kind, version, "parse", {"input": str(path), "implementation": "unknown"},
+                            device=device, program={})
         tables["runs"] = runs_row(meta)
         if kind == "nsys":
             if not (tables["ranges"]["gpu_op_count"] > 0).any():

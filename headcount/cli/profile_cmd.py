@@ -17,8 +17,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from headcount.api import AttentionProfiler, resolve_backend, runs_row
 from headcount.collector import cupti_source
+from headcount.collector import device as _device
 from headcount.errors import HeadcountError
-from headcount.models import DTYPES, IMPLEMENTATIONS, config_dict, load_model, make_inputs, set_implementation
+from headcount.models import (DTYPES, IMPLEMENTATIONS, check_options, choose_model, config_dict, load_model, make_inputs,
+                              set_implementation)
 from headcount.reports import console as console_report
 from headcount.reports import dataset
 from headcount.reports.metadata import new_run_id
@@ -31,6 +33,7 @@ examples:
   headcount profile --mode head --impl sdpa      measure every head on its own
   headcount profile --model ./my-llama --seq 512 --batch 4 -o out/ --append
   headcount profile --impl flex_attention --no-backward
+  headcount profile --device cpu                 on the CPU even where a GPU is present
 """
 
 
@@ -51,6 +54,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="parameter and activation dtype (default float32)")
     p.add_argument("--steps", type=int, default=3, help="profiled steps per implementation, after one warm-up step (default 3)")
     p.add_argument("--no-backward", action="store_true", help="forward only (inference)")
+    p.add_argument("--device", default="auto", help=f"where the model and inputs go: {_device.CHOICES} "
+                   "(auto: the current GPU when torch sees one, else cpu; default auto)")
     p.add_argument("--backend", choices=("auto", "torch", "cupti"), default="auto",
                    help="where the numbers come from: cupti (in-process CUPTI on an NVIDIA GPU: kernels, launch latency, "
                    "occupancy, PM-sampled DRAM traffic), torch (torch.profiler, any machine), auto (cupti where usable, else torch; default)")
@@ -65,7 +70,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _validate(args) -> list[str]:
+def _validate(args):
+    """Check every option before anything heavy: returns ``(implementations,
+    model choice, device)``.
+
+    Raises:
+        HeadcountError: a bad option (exit 2), or a device this machine lacks (exit 3).
+    """
     if args.pm_interval_us <= 0:
         raise HeadcountError(f"--pm-interval-us {args.pm_interval_us}: must be positive", hint="e.g. --pm-interval-us 50")
     for name in ("batch", "seq", "steps"):
@@ -77,13 +88,20 @@ def _validate(args) -> list[str]:
     impls = [i.strip() for i in args.impl.split(",") if i.strip()]
     if not impls:
         raise HeadcountError("--impl is empty", hint="e.g. --impl eager,sdpa")
-    for impl in impls:
-        if impl not in IMPLEMENTATIONS:
-            raise HeadcountError(f"--impl {impl}: unknown attention implementation", hint=f"choose from {', '.join(IMPLEMENTATIONS)}")
     if len(set(impls)) != len(impls):
         raise HeadcountError("--impl names an implementation twice", hint="list each once")
+    if args.backend == "cupti":  # the environment first (exit 3): no driver, no cupti-python
+        try:
+            cupti_source.require()
+        except HeadcountError as exc:
+            raise HeadcountError(f"--backend cupti cannot run here: {exc.message}", hint=exc.hint, exit_code=exc.exit_code) from exc
+    device = _device.resolve(args.device)
+    if device.type == "cpu" and args.backend == "cupti":
+        raise HeadcountError("--backend cupti records GPU work and --device is cpu", hint="use --device cuda, or --backend torch")
+    choice = choose_model(args.model)
+    check_options(choice, impls, args.seq, device)
     dataset.check_output(args.out, append=args.append, force=args.force)
-    return impls
+    return impls, choice, device
 
 
 def _step(model, inputs, backward: bool) -> None:
@@ -109,24 +127,23 @@ def _warm_up(model, inputs, backward: bool, impl: str) -> None:
 
 def run(args) -> int:
     console = Console(stderr=True)
-    impls = _validate(args)
-    backend, why = resolve_backend(args.backend)
+    impls, choice, device = _validate(args)
+    if device.type == "cpu" and args.backend == "auto":  # CUPTI would see no work of a model on the CPU
+        backend, why = "torch", "backend auto: torch (--device cpu)"
+    else:
+        backend, why = resolve_backend(args.backend)
     if why:
         console.print(why)
     if backend == "cupti":
-        try:
-            cupti_source.require()
-        except HeadcountError as exc:
-            raise HeadcountError(f"--backend cupti cannot run here: {exc.message}", hint=exc.hint, exit_code=exc.exit_code) from exc
         # before the first NVTX call of this process, so that NVTX ranges also become CUPTI marker records
         injected = cupti_source.enable_nvtx_injection()
         if injected:
             console.print(f"NVTX marker records: injecting {injected}")
     backward = not args.no_backward
     with console.status("loading model…"):
-        model, description = load_model(args.model, args.dtype)
+        model, description = load_model(choice, args.dtype, device=device)
     inputs = make_inputs(model, args.batch, args.seq)
-    console.print(f"model: {description}; batch {args.batch} × seq {args.seq}, {args.dtype}, "
+    console.print(f"model: {description}; on {_device.describe(device)['name']} ({device}); batch {args.batch} × seq {args.seq}, {args.dtype}, "
                   f"{'forward+backward' if backward else 'forward only'}, {args.mode} mode")
     run_id = new_run_id()
     collected: dict[str, list[pd.DataFrame]] = {}

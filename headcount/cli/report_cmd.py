@@ -25,13 +25,13 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    ceiling = args.ceiling_gbps
-    if ceiling is None:  # a calibration stored with the report (headcount calibrate -o REPORT)
+    ceiling, ceiling_device = args.ceiling_gbps, None
+    if ceiling is None:  # a calibration stored with the report (headcount calibrate -o REPORT): for runs on that GPU only
         stored = calibrate.load(args.report)
-        if stored and stored.get("device") == "cuda":
-            ceiling = stored["copy_ceiling_gbps"]
+        if stored and str(stored.get("device", "")).startswith("cuda"):
+            ceiling, ceiling_device = stored["copy_ceiling_gbps"], stored.get("device_name")
     tables = load_tables(args.report)
-    page = render(args.report, ceiling, tables)
+    page = render(args.report, ceiling, tables, measured_device=ceiling_device)
     target = Path(args.output) if args.output else Path(args.report) / "report.html"
     tmp = target.with_name(target.name + ".tmp")
     try:
@@ -39,6 +39,7 @@ def run(args) -> int:
         os.replace(tmp, target)
     except OSError as exc:
         raise HeadcountError(f"{target}: cannot write the page ({exc.strerror or exc})", hint="choose a writable path with -o") from exc
-    console_report.print_summary(tables["layers"], tables["heads"], None, console=Console())
+    console_report.print_summary(tables["layers"], tables["heads"], None, console=Console(), runs=tables["runs"],
+                                 ranges=tables["ranges_summary"])
     Console().print(f"HTML: {target}")
     return 0

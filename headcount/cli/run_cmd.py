@@ -178,11 +178,12 @@ def run(args) -> int:
         if assemble.empty(r.tables):
             console.print(f"{r.run_id}: nothing recorded ({'; '.join(r.info.get('notices', []))})")
             continue
+        # the program's device and versions, as its own process saw them (never this launcher's)
         meta = run_metadata(r.run_id, args.backend, tool_info.get("tool_version"), args.mode,
                             {**r.info, **tool_info, "program_exit_status": status, "steps": r.info.get("steps_seen"),
-                             "complete": bool(r.info.get("complete", True)) and status == 0})
-        if r.info.get("device"):
-            meta["device"] = r.info["device"]
+                             "complete": bool(r.info.get("complete", True)) and status == 0},
+                            device=r.info.get("device") or {"kind": None, "name": None},
+                            program=r.info.get("program") or {})
         tables = {name: r.tables[name] for name in ("kernels", "ranges", "layers", "heads")}
         tables["runs"] = runs_row(meta)
         dataset.write_run(out, r.run_id, tables, meta, append=args.append or written > 0, force=args.force and written == 0)

@@ -19,21 +19,29 @@ from headcount.errors import HeadcountError
 CALIBRATION_FILE = "calibration.json"
 
 
-def copy_ceiling(device: str = "cuda", n_bytes: int = 2 << 30, repeats: int = 20, warmup: int = 3) -> dict:
+def copy_ceiling(device="cuda", n_bytes: int = 2 << 30, repeats: int = 20, warmup: int = 3) -> dict:
     """Best (read + written bytes) / time of ``repeats`` copies of ``n_bytes``.
+
+    Args:
+        device: a ``torch.device`` or its name (``cuda``, ``cuda:1``, ``cpu``).
+
+    Returns:
+        ``device`` (``cuda`` or ``cpu``: the kind), ``device_index``,
+        ``device_name``, ``bytes``, ``best_seconds``, ``copy_ceiling_gbps``, ``rule``, ``measured_at``.
 
     Raises:
         HeadcountError: ``device`` is cuda and no GPU is usable.
     """
     import torch
 
-    if device == "cuda" and not torch.cuda.is_available():
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise HeadcountError("calibration needs a CUDA GPU and torch sees none", hint="run it on the GPU machine", exit_code=3)
     src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     best = math.inf
     for i in range(warmup + repeats):
-        if device == "cuda":
+        if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             dst.copy_(src)
@@ -46,8 +54,8 @@ def copy_ceiling(device: str = "cuda", n_bytes: int = 2 << 30, repeats: int = 20
             seconds = time.perf_counter() - t0
         if i >= warmup:
             best = min(best, seconds)
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    return {"device": device, "device_name": name, "bytes": n_bytes, "best_seconds": best,
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"device": device.type, "device_index": device.index, "device_name": name, "bytes": n_bytes, "best_seconds": best,
             "copy_ceiling_gbps": 2 * n_bytes / best / 1e9, "rule": f"2 × bytes / fastest of {repeats} copies after {warmup} warm-ups",
             "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 

@@ -240,7 +240,7 @@ class ChildSession:
             self.notices.append(f"closing the session failed: {type(exc).__name__}: {exc}")
             records = None
         doc = {
-            "device": _device(),
+            "device": _device(), "program": _program(),
             "pid": self.pid, "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
             "backend": self.backend, "mode": self.mode, "steps_seen": self.step + 1, "steps_selected": self.steps,
             "calls": self.tagger.calls if self.tagger is not None else [], "records": records,
@@ -255,15 +255,23 @@ class ChildSession:
 
 
 def _device() -> dict | None:
-    """The GPU this process used (only if it initialized CUDA)."""
+    """Where this process's work ran: the GPU it used if it initialized CUDA, else the CPU."""
     torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    from headcount.collector import device as _dev
+
     try:
-        if torch is not None and torch.cuda.is_initialized():
-            p = torch.cuda.get_device_properties(torch.cuda.current_device())
-            return {"kind": "cuda", "name": p.name, "compute_capability": f"{p.major}.{p.minor}", "sm_count": p.multi_processor_count}
+        return _dev.describe(torch.cuda.current_device() if torch.cuda.is_initialized() else "cpu")
     except Exception:  # noqa: BLE001 - metadata only
         return None
-    return None
+
+
+def _program() -> dict:
+    """torch and transformers versions of this (the recorded) program."""
+    from headcount.reports.metadata import program_versions
+
+    return program_versions()
 
 
 def _int(value):

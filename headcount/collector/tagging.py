@@ -290,6 +290,11 @@ class AttentionTagger:
                 self.add_model(module)
 
     # ---------------------------------------------------------------- activation
+    @property
+    def models(self) -> list:
+        """The models registered so far (given, or found running with ``auto``)."""
+        return list(self._models)
+
     def activate(self) -> "AttentionTagger":
         """Start tagging (idempotent). Raises HeadcountError if transformers is missing."""
         global _original_get_interface

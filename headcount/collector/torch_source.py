@@ -26,18 +26,20 @@ class TorchRecorder:
 
     Args:
         trace_dir: where to write ``trace.json`` (a temporary directory by default).
+        cuda: also record CUDA kernels and runtime calls (default: when torch
+            sees a GPU; ``False`` for a model that runs on the CPU).
     """
 
     name = "torch"
 
-    def __init__(self, trace_dir: str | Path | None = None):
+    def __init__(self, trace_dir: str | Path | None = None, cuda: bool | None = None):
         self._tmp = None
         if trace_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="headcount-trace-")
             trace_dir = self._tmp.name
         self.trace_path = Path(trace_dir) / "trace.json"
         activities = [ProfilerActivity.CPU]
-        if cuda_available():
+        if cuda_available() if cuda is None else cuda:
             activities.append(ProfilerActivity.CUDA)
         self._profile = profile(activities=activities)
 

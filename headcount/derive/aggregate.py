@@ -16,12 +16,19 @@ measured-or-not quantity has a ``<quantity>_provenance`` column:
 range on the CPU thread — the CPU torch source), ``gpu_projected`` (first
 kernel start to last kernel end of the range on the GPU) or
 ``gpu_kernel_sum`` (sum of kernel durations — ncu, which serializes kernels).
+
+Totals (``duration_ns``, ``dram_bytes``, ``flop``) are over every call of the
+profiled steps; ``*_per_call*`` columns are per call: the mean
+(``duration_per_call_ns``) and the 10th/50th/90th percentiles over the calls
+(:mod:`headcount.derive.spread`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from headcount.derive import spread
 
 GROUP_LAYER = ["implementation", "phase", "layer_name", "layer"]
 GROUP_HEAD = GROUP_LAYER + ["head", "kv_head"]
@@ -54,7 +61,12 @@ def _aggregate(ranges: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         out[col] = out[col].astype("float64").where(~all_null)
     out["steps"] = out["steps"].where(out["steps"] > 0)  # no step ranges: unknown, not 0
     out["duration_basis"] = grouped["duration_basis"].first()
-    return out.reset_index()
+    out = out.reset_index()
+    # the same grouping (sorted, nulls kept), so the rows line up one to one
+    calls = spread.per_call(ranges, keys)
+    for col in (*spread.DURATION, *spread.BANDWIDTH):
+        out[col] = calls[col].to_numpy()
+    return out
 
 
 def _derive(table: pd.DataFrame, duration_provenance: str) -> pd.DataFrame:
@@ -161,8 +173,9 @@ def _apportion(layer_ranges: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame
             rows.append((*[getattr(rec, k) for k in GROUP_LAYER], h, h // groups, 1.0 / n))
     split = pd.DataFrame(rows, columns=[*GROUP_LAYER, "head", "kv_head", "_share"])
     table = split.merge(layers, on=GROUP_LAYER, how="left")
+    # a head's share of every call (bandwidth per call is unchanged: bytes and time scale alike)
     for col in ("duration_ns", "op_count", "cpu_ops_ns", "flop", "analytic_min_bytes", "dram_bytes", "dram_bytes_measured",
-                "dram_bytes_sampled", "kernel_busy_ns", "kernel_gap_ns", "cpu_launch_cost_ns"):
+                "dram_bytes_sampled", "kernel_busy_ns", "kernel_gap_ns", "cpu_launch_cost_ns", *spread.DURATION):
         if col in table:
             table[col] = table[col] * table["_share"]
     table["duration_per_call_ns"] = table["duration_ns"] / table["calls"]

@@ -80,6 +80,46 @@ def limits_from_torch(device_index: int = 0) -> SmLimits | None:
                     reserved_shared_memory=base.reserved_shared_memory)
 
 
+def limits_from_device(device: dict | pd.Series | None) -> SmLimits | None:
+    """Limits from a recording's description of its GPU (nsys's
+    ``TARGET_INFO_GPU``, as :func:`headcount.parsers.nsys_sqlite.read_export`
+    names its columns), the table's values where a field is missing;
+    ``None`` when neither the device nor its compute capability is known."""
+    if device is None:
+        return None
+    get = device.get
+
+    def num(key):
+        v = get(key)
+        return None if v is None or pd.isna(v) else int(v)
+
+    major, minor = num("cc_major"), num("cc_minor")
+    base = limits_for(f"{major}.{minor}") if major is not None and minor is not None else None
+    warps, blocks = num("max_warps_per_sm"), num("max_blocks_per_sm")
+    if base is None and (warps is None or blocks is None):
+        return None
+    base = base or SmLimits(max_warps=warps, max_blocks=blocks, reserved_shared_memory=1024 if (major or 0) >= 8 else 0)
+    return SmLimits(max_warps=warps or base.max_warps, max_blocks=blocks or base.max_blocks,
+                    registers=num("registers_per_sm") or base.registers,
+                    max_registers_per_block=num("max_registers_per_block") or base.max_registers_per_block,
+                    shared_memory=num("shared_memory_per_sm") or base.shared_memory,
+                    reserved_shared_memory=base.reserved_shared_memory)
+
+
+def device_occupancy(kernels: pd.DataFrame, devices: pd.DataFrame | None) -> pd.Series:
+    """``theoretical_occupancy_pct`` of each kernel with the limits of the
+    device it ran on (``device`` column = ``devices.device``); null where the
+    device is not described."""
+    out = pd.Series(np.nan, index=kernels.index, dtype="float64")
+    if devices is None or not len(devices) or not len(kernels):
+        return out
+    for _, row in devices.iterrows():
+        on = (kernels["device"] == row["device"]).fillna(False).to_numpy(dtype=bool)
+        if on.any():
+            out[on] = kernel_occupancy(kernels[on], limits_from_device(row)).to_numpy()
+    return out
+
+
 def _round_up(x: np.ndarray, unit: int) -> np.ndarray:
     return -(-x // unit) * unit
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from headcount.errors import HeadcountError
-from headcount.parsers.ncu_metrics import kernels_frame, to_float
+from headcount.parsers.ncu_metrics import DEVICE_NAME, kernels_frame, to_float
 
 # details-page display names -> raw metric names
 DISPLAY_NAMES = {
@@ -134,6 +134,7 @@ def _identity(record: dict) -> dict:
         "grid": record.get("Grid Size") or None,
         "block": record.get("Block Size") or None,
         "nvtx_path": None,
+        "device_name": record.get(DEVICE_NAME) or None,  # raw page only
     }
 
 

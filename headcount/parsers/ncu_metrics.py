@@ -36,7 +36,12 @@ METRICS: dict[str, tuple[str, ...]] = {
     "shared_memory_dynamic_bytes": ("launch__shared_mem_per_block_dynamic",),
     "shared_memory_config_bytes": ("launch__shared_mem_config_size",),
     "block_threads": ("launch__block_size",),
+    # the GPU the kernel ran on (the run's device, see run_device)
+    "device_cc_major": ("device__attribute_compute_capability_major",),
+    "device_cc_minor": ("device__attribute_compute_capability_minor",),
+    "device_sm_count": ("device__attribute_multiprocessor_count",),
 }
+DEVICE_NAME = "device__attribute_display_name"
 
 # counters a headcount report needs; ``missing_metrics`` names those not collected
 CORE = ("duration_ns", "achieved_occupancy_pct")
@@ -93,7 +98,7 @@ def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
     rows = []
     for k in kernels:
         metrics = k["metrics"]
-        row = {key: k.get(key) for key in ("ncu_id", "name", "pid", "device", "stream", "grid", "block", "nvtx_path")}
+        row = {key: k.get(key) for key in ("ncu_id", "name", "pid", "device", "stream", "grid", "block", "nvtx_path", "device_name")}
         missing, broken = [], False
         for column, names in METRICS.items():
             present = next((n for n in names if n in metrics), None)
@@ -125,3 +130,22 @@ def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
     frame["device"] = frame["device"].map(lambda d: None if d is None or (isinstance(d, float) and np.isnan(d)) else f"cuda:{int(float(d))}")
     frame["pid"] = frame["pid"].map(lambda p: None if p is None else str(int(float(p))))
     return frame
+
+
+def run_device(kernels: pd.DataFrame) -> dict | None:
+    """The run metadata's ``device`` for ncu kernels: the GPU its report names
+    (``device__attribute_display_name`` and the compute capability and SM
+    count attributes of the first kernel that has them); ``None`` when the
+    export carries no device attributes (ncu's details page, old exports)."""
+    if "device_name" not in kernels or not kernels["device_name"].notna().any():
+        return None
+    first = kernels[kernels["device_name"].notna()].iloc[0]
+
+    def num(col):
+        v = first.get(col)
+        return None if v is None or pd.isna(v) else int(v)
+
+    major, minor = num("device_cc_major"), num("device_cc_minor")
+    return {"kind": "cuda", "name": str(first["device_name"]),
+            "compute_capability": f"{major}.{minor}" if major is not None and minor is not None else None,
+            "sm_count": num("device_sm_count"), "source": "ncu device attributes"}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from headcount.errors import HeadcountError
-from headcount.parsers.ncu_metrics import METRICS, kernels_frame, to_float
+from headcount.parsers.ncu_metrics import DEVICE_NAME, METRICS, kernels_frame, to_float
 
 
 def _module():
@@ -36,6 +36,16 @@ def _metric(action, name: str):
         return metric.as_double()
     except Exception:  # noqa: BLE001 - string metrics have no double value
         return to_float(metric.value())
+
+
+def _text(action, name: str) -> str | None:
+    metric = action.metric_by_name(name)
+    if metric is None:
+        return None
+    try:
+        return str(metric.as_string()).strip() or None
+    except Exception:  # noqa: BLE001 - a numeric metric has no string value
+        return None
 
 
 def _nvtx_path(action) -> str | None:
@@ -92,6 +102,7 @@ def read_report(path: str | Path) -> pd.DataFrame:
                 "grid": grid,
                 "block": block,
                 "nvtx_path": _nvtx_path(action),
+                "device_name": _text(action, DEVICE_NAME),
                 "metrics": metrics,
             })
     if not kernels:

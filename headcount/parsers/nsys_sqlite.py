@@ -251,11 +251,40 @@ def read_export(path: str | Path) -> dict[str, pd.DataFrame | dict]:
         runtime = _read_runtime(src, tables, strings)
         gpu = _read_gpu(src, tables, strings)
         metrics = _read_gpu_metrics(src, tables)
+        devices = _read_devices(src, tables)
     finally:
         src.close()
     if ranges.empty and gpu.empty:
         raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
-    return {"ranges": ranges, "runtime": runtime, "gpu": gpu, "gpu_metrics": metrics, "meta": meta}
+    return {"ranges": ranges, "runtime": runtime, "gpu": gpu, "gpu_metrics": metrics, "meta": meta, "devices": devices}
+
+
+# TARGET_INFO_GPU column → our name (units: bytes, Hz, counts; memoryBandwidth is bytes/s)
+_DEVICE_COLUMNS = {
+    "id": "device", "name": "name", "chipName": "chip", "computeMajor": "cc_major", "computeMinor": "cc_minor",
+    "smCount": "sm_count", "totalMemory": "memory_bytes", "memoryBandwidth": "memory_bandwidth_bytes_per_s",
+    "clockRate": "clock_hz", "l2CacheSize": "l2_bytes", "maxWarpsPerSm": "max_warps_per_sm",
+    "maxBlocksPerSm": "max_blocks_per_sm", "maxRegistersPerSm": "registers_per_sm",
+    "maxRegistersPerBlock": "max_registers_per_block", "maxShmemPerSm": "shared_memory_per_sm",
+}
+
+
+def _read_devices(src, tables) -> pd.DataFrame:
+    """The GPUs of the recording (``TARGET_INFO_GPU``; absent in some exports):
+    one row per device id, with what the occupancy calculator and the
+    roofline need. Empty when the export has no such table."""
+    columns = ["device", *[v for k, v in _DEVICE_COLUMNS.items() if k != "id"]]
+    if "TARGET_INFO_GPU" not in tables:
+        return pd.DataFrame(columns=columns)
+    have = src.columns("TARGET_INFO_GPU")
+    select = ", ".join(f"{k if k in have else 'NULL'} AS {v}" for k, v in _DEVICE_COLUMNS.items())
+    try:
+        rows = src.rows(f"SELECT DISTINCT {select} FROM TARGET_INFO_GPU")
+    except Exception as exc:  # noqa: BLE001 - sqlite3 and DuckDB raise their own types
+        raise HeadcountError(f"{src.path}: TARGET_INFO_GPU cannot be read ({str(exc).splitlines()[0]})",
+                             hint="export the report again") from exc
+    frame = pd.DataFrame(rows, columns=list(_DEVICE_COLUMNS.values()))
+    return frame.drop_duplicates("device").reset_index(drop=True)[columns]
 
 
 def _read_ranges(src, tables, strings) -> pd.DataFrame:
@@ -365,10 +394,12 @@ def _read_gpu(src, tables, strings) -> pd.DataFrame:
         frame = _query(src, f"""
             SELECT '{kind}' AS kind, {name}, g.globalPid AS global_pid, {col('deviceId', 'device')}, {col('streamId', 'stream')},
                    g.correlationId AS correlation_id, g.start AS start_ns, g.end AS end_ns, {grid}, {block},
-                   {col('registersPerThread', 'registers_per_thread')}, {shared}, {col('bytes', 'bytes')}
+                   {col('registersPerThread', 'registers_per_thread')}, {shared}, {col('bytes', 'bytes')},
+                   {col('sharedMemoryExecuted', 'shared_memory_config_bytes')}
             FROM {table} g {join}""", {"kind": "text", "name": "text", "global_pid": "int", "device": "int", "stream": "int",
                                        "correlation_id": "int", "start_ns": "int", "end_ns": "int", "grid": "text", "block": "text",
-                                       "registers_per_thread": "int", "shared_memory_bytes": "int", "bytes": "int"})
+                                       "registers_per_thread": "int", "shared_memory_bytes": "int", "bytes": "int",
+                                       "shared_memory_config_bytes": "int"})
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=["kind", "name", "pid", "device", "stream", "correlation_id", "start_ns", "end_ns"])
@@ -397,3 +428,36 @@ def _read_gpu_metrics(src, tables) -> pd.DataFrame:
     frame["device"] = (frame["type_id"] & 0xFF).astype(np.int64)
     frame["value"] = frame["value"].astype("float64")
     return frame[cols].sort_values(["device", "metric", "timestamp_ns"], kind="stable").reset_index(drop=True)
+
+
+def run_device(export: dict) -> dict | None:
+    """The run metadata's ``device`` for an export: the GPU its kernels ran on
+    (the first, when several; ``count`` says how many distinct devices ran
+    work), as ``TARGET_INFO_GPU`` describes it. ``None`` without that table."""
+    devices = export.get("devices")
+    if devices is None or not len(devices):
+        return None
+    used = export["gpu"]["device"].dropna().unique() if len(export["gpu"]) else []
+    rows = devices[devices["device"].isin(list(used))] if len(used) else devices
+    rows = rows if len(rows) else devices
+    first = rows.iloc[0]
+
+    def value(col):
+        v = first.get(col)
+        return None if v is None or pd.isna(v) else v
+
+    bandwidth = value("memory_bandwidth_bytes_per_s")
+    major, minor = value("cc_major"), value("cc_minor")
+    names = sorted({str(n) for n in rows["name"].dropna()})
+    return {
+        "kind": "cuda",
+        "name": " + ".join(names) if names else None,
+        "index": int(first["device"]),
+        "count": int(len(rows)),
+        "compute_capability": f"{int(major)}.{int(minor)}" if major is not None and minor is not None else None,
+        "sm_count": int(value("sm_count")) if value("sm_count") is not None else None,
+        "memory_bytes": int(value("memory_bytes")) if value("memory_bytes") is not None else None,
+        "memory_bandwidth_gbps": float(bandwidth) / 1e9 if bandwidth else None,
+        "clock_hz": int(value("clock_hz")) if value("clock_hz") is not None else None,
+        "source": "TARGET_INFO_GPU",
+    }

@@ -2,8 +2,15 @@
 attention implementation, what attention costs — from any mix of sources.
 
 Tables in, a table and notes out. Times are per step where steps are known
-(``steps``), else per profile; ``speedup`` is the baseline's attention time
-over the row's, within the same run when the run has the baseline.
+(``steps``), else per profile. ``speedup`` is the baseline implementation's
+attention time over the row's:
+
+- within the row's own run when that run profiled the baseline;
+- else against the baseline of another run only when the two are
+  comparable — the same model config, batch, sequence length, dtype and
+  mode, all known (``baseline_run`` names that run, and a note says so;
+  devices may differ, which is the point of comparing two GPUs);
+- else empty, with a note. Never against a run of another model or mode.
 """
 
 from __future__ import annotations
@@ -14,13 +21,24 @@ import pandas as pd
 COLUMNS = [
     "run_id", "implementation", "source", "device", "dtype", "batch", "seq", "duration_basis",
     "attention_ms_per_step", "calls_per_step", "kernels_per_call", "cpu_launch_cost_us_per_call", "launch_latency_p50_us",
-    "dram_mb_per_step", "dram_bytes_provenance", "bandwidth_gbps", "flop_per_byte", "bound", "speedup",
+    "dram_mb_per_step", "dram_bytes_provenance", "bandwidth_gbps", "flop_per_byte", "bound", "speedup", "baseline_run", "model",
 ]
+# what two runs must share (all known) before a speed-up may compare them
+COMPARABLE = ("model_config", "batch", "seq", "dtype", "mode")
 _SHAPE_KEYS = {"device": "device", "dtype": "dtype", "batch": "batch size", "seq": "sequence length", "model": "model"}
 
 
 def _sum(g: pd.DataFrame, col: str) -> float:
     return float(g[col].sum(min_count=1)) if col in g else np.nan
+
+
+def comparable(a: dict, b: dict) -> bool:
+    """Two runs may be compared: model config, batch, sequence length, dtype and mode known and equal."""
+    for key in COMPARABLE:
+        x, y = a.get(key), b.get(key)
+        if x is None or y is None or pd.isna(x) or pd.isna(y) or str(x) != str(y):
+            return False
+    return True
 
 
 def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = None) -> tuple[pd.DataFrame, list[str]]:
@@ -45,7 +63,7 @@ def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = 
             if key is not None:
                 r = info.loc[key]
                 meta = {"source": r.get("source"), "device": r.get("device_name"), "dtype": r.get("dtype"), "batch": r.get("batch"),
-                        "seq": r.get("seq"), "model": r.get("model")}
+                        "seq": r.get("seq"), "model": r.get("model"), "model_config": r.get("model_config"), "mode": r.get("mode")}
         bound = g["roofline_class"].dropna().mode() if "roofline_class" in g else pd.Series(dtype=object)
         rows.append({
             "run_id": run_id, "implementation": impl, **meta, "duration_basis": g["duration_basis"].iloc[0],
@@ -58,26 +76,37 @@ def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = 
             "flop_per_byte": _sum(g, "flop") / dram if dram else np.nan,
             "bound": bound.iloc[0] if len(bound) else None,
         })
-    table = pd.DataFrame(rows).reindex(columns=[*COLUMNS, "model"])
+    table = pd.DataFrame(rows).reindex(columns=[*COLUMNS, *(c for c in COMPARABLE if c not in COLUMNS)])
     if not len(table):
         return table[COLUMNS], ["no layer rows to compare"]
     base_impl = baseline or ("eager" if (table["implementation"] == "eager").any() else table["implementation"].iloc[0])
     notes = []
     if not (table["implementation"] == base_impl).any():
         notes.append(f"baseline {base_impl} is in no run: no speed-up")
-    fallback = table.loc[table["implementation"] == base_impl, "attention_ms_per_step"]
-    fallback = fallback.iloc[0] if len(fallback) else np.nan
-    speedups = []
-    for row in table.itertuples(index=False):
-        same = table[(table["run_id"] == row.run_id) & (table["implementation"] == base_impl)]["attention_ms_per_step"]
-        base = same.iloc[0] if len(same) else fallback
-        speedups.append(base / row.attention_ms_per_step if row.attention_ms_per_step else np.nan)
+    speedups, against = [], []
+    for row in table.to_dict("records"):
+        base_rows = table[table["implementation"] == base_impl]
+        same = base_rows[base_rows["run_id"] == row["run_id"]]
+        if not len(same):
+            same = base_rows[[comparable(row, other) for other in base_rows.to_dict("records")]]
+            if len(same) and row["implementation"] != base_impl:
+                notes.append(f"run {row['run_id']} has no {base_impl}: its {row['implementation']} speed-up is against run "
+                             f"{same['run_id'].iloc[0]} (same model config, batch, sequence length, dtype and mode)")
+            elif len(base_rows) and row["implementation"] != base_impl:
+                notes.append(f"run {row['run_id']} ({row['implementation']}): no speed-up — the run has no {base_impl} and no run "
+                             f"with {base_impl} matches its model config, batch, sequence length, dtype and mode")
+        base = same["attention_ms_per_step"].iloc[0] if len(same) else np.nan
+        speedups.append(base / row["attention_ms_per_step"] if row["attention_ms_per_step"] else np.nan)
+        against.append(same["run_id"].iloc[0] if len(same) else None)
     table["speedup"] = speedups
+    table["baseline_run"] = against
     for key, label in _SHAPE_KEYS.items():
         values = sorted({str(v) for v in table[key] if not pd.isna(v)})
         if len(values) > 1:
             notes.append(f"not comparable as they stand: the runs differ in {label} ({', '.join(values)})")
+    if table["mode"].nunique() > 1:
+        notes.append("runs differ in mode (layer, head): head mode measures a different workload (one head at a time)")
     if table["duration_basis"].nunique() > 1:
         notes.append("times differ in basis (" + ", ".join(sorted(table["duration_basis"].dropna().unique())) +
                       "): ncu's kernel sums leave out launch gaps, CPU ranges include the CPU's work")
-    return table[COLUMNS], notes
+    return table[COLUMNS], list(dict.fromkeys(notes))

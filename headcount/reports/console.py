@@ -9,6 +9,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from headcount.reports.figures import number, with_spread
+
 
 def _fmt(value, spec: str = ",.0f") -> str:
     if value is None or pd.isna(value):
@@ -17,7 +19,7 @@ def _fmt(value, spec: str = ",.0f") -> str:
 
 
 def implementation_summary(layers: pd.DataFrame) -> pd.DataFrame:
-    """Per implementation and phase: attention time per step (ns), calls per step,
+    """Per implementation and phase (of one run): attention time per step (ns), calls per step,
     analytic FLOPs and bytes per step, operators/kernels per call."""
     steps = layers["steps"].fillna(1).clip(lower=1)
     if _has_kernels(layers):  # GPU sources: kernels per call, not CPU operators
@@ -68,22 +70,66 @@ def _provenance_caption(frame: pd.DataFrame) -> str:
             f"bytes: {'/'.join(sorted(frame['dram_bytes_provenance'].dropna().unique())) or '–'}; FLOP: analytic")
 
 
+def run_title(run_id, runs: pd.DataFrame | None) -> str:
+    """``run <id>: <model>, <mode> mode, <device>`` from the runs table (what it has)."""
+    words = [f"run {run_id}"]
+    if runs is not None and len(runs) and "run_id" in runs:
+        r = runs[runs["run_id"] == run_id]
+        if len(r):
+            r = r.iloc[0]
+            facts = [str(r[c]) for c in ("model",) if c in r and pd.notna(r[c])]
+            if "mode" in r and pd.notna(r["mode"]):
+                facts.append(f"{r['mode']} mode")
+            if "device_name" in r and pd.notna(r["device_name"]):
+                facts.append(f"on {r['device_name']}")
+            if facts:
+                words.append(", ".join(facts))
+    return ": ".join(words)
+
+
+def _by_run(frame: pd.DataFrame | None, run_id) -> pd.DataFrame | None:
+    if frame is None or not len(frame) or "run_id" not in frame:
+        return frame
+    return frame[frame["run_id"] == run_id]
+
+
 def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: Console | None = None, top: int = 5,
-                  kernels: pd.DataFrame | None = None) -> None:
-    """Print the per-implementation comparison, what launching costs (GPU
-    sources, given ``kernels``), the costliest layers (or heads, when they
-    were measured), and where the report is."""
+                  kernels: pd.DataFrame | None = None, runs: pd.DataFrame | None = None,
+                  ranges: pd.DataFrame | None = None) -> None:
+    """Print, for each run on its own (no figure adds two runs): the
+    per-implementation comparison, what launching costs (GPU sources, given
+    ``kernels``), the costliest layers (or heads, when they were measured)
+    with their spread over calls, and which rows stand out beyond it; then
+    NVTX ranges that are not headcount's (``ranges``:
+    :func:`headcount.reports.query.range_summary`), and where the report is."""
     console = console or Console()
+    run_ids = list(dict.fromkeys(layers["run_id"])) if "run_id" in layers and len(layers) else ([None] if len(layers) else [])
+    for run_id in run_ids:
+        run_layers = _by_run(layers, run_id) if run_id is not None else layers
+        run_heads = _by_run(heads, run_id) if run_id is not None else heads
+        if len(run_ids) > 1 or runs is not None:
+            console.rule(run_title(run_id, runs), align="left")
+        _print_run(console, run_layers, run_heads, _by_run(kernels, run_id) if run_id is not None else kernels, top)
+    if ranges is not None and len(ranges):
+        for run_id, g in ranges.groupby("run_id", sort=False):
+            console.rule(run_title(run_id, runs), align="left")
+            console.print(_ranges_table(g, top * 2))
+    if out_dir is not None:
+        console.print(f"Report: {out_dir}/ (Parquet datasets kernels, ranges, layers, heads, runs)")
+
+
+def _print_run(console: Console, layers: pd.DataFrame, heads: pd.DataFrame, kernels: pd.DataFrame | None, top: int) -> None:
+    from headcount.reports import findings
+
     summary = implementation_summary(layers)
-    table = Table(title="Attention per step", caption=_provenance_caption(layers))
+    table = Table(title="Attention per step (totals over the profiled steps ÷ steps)", caption=_provenance_caption(layers))
     for col in ("impl", "phase", "ms", "calls", "kernels/call" if _has_kernels(layers) else "ops/call", "GFLOP", "MB", "GB/s"):
         table.add_column(col, justify="left" if col in ("impl", "phase") else "right")
     for row in summary.itertuples(index=False):
         gbps = row.dram_bytes_per_step / row.attention_ns_per_step if row.attention_ns_per_step else None
         table.add_row(
-            row.implementation, row.phase, _fmt(row.attention_ns_per_step / 1e6, ",.2f"), _fmt(row.calls_per_step, ",.0f"),
-            _fmt(row.ops_per_call, ",.1f"), _fmt(row.flop_per_step / 1e9, ",.3f"), _fmt(row.dram_bytes_per_step / 1e6, ",.2f"),
-            _fmt(gbps, ",.2f"),
+            row.implementation, row.phase, number(row.attention_ns_per_step / 1e6), _fmt(row.calls_per_step, ",.0f"),
+            number(row.ops_per_call), number(row.flop_per_step / 1e9), number(row.dram_bytes_per_step / 1e6), number(gbps),
         )
     console.print(table)
     if kernels is not None and _has_kernels(layers):
@@ -91,15 +137,34 @@ def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: C
 
     measured_heads = heads[heads["provenance"] == "measured"] if len(heads) else heads
     rows, what = (measured_heads, "heads") if len(measured_heads) else (layers, "layers")
-    t = Table(title=f"Top {top} {what} by time per call", caption=_provenance_caption(rows))
-    for col in ("impl", "phase", "layer", *(("head", "kv") if what == "heads" else ()), "µs/call", "GB/s", "FLOP/B"):
+    t = Table(title=f"Top {top} {what} by median time per call",
+              caption=_provenance_caption(rows) + "; per call: median (p10–p90) over the calls, rounded to that spread")
+    for col in ("impl", "phase", "layer", *(("head", "kv") if what == "heads" else ()), "µs per call", "calls",
+                "GB/s per call", "FLOP/B"):
         t.add_column(col, justify="left" if col in ("impl", "phase", "layer") else "right")
-    for r in rows.sort_values("duration_per_call_ns", ascending=False).head(top).itertuples(index=False):
+    order = rows.assign(_key=rows["duration_per_call_p50_ns"].fillna(rows["duration_per_call_ns"]))
+    for r in order.sort_values("_key", ascending=False).head(top).itertuples(index=False):
         cells = [r.implementation, r.phase, str(r.layer_name)]
         if what == "heads":
             cells += [_fmt(r.head, "d"), _fmt(r.kv_head, "d")]
-        cells += [_fmt(r.duration_per_call_ns / 1e3, ",.1f"), _fmt(r.bandwidth_gbps, ",.2f"), _fmt(r.intensity_flop_per_byte, ",.1f")]
+        per_call = (with_spread(r.duration_per_call_p50_ns, r.duration_per_call_p10_ns, r.duration_per_call_p90_ns, 1e-3)
+                    if pd.notna(r.duration_per_call_p50_ns) else number(r.duration_per_call_ns / 1e3))
+        gbps = (with_spread(r.bandwidth_per_call_p50_gbps, r.bandwidth_per_call_p10_gbps, r.bandwidth_per_call_p90_gbps)
+                if pd.notna(r.bandwidth_per_call_p50_gbps) else number(r.bandwidth_gbps))
+        cells += [per_call, _fmt(r.calls, ",.0f"), gbps, number(r.intensity_flop_per_byte)]
         t.add_row(*cells)
     console.print(t)
-    if out_dir is not None:
-        console.print(f"Report: {out_dir}/ (Parquet datasets kernels, ranges, layers, heads, runs)")
+    for line in findings.layer_noise_lines(layers) + findings.head_lines(heads):
+        console.print(f"  {line}", soft_wrap=True)
+
+
+def _ranges_table(ranges: pd.DataFrame, top: int) -> Table:
+    t = Table(title="NVTX ranges (not headcount's attention ranges), by GPU time",
+              caption="time: projected GPU time of each range instance (first kernel start to last kernel end), or its CPU span "
+                      "without GPU work; per instance: median (p10–p90); nested ranges overlap: do not add rows")
+    for col in ("range", "instances", "total ms", "µs per instance", "GPU ops"):
+        t.add_column(col, justify="left" if col == "range" else "right")
+    for r in ranges.head(top).itertuples(index=False):
+        t.add_row(str(r.path), _fmt(r.instances, ",.0f"), number(r.duration_ns / 1e6),
+                  with_spread(r.p50_ns, r.p10_ns, r.p90_ns, 1e-3), _fmt(r.gpu_op_count, ",.0f"))
+    return t

@@ -1,10 +1,11 @@
 """``headcount report``: one self-contained HTML page (no script, no network:
 inline CSS and SVG) that shows where attention's time and bytes go.
 
-Sections: the runs, the implementation comparison, the bottlenecks in words,
-layer × head heatmaps per implementation and phase (time, bandwidth, DRAM
-bytes, occupancy where measured), and a roofline of the layers against the
-device's ceilings. Every figure names its unit and provenance; every text
+Sections: the runs, the implementation comparison, then one section per run
+(named by its model, shapes, mode and device): the bottlenecks in words,
+layer × head heatmaps per implementation and phase (time per call, bandwidth,
+DRAM bytes, occupancy where measured), and a roofline of the layers against
+that run's device's ceilings. No figure adds two runs. Every figure names its unit and provenance; every text
 that comes from a profile (names, paths) is escaped.
 """
 
@@ -18,8 +19,10 @@ import numpy as np
 import pandas as pd
 
 from headcount.derive import devices
+from headcount.reports import findings
 from headcount.reports.compare import comparison
-from headcount.reports.query import connect
+from headcount.reports.figures import number
+from headcount.reports.query import connect, range_summary
 
 # a perceptually ordered ramp (viridis, 9 stops)
 _RAMP = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
@@ -53,18 +56,31 @@ def _color(t: float) -> str:
 
 
 def heatmap(frame: pd.DataFrame, value: str, title: str, unit: str, provenance: str, scale: float = 1.0) -> str:
-    """An SVG heatmap: layers down, heads across, colour = ``value`` × ``scale``."""
-    layers = sorted(frame["layer"].dropna().unique().tolist())
-    heads = sorted(frame["head"].dropna().unique().tolist())
-    if not layers or not heads:
+    """An SVG heatmap: layers down (by name: T5's encoder and decoder layer 0
+    are two rows), heads across, colour = ``value`` × ``scale``.
+
+    ``frame`` holds one run, implementation and phase, so each cell is one
+    row of the heads table; a frame with two rows for one cell is refused
+    rather than summed.
+
+    Raises:
+        ValueError: two rows for one layer and head (runs or phases mixed).
+    """
+    frame = frame.dropna(subset=["layer_name", "head"])
+    if not len(frame):
         return ""
-    grid = frame.pivot_table(index="layer", columns="head", values=value, aggfunc="sum") * scale
+    if frame.duplicated(["layer_name", "head"]).any():
+        raise ValueError("heatmap: two rows for one layer and head (runs, implementations or phases mixed)")
+    layers = frame.drop_duplicates("layer_name").sort_values(["layer", "layer_name"], na_position="last")["layer_name"].tolist()
+    heads = sorted(frame["head"].unique().tolist())
+    grid = frame.pivot(index="layer_name", columns="head", values=value).astype("float64") * scale
     finite = grid.to_numpy(dtype=float)
     finite = finite[np.isfinite(finite)]
     if not len(finite):
         return ""
     lo, hi = float(finite.min()), float(finite.max())
-    cell, left, top = 22, 64, 30
+    cell, top = 22, 30
+    left = max(64, 7 * max(len(str(n)) for n in layers) + 12)
     width, height = max(left + cell * len(heads) + 90, 460), top + cell * len(layers) + 40
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="{_e(title)}">',
              f'<text x="0" y="16" font-size="13" font-weight="600">{_e(title)}</text>']
@@ -72,18 +88,18 @@ def heatmap(frame: pd.DataFrame, value: str, title: str, unit: str, provenance: 
         parts.append(f'<text x="{left + j * cell + cell / 2}" y="{top - 4}" font-size="10" text-anchor="middle">{int(h)}</text>')
     for i, layer in enumerate(layers):
         y = top + i * cell
-        parts.append(f'<text x="{left - 6}" y="{y + cell * 0.7}" font-size="10" text-anchor="end">layer {int(layer)}</text>')
+        parts.append(f'<text x="{left - 6}" y="{y + cell * 0.7}" font-size="10" text-anchor="end">{_e(layer)}</text>')
         for j, h in enumerate(heads):
             v = grid.loc[layer, h] if (layer in grid.index and h in grid.columns) else float("nan")
             t = (v - lo) / (hi - lo) if hi > lo else 0.5
             parts.append(f'<rect x="{left + j * cell}" y="{y}" width="{cell - 1}" height="{cell - 1}" fill="{_color(t)}">'
-                         f'<title>layer {int(layer)} head {int(h)}: {_num(v)} {_e(unit)}</title></rect>')
+                         f'<title>{_e(layer)} head {int(h)}: {_e(number(v))} {_e(unit)}</title></rect>')
     bar_x = left + cell * len(heads) + 14
     for k in range(10):
         parts.append(f'<rect x="{bar_x}" y="{top + k * (cell * len(layers) / 10)}" width="12" height="{cell * len(layers) / 10 + 0.5}" '
                      f'fill="{_color(1 - k / 9)}"/>')
-    parts.append(f'<text x="{bar_x + 16}" y="{top + 10}" font-size="10">{_num(hi)}</text>')
-    parts.append(f'<text x="{bar_x + 16}" y="{top + cell * len(layers)}" font-size="10">{_num(lo)}</text>')
+    parts.append(f'<text x="{bar_x + 16}" y="{top + 10}" font-size="10">{_e(number(hi))}</text>')
+    parts.append(f'<text x="{bar_x + 16}" y="{top + cell * len(layers)}" font-size="10">{_e(number(lo))}</text>')
     parts.append(f'<text x="0" y="{height - 8}" font-size="11" fill="#555">{_e(unit)}; {_e(provenance)}; head across, layer down</text>')
     parts.append("</svg>")
     return "".join(parts)
@@ -142,30 +158,6 @@ def roofline(points: pd.DataFrame, device_name: str | None, dtype: str | None, m
     return "".join(parts)
 
 
-def bottlenecks(layers: pd.DataFrame, heads: pd.DataFrame, top: int = 5) -> list[str]:
-    """The costliest rows, in words."""
-    lines = []
-    for r in layers.sort_values("duration_ns", ascending=False).head(top).itertuples(index=False):
-        words = [f"{r.layer_name} ({r.phase}, {r.implementation}): {_num(r.duration_ns / 1e3, ',.1f')} µs "
-                 f"({_num(getattr(r, 'share_of_phase_pct', float('nan')), '.1f')}% of the phase)"]
-        bound = getattr(r, "roofline_class", None)
-        if bound:
-            words.append(bound)
-        excess = getattr(r, "excess_traffic", None)
-        if excess is not None and not pd.isna(excess):
-            words.append(f"{excess:.1f}× the minimum DRAM traffic ({r.dram_bytes_provenance})")
-        if not pd.isna(getattr(r, "kernels_per_call", float("nan"))):
-            words.append(f"{r.kernels_per_call:.1f} kernels per call")
-        lines.append(", ".join(words))
-    measured = heads[heads.get("provenance", pd.Series(dtype=object)) == "measured"] if len(heads) else heads
-    if len(measured):
-        share = measured.sort_values("share_of_layer_pct", ascending=False).head(top)
-        for r in share.itertuples(index=False):
-            lines.append(f"{r.layer_name} head {int(r.head)} ({r.phase}, {r.implementation}): "
-                         f"{_num(r.share_of_layer_pct, '.1f')}% of its layer's head time")
-    return lines
-
-
 def _table(frame: pd.DataFrame, columns: list[tuple[str, str, str]]) -> str:
     head = "".join(f'<th class="{"l" if spec == "s" else ""}">{_e(label)}</th>' for label, _, spec in columns)
     rows = []
@@ -179,18 +171,104 @@ def _table(frame: pd.DataFrame, columns: list[tuple[str, str, str]]) -> str:
 
 
 def load_tables(out: str | Path) -> dict[str, pd.DataFrame]:
-    """``layers``, ``heads`` and ``runs`` of report ``out`` (all runs; empty when absent).
+    """``layers``, ``heads`` and ``runs`` of report ``out`` (all runs; empty
+    when absent), and ``ranges_summary`` (:func:`headcount.reports.query.range_summary`).
 
     Raises:
         HeadcountError: ``out`` is not a report.
     """
     con = connect(out)
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
-    return {name: con.sql(f"SELECT * FROM {name}").df() if name in views else pd.DataFrame() for name in ("layers", "heads", "runs")}
+    tables = {name: con.sql(f"SELECT * FROM {name}").df() if name in views else pd.DataFrame() for name in ("layers", "heads", "runs")}
+    tables["ranges_summary"] = range_summary(con)
+    return tables
 
 
-def render(out: str | Path, measured_gbps: float | None = None, tables: dict[str, pd.DataFrame] | None = None) -> str:
-    """The HTML page of report ``out`` (its tables read unless given).
+def _run_info(runs: pd.DataFrame, run_id) -> dict:
+    rows = runs[runs["run_id"] == run_id] if len(runs) and "run_id" in runs else runs.iloc[0:0]
+    return rows.iloc[0].to_dict() if len(rows) else {}
+
+
+def _present(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value)) and not pd.isna(value)
+
+
+def _run_heading(run_id, info: dict) -> str:
+    facts = [str(info[k]) for k in ("model",) if _present(info.get(k))]
+    if _present(info.get("input")):
+        facts.append(str(info["input"]))
+    shape = ", ".join(f"{label} {info[k]:.0f}" if isinstance(info.get(k), (int, float)) else f"{label} {info[k]}"
+                      for k, label in (("batch", "batch"), ("seq", "seq")) if _present(info.get(k)))
+    if shape:
+        facts.append(shape)
+    for k, fmt in (("dtype", "{}"), ("mode", "{} mode"), ("device_name", "on {}")):
+        if _present(info.get(k)):
+            facts.append(fmt.format(info[k]))
+    return f"Run {run_id}" + (": " + ", ".join(facts) if facts else "")
+
+
+def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, measured_gbps: float | None) -> list[str]:
+    """Bottlenecks, heatmaps and roofline of one run (nothing here adds two runs)."""
+    body = [f"<h2>{_e(_run_heading(run_id, info))}</h2>"]
+    if len(layers):
+        body.append("<h3>Bottlenecks</h3><ul>" + "".join(f"<li>{_e(line)}</li>" for line in findings.bottlenecks(layers, heads)) + "</ul>")
+        body.append('<p class="cap">Per call: median (p10–p90) over the calls, rounded to that spread; totals: over every call of '
+                    "the profiled steps. A layer or head is called hotter only when its p10–p90 interval lies wholly above the "
+                    "median row's; otherwise the rows are within noise.</p>")
+    if len(heads):
+        for (impl, phase), g in heads.groupby(["implementation", "phase"], sort=True):
+            prov = "/".join(sorted(set(g["provenance"].dropna()))) or "–"
+            time_col = "duration_per_call_p50_ns" if g["duration_per_call_p50_ns"].notna().any() else "duration_per_call_ns"
+            charts = [heatmap(g, time_col, "time per call (median)" if time_col.endswith("p50_ns") else "time per call (mean)",
+                              "µs per call", f"time {prov}", 1e-3),
+                      heatmap(g, "bandwidth_gbps", "bandwidth (total bytes ÷ total time)", "GB/s",
+                              "bytes " + "/".join(sorted(set(g["bandwidth_provenance"].dropna()))) + ", time " + prov),
+                      heatmap(g, "dram_bytes", "DRAM bytes, total over the profiled steps", "MB",
+                              "bytes " + "/".join(sorted(set(g["dram_bytes_provenance"].dropna()))), 1e-6)]
+            if "achieved_occupancy_pct" in g and g["achieved_occupancy_pct"].notna().any():
+                charts.append(heatmap(g, "achieved_occupancy_pct", "achieved occupancy", "%", "/".join(sorted(set(g["achieved_occupancy_provenance"].dropna())))))
+            body.append(f"<h3>Layer × head: {_e(impl)}, {_e(phase)}</h3><div class=\"grid\">" + "".join(c for c in charts if c) + "</div>")
+    if len(layers):
+        device = info.get("device_name") if info.get("device_kind") == "cuda" and _present(info.get("device_name")) else None
+        dtype = str(info["dtype"]) if _present(info.get("dtype")) else None
+        reported = info.get("device_memory_bandwidth_gbps")
+        ceiling = measured_gbps or (float(reported) if _present(reported) else None)
+        peaks = devices.peaks_for(device)
+        if peaks:
+            basis = ("measured copy ceiling" if measured_gbps else
+                     "the memory bandwidth the recording reports for this GPU" if ceiling else peaks.source)
+            caption = (f"ceilings: {peaks.name}, {ceiling or peaks.dram_gbps:,.0f} GB/s ({basis}), "
+                       f"{_num(peaks.tflops.get(dtype, float('nan')), ',.0f')} TFLOP/s {dtype or ''}")
+        else:
+            caption = f"no ceilings: the device ({device or info.get('device_name') or 'unknown'}) is not a GPU of the device table"
+        measured_heads = heads[heads["provenance"] == "measured"] if len(heads) else heads
+        points = pd.concat([layers, measured_heads], ignore_index=True) if len(measured_heads) else layers
+        body.append("<h3>Roofline</h3>" + roofline(points, device, dtype, ceiling) +
+                    f'<p class="cap">Filled: one point per layer row; rings: heads measured on their own (head mode); '
+                    f"blue forward, orange backward; {_e(caption)}. FLOPs are analytic; bytes as in the tables' provenance.</p>")
+    return body
+
+
+def _ranges_section(summary: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    body = []
+    for run_id, g in summary.groupby("run_id", sort=True):
+        body.append(f"<h2>{_e(_run_heading(run_id, _run_info(runs, run_id)))}</h2>")
+        body.append('<p class="cap">No attention layers in this run (NVTX ranges that are not headcount\'s): the ranges are '
+                    "summarised by name, never posed as layers. Nested ranges overlap: do not add rows.</p>")
+        g = g.assign(total_ms=g["duration_ns"] / 1e6, p10_us=g["p10_ns"] / 1e3, p50_us=g["p50_ns"] / 1e3, p90_us=g["p90_ns"] / 1e3)
+        body.append(_table(g, [("range", "path", "s"), ("instances", "instances", ",.0f"), ("total ms", "total_ms", ",.4g"),
+                               ("p10 µs per instance", "p10_us", ",.4g"), ("median µs", "p50_us", ",.4g"),
+                               ("p90 µs", "p90_us", ",.4g"), ("GPU ops", "gpu_op_count", ",.0f"), ("time basis", "duration_basis", "s")]))
+    return body
+
+
+def render(out: str | Path, measured_gbps: float | None = None, tables: dict[str, pd.DataFrame] | None = None,
+           measured_device: str | None = None) -> str:
+    """The HTML page of report ``out`` (its tables read unless given): the
+    runs, the implementation comparison (speed-ups only within a run or
+    between comparable runs, see :func:`headcount.reports.compare.comparison`),
+    then one section per run. ``measured_gbps`` (a copy ceiling measured on
+    ``measured_device``) is used only for runs on that device.
 
     Raises:
         HeadcountError: ``out`` is not a report.
@@ -203,40 +281,26 @@ def render(out: str | Path, measured_gbps: float | None = None, tables: dict[str
                                                   ("dtype", "dtype", "s"), ("batch", "batch", ",.0f"), ("seq", "seq", ",.0f")]))
     body.append('<p class="cap">Provenance: <b>measured</b> (a counter or timestamp of that very range or kernel), <b>sampled</b> '
                 "(device-wide samples over its window), <b>apportioned</b> (a layer's figure split over its heads), "
-                "<b>analytic</b> (the model from shapes). Units are in every header.</p>")
+                "<b>analytic</b> (the model from shapes). Units are in every header. Every figure below is computed within one "
+                "run; the comparison says where a speed-up compares two runs.</p>")
     if len(layers):
         table_cmp, notes = comparison(layers, runs)
         body.append("<h2>Attention implementations</h2>" + _table(table_cmp, [
-            ("run", "run_id", "s"), ("implementation", "implementation", "s"), ("source", "source", "s"),
-            ("ms per step", "attention_ms_per_step", ",.3f"), ("kernels per call", "kernels_per_call", ",.1f"),
-            ("launch cost µs per call", "cpu_launch_cost_us_per_call", ",.1f"), ("launch latency p50 µs", "launch_latency_p50_us", ",.1f"),
-            ("DRAM MB per step", "dram_mb_per_step", ",.2f"), ("bytes provenance", "dram_bytes_provenance", "s"),
-            ("GB/s", "bandwidth_gbps", ",.1f"), ("FLOP/byte", "flop_per_byte", ",.1f"), ("bound", "bound", "s"), ("speed-up", "speedup", ",.2f")]))
+            ("run", "run_id", "s"), ("model", "model", "s"), ("implementation", "implementation", "s"), ("source", "source", "s"),
+            ("ms per step", "attention_ms_per_step", ",.3g"), ("kernels per call", "kernels_per_call", ",.3g"),
+            ("launch cost µs per call", "cpu_launch_cost_us_per_call", ",.3g"), ("launch latency p50 µs", "launch_latency_p50_us", ",.3g"),
+            ("DRAM MB per step", "dram_mb_per_step", ",.3g"), ("bytes provenance", "dram_bytes_provenance", "s"),
+            ("GB/s", "bandwidth_gbps", ",.3g"), ("FLOP/byte", "flop_per_byte", ",.3g"), ("bound", "bound", "s"),
+            ("speed-up", "speedup", ",.2f"), ("against", "baseline_run", "s")]))
         body += [f'<p class="note">{_e(n)}</p>' for n in notes]
-        body.append("<h2>Bottlenecks</h2><ul>" + "".join(f"<li>{_e(line)}</li>" for line in bottlenecks(layers, heads)) + "</ul>")
-    if len(heads):
-        body.append("<h2>Layer × head</h2>")
-        for (impl, phase), g in heads.groupby(["implementation", "phase"], sort=True):
-            prov = "/".join(sorted(set(g["provenance"].dropna()))) or "–"
-            charts = [heatmap(g, "duration_per_call_ns", "time per call", "µs per call", f"time {prov}", 1e-3),
-                      heatmap(g, "bandwidth_gbps", "bandwidth", "GB/s", "bytes " + "/".join(sorted(set(g["bandwidth_provenance"].dropna()))) + ", time " + prov),
-                      heatmap(g, "dram_bytes", "DRAM bytes per profile", "MB", "bytes " + "/".join(sorted(set(g["dram_bytes_provenance"].dropna()))), 1e-6)]
-            if "achieved_occupancy_pct" in g and g["achieved_occupancy_pct"].notna().any():
-                charts.append(heatmap(g, "achieved_occupancy_pct", "achieved occupancy", "%", "/".join(sorted(set(g["achieved_occupancy_provenance"].dropna())))))
-            body.append(f"<h3>{_e(impl)}, {_e(phase)}</h3><div class=\"grid\">" + "".join(c for c in charts if c) + "</div>")
-    if len(layers):
-        device = runs["device_name"].dropna().iloc[0] if "device_name" in runs and runs["device_name"].notna().any() else None
-        dtypes = runs["dtype"].dropna().unique() if "dtype" in runs else []
-        dtype = str(dtypes[0]) if len(dtypes) == 1 else None
-        peaks = devices.peaks_for(device)
-        caption = (f"ceilings: {peaks.name}, {measured_gbps or peaks.dram_gbps:,.0f} GB/s "
-                   f"({'measured copy ceiling' if measured_gbps else peaks.source}), "
-                   f"{_num(peaks.tflops.get(dtype, float('nan')), ',.0f')} TFLOP/s {dtype or ''}" if peaks else
-                   f"no ceilings: the device ({device or 'unknown'}) is not in the device table (a CPU run has none)")
-        measured_heads = heads[heads["provenance"] == "measured"] if len(heads) else heads
-        points = pd.concat([layers, measured_heads], ignore_index=True) if len(measured_heads) else layers
-        body.append("<h2>Roofline</h2>" + roofline(points, device, dtype, measured_gbps) +
-                    f'<p class="cap">Filled: one point per layer row; rings: heads measured on their own (head mode); '
-                    f"blue forward, orange backward; {_e(caption)}. FLOPs are analytic; bytes as in the tables' provenance.</p>")
+    run_ids = list(dict.fromkeys(layers["run_id"])) if len(layers) else []
+    for run_id in run_ids:
+        info = _run_info(runs, run_id)
+        ceiling = measured_gbps if measured_gbps and (measured_device is None or measured_device == info.get("device_name")) else None
+        run_heads = heads[heads["run_id"] == run_id] if len(heads) else heads
+        body += _run_section(run_id, layers[layers["run_id"] == run_id], run_heads, info, ceiling)
+    summary = tables.get("ranges_summary")
+    if summary is not None and len(summary):
+        body += _ranges_section(summary, runs)
     return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>headcount report</title>"
             f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>")

@@ -7,7 +7,6 @@ in ``run.json`` beside the tables.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import platform
 import secrets
 import sys
@@ -15,7 +14,7 @@ from importlib import metadata as _md
 
 from headcount import __version__
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
@@ -33,31 +32,31 @@ def package_version(package: str) -> str | None:
         return None
 
 
-def device_info() -> dict:
-    """The device the run used: the GPU torch sees, else the CPU."""
-    import torch
+def device_info(device=None) -> dict:
+    """Run metadata of the device the work ran on (``None``: the CPU)."""
+    from headcount.collector import device as _device
 
-    if torch.cuda.is_available():
-        idx = torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(idx)
-        return {
-            "kind": "cuda",
-            "name": props.name,
-            "compute_capability": f"{props.major}.{props.minor}",
-            "sm_count": props.multi_processor_count,
-            "memory_bytes": props.total_memory,
-            "cuda": torch.version.cuda,
-        }
-    return {
-        "kind": "cpu",
-        "name": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-    }
+    return _device.describe(device if device is not None else "cpu")
 
 
-def run_metadata(run_id: str, source: str, source_version: str | None, mode: str, extra: dict | None = None) -> dict:
-    """Everything a reader needs to know about a run besides its tables."""
+def program_versions() -> dict:
+    """torch and transformers of this process (for a run recorded in this process)."""
+    return {"torch": package_version("torch"), "transformers": package_version("transformers")}
+
+
+def run_metadata(run_id: str, source: str, source_version: str | None, mode: str, extra: dict | None = None, *,
+                 device: dict, program: dict | None = None) -> dict:
+    """Everything a reader needs to know about a run besides its tables.
+
+    Args:
+        device: where the recorded work ran (:func:`device_info`, or what a
+            recording says of its GPU); never guessed from this machine.
+        program: ``torch`` and ``transformers`` versions of the recorded
+            program (``None``: this process, which is right for the API and
+            ``headcount profile``); a parsed file passes what the recording
+            says, else nulls. headcount's own version is ``tool_version``.
+    """
+    program = program_versions() if program is None else program
     meta = {
         "schema_version": SCHEMA_VERSION,
         "tool": "headcount",
@@ -66,11 +65,11 @@ def run_metadata(run_id: str, source: str, source_version: str | None, mode: str
         "source": source,
         "source_version": source_version,
         "mode": mode,
-        "device": device_info(),
+        "device": device,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "torch": package_version("torch"),
-        "transformers": package_version("transformers"),
+        "torch": program.get("torch"),
+        "transformers": program.get("transformers"),
         "nvtx": package_version("nvtx"),
         "command_line": list(sys.argv),
         "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

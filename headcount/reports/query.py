@@ -47,3 +47,36 @@ def run_query(out: str | Path, sql: str):
         raise HeadcountError(f"query failed: {first}", hint="tables: " + ", ".join(sorted(TABLES))) from exc
     except AttributeError as exc:  # a statement without a result (e.g. CREATE)
         raise HeadcountError("the query returned no table", hint="use a SELECT") from exc
+
+
+def range_summary(con: duckdb.DuckDBPyConnection, top: int = 20) -> "pd.DataFrame":
+    """NVTX ranges that are not headcount's, per run and range name, for runs
+    that have no attention layers (someone else's code, parsed). Names are
+    grouped without the per-call counters PyTorch's ``emit_nvtx`` appends
+    (``, seq = N``, ``, op_id = N``), so that ``aten::copy_`` is one row;
+    nested ranges overlap, so totals of different rows must not be added.
+    Columns (the ``path`` column holds the name): ``instances``,
+    ``duration_ns`` (total over the instances), ``p10_ns``/``p50_ns``/``p90_ns``
+    per instance (null with fewer than two), ``gpu_op_count``,
+    ``duration_basis``; at most ``top`` paths per run, by total time.
+    Computed in DuckDB: a parsed export may hold millions of ranges."""
+    import pandas as pd
+
+    views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    if "ranges" not in views:
+        return pd.DataFrame(columns=["run_id", "path", "instances", "duration_ns", "p10_ns", "p50_ns", "p90_ns", "gpu_op_count"])
+    without_layers = "AND run_id NOT IN (SELECT DISTINCT run_id FROM layers)" if "layers" in views else ""
+    q = ", ".join(f"CASE WHEN count(duration_ns) >= 2 THEN quantile_cont(duration_ns, {p / 100}) END AS p{p}_ns" for p in (10, 50, 90))
+    return con.sql(rf"""
+        WITH other AS (
+            SELECT run_id, regexp_replace(name, ',\s*(seq|op_id)\s*=\s*\d+', '', 'g') AS label, duration_ns, gpu_op_count,
+                   duration_basis
+            FROM ranges
+            WHERE level = 'other' AND name IS NOT NULL
+              AND coalesce(domain, '') NOT IN ('headcount', 'headcount.step') {without_layers})
+        SELECT * FROM (
+            SELECT run_id, label AS path, count(*) AS instances, sum(duration_ns) AS duration_ns, {q},
+                   sum(gpu_op_count) AS gpu_op_count, any_value(duration_basis) AS duration_basis,
+                   row_number() OVER (PARTITION BY run_id ORDER BY sum(duration_ns) DESC NULLS LAST) AS rank
+            FROM other GROUP BY run_id, label)
+        WHERE rank <= {int(top)} ORDER BY run_id, rank""").df().drop(columns=["rank"])

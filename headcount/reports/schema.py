@@ -52,10 +52,12 @@ RANGES = pa.schema([
 ])
 
 _AGG = [
-    ("calls", I), ("steps", I), ("duration_ns", F), ("duration_per_call_ns", F), ("duration_basis", S),
+    ("calls", I), ("steps", I), ("duration_ns", F), ("duration_per_call_ns", F),
+    ("duration_per_call_p10_ns", F), ("duration_per_call_p50_ns", F), ("duration_per_call_p90_ns", F), ("duration_basis", S),
     ("duration_provenance", S), ("op_count", F), ("cpu_ops_ns", F),
     ("flop", F), ("flop_provenance", S), ("analytic_min_bytes", F), ("dram_bytes_measured", F),
     ("dram_bytes", F), ("dram_bytes_provenance", S), ("bandwidth_gbps", F), ("bandwidth_provenance", S),
+    ("bandwidth_per_call_p10_gbps", F), ("bandwidth_per_call_p50_gbps", F), ("bandwidth_per_call_p90_gbps", F),
     ("intensity_flop_per_byte", F), ("intensity_provenance", S), ("excess_traffic", F),
     ("roofline_class", S), ("launch_latency_p50_ns", F), ("launch_latency_p99_ns", F),
     ("achieved_occupancy_pct", F), ("achieved_occupancy_provenance", S), ("incomplete", B), ("provenance", S),
@@ -77,7 +79,8 @@ HEADS = pa.schema([
 RUNS = pa.schema([
     ("implementation", S), ("source", S), ("source_version", S), ("mode", S), ("model", S),
     ("model_config", S), ("batch", I), ("seq", I), ("dtype", S), ("steps", I), ("backward", B),
-    ("device_kind", S), ("device_name", S), ("torch", S), ("transformers", S),
+    ("device_kind", S), ("device_name", S), ("device_compute_capability", S), ("device_sm_count", I),
+    ("device_memory_bandwidth_gbps", F), ("torch", S), ("transformers", S),
     ("tool_version", S), ("schema_version", S), ("command_line", S), ("start_time", S),
     ("rank", I), ("world_size", I), ("pid", S), ("complete", B), ("program_exit_status", I),
 ])

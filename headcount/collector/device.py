@@ -1,0 +1,84 @@
+"""Where the profiled work runs: ``--device`` resolved, and described for the run metadata.
+
+A run's ``device_kind``/``device_name`` must name the device its tensors were
+on, never merely a GPU the machine happens to have: the roofline classifies
+timings against that device's datasheet.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+from headcount.errors import HeadcountError
+
+CHOICES = "auto, cpu, cuda, cuda:N"
+
+
+def resolve(spec: str | None = "auto"):
+    """The ``torch.device`` a ``--device`` value means on this machine.
+
+    ``auto`` (or ``None``) is ``cuda`` (the current device) when torch sees a
+    GPU, else ``cpu``.
+
+    Raises:
+        HeadcountError: an unknown value (exit 2); ``cuda``/``cuda:N`` where
+            torch sees no such GPU (exit 3: the environment, not the command).
+    """
+    import torch
+
+    text = (spec or "auto").strip().lower()
+    if text == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as exc:
+        raise HeadcountError(f"--device {spec}: not a device", hint=f"choose one of {CHOICES}") from exc
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type != "cuda":
+        raise HeadcountError(f"--device {spec}: headcount profiles on cpu or cuda only", hint=f"choose one of {CHOICES}")
+    if not torch.cuda.is_available():
+        why = "this torch is a CPU build" if torch.version.cuda is None else "torch sees no CUDA GPU (driver or CUDA_VISIBLE_DEVICES?)"
+        raise HeadcountError(f"--device {spec}: no CUDA GPU here ({why})", hint="use --device cpu, or run on a machine with a GPU",
+                             exit_code=3)
+    count = torch.cuda.device_count()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index >= count:
+        raise HeadcountError(f"--device {spec}: this machine has {count} CUDA device{'s' if count != 1 else ''}",
+                             hint=f"use cuda:0 … cuda:{count - 1}", exit_code=3)
+    return torch.device("cuda", index)
+
+
+def describe(device) -> dict:
+    """Run metadata of a device: ``kind`` (``cuda``/``cpu``), ``name`` and,
+    for a GPU, compute capability, SM count, memory (bytes) and CUDA version."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return {
+            "kind": "cuda",
+            "index": index,
+            "name": props.name,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "sm_count": props.multi_processor_count,
+            "memory_bytes": props.total_memory,
+            "cuda": torch.version.cuda,
+        }
+    return {
+        "kind": "cpu",
+        "name": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def of_model(model):
+    """The device of a model's parameters (its first one), or ``None`` without parameters."""
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError, TypeError):
+        return None

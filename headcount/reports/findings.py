@@ -1,0 +1,119 @@
+"""Bottlenecks in words, for one run at a time (the console and the HTML page).
+
+Every sentence names whether its figure is per call (median and p10–p90
+over the calls) or a total over the profiled steps, and a layer or head is
+called hotter than the others only where :func:`headcount.derive.spread.standout`
+says the difference holds against the spread; otherwise the sentence says
+the rows are within noise and how large the noise is.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from headcount.derive import spread
+from headcount.reports.figures import number, with_spread
+
+_GROUP = ["implementation", "phase"]
+
+
+def _steps(rows: pd.DataFrame) -> str:
+    steps = rows["steps"].dropna() if "steps" in rows else pd.Series(dtype=float)
+    return f"over {int(steps.max())} profiled step{'s' if steps.max() != 1 else ''}" if len(steps) else "over the profile"
+
+
+def per_call_text(row) -> str:
+    """``"2,300 (2,100–2,900) µs per call, median (p10–p90) of 3 calls"``, or the mean of one call."""
+    calls = getattr(row, "calls", None)
+    n = "" if calls is None or pd.isna(calls) else f" of {int(calls)} call{'s' if calls != 1 else ''}"
+    p50 = getattr(row, "duration_per_call_p50_ns", None)
+    if p50 is not None and not pd.isna(p50):
+        text = with_spread(p50, row.duration_per_call_p10_ns, row.duration_per_call_p90_ns, 1e-3)
+        return f"{text} µs per call, median (p10–p90){n}"
+    mean = getattr(row, "duration_per_call_ns", None)
+    if mean is not None and not pd.isna(mean):
+        return f"{number(mean / 1e3)} µs per call{n} (no spread: one call)"
+    return "time per call unknown"
+
+
+def layer_lines(layers: pd.DataFrame, top: int = 5) -> list[str]:
+    """The costliest layer rows of one run (by total time)."""
+    lines = []
+    for r in layers.sort_values("duration_ns", ascending=False).head(top).itertuples(index=False):
+        words = [f"{r.layer_name} ({r.phase}, {r.implementation}): {per_call_text(r)}; "
+                 f"{number(r.duration_ns / 1e6)} ms total {_steps(layers)} "
+                 f"({number(getattr(r, 'share_of_phase_pct', float('nan')), 2)} % of the phase's total)"]
+        bound = getattr(r, "roofline_class", None)
+        if isinstance(bound, str) and bound:
+            words.append(bound)
+        excess = getattr(r, "excess_traffic", None)
+        if excess is not None and not pd.isna(excess):
+            words.append(f"{number(excess, 2)}× the minimum DRAM traffic ({r.dram_bytes_provenance})")
+        kpc = getattr(r, "kernels_per_call", None)
+        if kpc is not None and not pd.isna(kpc):
+            words.append(f"{number(kpc, 2)} kernels per call")
+        lines.append(", ".join(words))
+    return lines
+
+
+def layer_noise_lines(layers: pd.DataFrame) -> list[str]:
+    """Per implementation and phase of one run: which layers stand out from
+    the median layer beyond the spread, or that they are within noise."""
+    lines = []
+    for (impl, phase), g in layers.groupby(_GROUP, sort=True):
+        lines += _standout_lines(g, "layer_name", f"{phase}, {impl}", "layer", "layers")
+    return lines
+
+
+def head_lines(heads: pd.DataFrame, top: int = 5) -> list[str]:
+    """For heads measured on their own (head mode) of one run: the heads that
+    stand out from their layer's median head beyond the spread (at most
+    ``top``, largest difference first), and per implementation and phase how
+    many layers have their heads within noise."""
+    measured = heads[heads["provenance"] == "measured"] if len(heads) else heads
+    if not len(measured):
+        return []
+    found, quiet = [], {}
+    for (impl, phase, layer), g in measured.groupby([*_GROUP, "layer_name"], sort=True):
+        verdicts = spread.standout(g, "head")
+        if not len(verdicts):
+            continue
+        hot = verdicts[verdicts["verdict"].isin(["hotter", "cooler"])]
+        for v in hot.itertuples(index=False):
+            found.append((abs(v.vs_median_pct), f"{layer} head {int(v.head)} ({phase}, {impl}): {v.verdict}, "
+                          f"{v.vs_median_pct:+.0f} % time per call against the layer's median head (head {int(v.reference)}), "
+                          f"beyond the spread over calls (±{number(v.noise_pct, 2)} %)"))
+        key = (impl, phase)
+        n_quiet, n_all, widest, unknown = quiet.get(key, (0, 0, 0.0, 0))
+        unknown += int((verdicts["verdict"] == "unknown").all())
+        if not len(hot):
+            n_quiet += 1
+            widest = max(widest, float(verdicts["noise_pct"].iloc[0]) if pd.notna(verdicts["noise_pct"].iloc[0]) else 0.0)
+        quiet[key] = (n_quiet, n_all + 1, widest, unknown)
+    lines = [text for _, text in sorted(found, key=lambda t: -t[0])[:top]]
+    for (impl, phase), (n_quiet, n_all, widest, unknown) in sorted(quiet.items()):
+        if unknown == n_all:
+            lines.append(f"{phase}, {impl}: heads not compared (fewer than {spread.VERDICT_MIN_CALLS} calls per head; profile more steps)")
+        elif n_quiet:
+            lines.append(f"{phase}, {impl}: heads within noise in {n_quiet} of {n_all} layers "
+                         f"(±{number(widest, 2)} % per call at most, the median head's p10–p90 half-width)")
+    return lines
+
+
+def _standout_lines(rows: pd.DataFrame, key: str, where: str, what: str, whats: str) -> list[str]:
+    verdicts = spread.standout(rows, key)
+    if not len(verdicts):
+        return []
+    if (verdicts["verdict"] == "unknown").all():
+        return [f"{where}: {whats} not compared (fewer than {spread.VERDICT_MIN_CALLS} calls each; profile more steps)"]
+    hot = verdicts[verdicts["verdict"] == "hotter"]
+    if not len(hot):
+        return [f"{where}: {whats} within noise (±{number(verdicts['noise_pct'].iloc[0], 2)} % per call)"]
+    return [f"{where}: {v[key]} stands out, {v['vs_median_pct']:+.0f} % time per call against the median {what} "
+            f"({v['reference']}), beyond the spread (±{number(v['noise_pct'], 2)} %)" for v in hot.to_dict("records")]
+
+
+def bottlenecks(layers: pd.DataFrame, heads: pd.DataFrame, top: int = 5) -> list[str]:
+    """The bottlenecks of one run in words: the costliest layers, whether any
+    layer stands out, then heads measured on their own."""
+    return layer_lines(layers, top) + layer_noise_lines(layers) + head_lines(heads, top)
