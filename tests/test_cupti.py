@@ -385,3 +385,17 @@ def test_pm_sampling_that_cannot_start_is_a_notice(llama, capsys):
     assert "PM sampling unavailable: GPU performance counters are not permitted" in capsys.readouterr().err
     assert len(prof.get_stats()["kernels"]) == replay.launches
     assert prof.run_metadata()["collector"]["pm_sampling"]["enabled"] is False
+
+
+def test_the_replay_keeps_no_wall_clock(llama):
+    """Two replays of the same steps give the same timeline to the nanosecond:
+    the stand-in GPU's clock is virtual, so a loaded machine changes nothing."""
+    model, inputs = llama
+    timelines = []
+    for _ in range(2):
+        prof, _ = _profile(model, inputs, steps=1, replay=ReplayCupti(launch_cost_ns=4_000, latency_ns=6_000))
+        k = prof.get_stats()["kernels"]
+        timelines.append(k[["name", "start_ns", "end_ns", "launch_latency_ns", "cpu_launch_cost_ns"]]
+                         .assign(start_ns=k["start_ns"] - k["start_ns"].min(), end_ns=k["end_ns"] - k["start_ns"].min()))
+    assert timelines[0].equals(timelines[1])
+    assert (timelines[0]["launch_latency_ns"] == 10_000).all()  # 4 µs call + 6 µs latency, never queued behind the GPU
