@@ -19,7 +19,7 @@ import pandas as pd
 
 from headcount.derive import aggregate, analytic, launch, occupancy
 from headcount.errors import HeadcountError
-from headcount.parsers import cupti_records
+from headcount.parsers import cupti_records, ncu_metrics
 from headcount.pipeline import add_roofline, tables_from_events, tables_from_ncu, tables_from_nsys
 
 
@@ -101,7 +101,8 @@ def from_ncu(kernels: pd.DataFrame, children: list[dict], run_id: str) -> list[R
     tables = tables_from_ncu(kernels, run_id)
     for name in ("layers", "heads"):
         tables[name] = _with_call_totals(tables[name], calls, impl, name == "heads")
-    device = next((c.get("device") for c in children if c.get("device")), None) or {}
+    # the report's own device attributes first (exact for the profiled GPU), else what the program saw
+    device = ncu_metrics.run_device(kernels) or next((c.get("device") for c in children if c.get("device")), None) or {}
     add_roofline(tables, device, calls)
     info = {"notices": [], "processes": [_info(c) for c in children], "implementation": impl,
             "complete": all(c.get("complete", True) for c in children), "device": device or None,

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from headcount import AttentionProfiler
 from headcount.derive import aggregate, spread
-from headcount.models import load_model, make_inputs
 from headcount.reports import findings
 from headcount.reports.figures import number, with_spread
 

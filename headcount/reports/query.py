@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pandas as pd
 
 from headcount.errors import HeadcountError
 from headcount.reports.dataset import MARKER
@@ -49,7 +50,7 @@ def run_query(out: str | Path, sql: str):
         raise HeadcountError("the query returned no table", hint="use a SELECT") from exc
 
 
-def range_summary(con: duckdb.DuckDBPyConnection, top: int = 20) -> "pd.DataFrame":
+def range_summary(con: duckdb.DuckDBPyConnection, top: int = 20) -> pd.DataFrame:
     """NVTX ranges that are not headcount's, per run and range name, for runs
     that have no attention layers (someone else's code, parsed). Names are
     grouped without the per-call counters PyTorch's ``emit_nvtx`` appends
@@ -60,8 +61,6 @@ def range_summary(con: duckdb.DuckDBPyConnection, top: int = 20) -> "pd.DataFram
     per instance (null with fewer than two), ``gpu_op_count``,
     ``duration_basis``; at most ``top`` paths per run, by total time.
     Computed in DuckDB: a parsed export may hold millions of ranges."""
-    import pandas as pd
-
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     if "ranges" not in views:
         return pd.DataFrame(columns=["run_id", "path", "instances", "duration_ns", "p10_ns", "p50_ns", "p90_ns", "gpu_op_count"])
