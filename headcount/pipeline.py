@@ -293,7 +293,7 @@ def tables_from_nsys(export: dict, run_id: str, calls=None, implementation: str 
     (all domains of a thread nest together). Ranges named by headcount's
     scheme (domain ``headcount``) give the layers/heads tables; other ranges
     (someone else's code) stay in ``ranges`` only, with ``level`` ``other``,
-    and are never posed as layers (the report summarises them by path,
+    and are never posed as layers (the report summarises them by name,
     :func:`headcount.reports.query.range_summary`). Without the tagger's call log (``calls``: given by
     ``headcount run``, absent for a parsed file) analytic FLOPs and bytes are null.
     """

@@ -64,6 +64,8 @@ def _aggregate(ranges: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     out = out.reset_index()
     # the same grouping (sorted, nulls kept), so the rows line up one to one
     calls = spread.per_call(ranges, keys)
+    if len(calls) != len(out):  # pragma: no cover - both group the same rows the same way
+        raise RuntimeError("per-call percentiles and totals were grouped differently")
     for col in (*spread.DURATION, *spread.BANDWIDTH):
         out[col] = calls[col].to_numpy()
     return out

@@ -194,9 +194,7 @@ def _present(value) -> bool:
 
 
 def _run_heading(run_id, info: dict) -> str:
-    facts = [str(info[k]) for k in ("model",) if _present(info.get(k))]
-    if _present(info.get("input")):
-        facts.append(str(info["input"]))
+    facts = [str(info["model"])] if _present(info.get("model")) else [f"{info['source']} recording"] if _present(info.get("source")) else []
     shape = ", ".join(f"{label} {info[k]:.0f}" if isinstance(info.get(k), (int, float)) else f"{label} {info[k]}"
                       for k, label in (("batch", "batch"), ("seq", "seq")) if _present(info.get(k)))
     if shape:
