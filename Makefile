@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 PROFILE_ARGS ?= --force
 PYTEST_ARGS ?=
 
-.PHONY: setup profile test bench clean gpu-wheels gpu-check-dry
+.PHONY: setup profile test lint bench clean gpu-wheels gpu-check-dry
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,9 @@ profile: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check headcount tests scripts benchmarks
 
 bench: setup
 	$(PY) benchmarks/tagging_overhead.py

@@ -9,10 +9,9 @@ Quick start::
     prof.get_stats()["attention_breakdown"]
 """
 
-__version__ = "0.1.0"
-
-from headcount.api import AttentionProfiler  # noqa: E402
-from headcount.collector.tagging import AttentionTagger, attention_range, tag, tag_attention, untag  # noqa: E402
-from headcount.errors import HeadcountError  # noqa: E402
+from headcount._version import __version__
+from headcount.api import AttentionProfiler
+from headcount.collector.tagging import AttentionTagger, attention_range, tag, tag_attention, untag
+from headcount.errors import HeadcountError
 
 __all__ = ["AttentionProfiler", "AttentionTagger", "HeadcountError", "attention_range", "tag", "tag_attention", "untag", "__version__"]

@@ -23,9 +23,8 @@ from headcount.collector.tagging import MODES, AttentionTagger
 from headcount.collector.torch_source import TorchRecorder
 from headcount.derive import launch, occupancy
 from headcount.errors import HeadcountError, notice
-from headcount.parsers import cupti_records
 from headcount.parsers.kineto import load_trace
-from headcount.pipeline import add_roofline, tables_from_events
+from headcount.pipeline import add_roofline, implementation_of, tables_from_cupti, tables_from_events
 from headcount.reports import dataset
 from headcount.reports.metadata import device_info, new_run_id, run_metadata
 
@@ -215,11 +214,8 @@ class AttentionProfiler:
     @property
     def implementation(self) -> str:
         """The attention implementation the session ran (from the model config or the calls)."""
-        impls = {c.shape.implementation for c in (self._tagger.calls if self._tagger else []) if c.shape is not None}
-        if len(impls) == 1:
-            return impls.pop()
         config = getattr(self.model, "config", None)
-        return getattr(config, "_attn_implementation", None) or ("mixed" if impls else "unknown")
+        return implementation_of(self._tagger.calls if self._tagger else [], getattr(config, "_attn_implementation", None))
 
     def get_stats(self) -> dict[str, pd.DataFrame]:
         """The run's tables as DataFrames.
@@ -238,29 +234,17 @@ class AttentionProfiler:
             if self.trace_path is None:
                 raise HeadcountError("no profile recorded yet", hint="call get_stats() after the `with profiler:` block")
             if self.backend == "cupti":
-                header, records = cupti_records.read_records(self.trace_path)
-                self.collector_info = {**header.get("stats", {}), "notices": header.get("notices", []),
-                                       "nvtx_marker_records": cupti_records.marker_count(records)}
-                if self.collector_info.get("nvtx_markers_enabled") and not self.collector_info["nvtx_marker_records"] \
-                        and self._tagger.emitter.use_nvtx:
-                    late = ("NVTX_INJECTION64_PATH is set but no NVTX marker record arrived: it must be set before the "
-                            "process's first NVTX call (export it before starting Python); headcount's own ranges are unaffected")
-                    self.collector_info["notices"].append(late)
-                    notice(late)
-                pm = cupti_records.pm_samples_frame(records)
-                if len(pm):
-                    self._check_pm_clock(pm, records)
-                limits = getattr(self._recorder, "device_limits", None)
-                if limits is None:
-                    limits = occupancy.limits_from_torch()
-                self._stats = tables_from_events(
-                    cupti_records.events_frame(header, records), self._tagger.calls, self.implementation, self.run_id,
-                    source="cupti", limits=limits, pm_samples=pm)
+                limits = getattr(self._recorder, "device_limits", None) or occupancy.limits_from_torch()
+                self._stats, self.collector_info, new = tables_from_cupti(
+                    self.trace_path, self._tagger.calls, self.run_id, self.implementation, limits,
+                    nvtx_tagged=self._tagger.emitter.use_nvtx)
+                for line in new:
+                    notice(line)
             else:
                 events = load_trace(self.trace_path)
                 self._stats = tables_from_events(events, self._tagger.calls, self.implementation, self.run_id,
                                                  limits=occupancy.limits_from_torch())
-            self._stats["launch"] = launch.summary(self._stats["layers"], self._stats["kernels"])
+                self._stats["launch"] = launch.summary(self._stats["layers"], self._stats["kernels"])
             if getattr(self, "_stats_collector", None) is not None:
                 table = self._stats_collector.table()
                 table.insert(0, "implementation", self.implementation)
@@ -270,21 +254,6 @@ class AttentionProfiler:
             if self._recorder is not None:
                 self._recorder.cleanup()
         return self._stats
-
-    def _check_pm_clock(self, pm: pd.DataFrame, records: list[dict]) -> None:
-        """Record the PM samples' regularity; say so when they do not overlap
-        the kernels in time at all (a clock mismatch would read as no traffic)."""
-        from headcount.derive.sampling import sample_gaps
-
-        info = sample_gaps(pm)
-        starts = [r["start"] for r in records if r["kind"] == "kernel"]
-        ends = [r["end"] for r in records if r["kind"] == "kernel"]
-        if starts and (info["last_ns"] < min(starts) or info["first_ns"] > max(ends)):
-            text = ("PM samples do not overlap the kernels in time (different clocks?): sampled DRAM figures are null, "
-                    "the analytic model is used")
-            self.collector_info["notices"].append(text)
-            notice(text)
-        self.collector_info.setdefault("pm_sampling", {})["samples"] = info
 
     def device_info(self) -> dict:
         """Where the profiled work ran: the device of the profiled model's

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.derive import aggregate, analytic, launch, occupancy
-from headcount.errors import HeadcountError
-from headcount.parsers import cupti_records, ncu_metrics
-from headcount.pipeline import add_roofline, tables_from_events, tables_from_ncu, tables_from_nsys
+from headcount.derive import aggregate, occupancy
+from headcount.errors import HeadcountError, notice
+from headcount.parsers import ncu_metrics
+from headcount.pipeline import add_roofline, implementation_of, tables_from_cupti, tables_from_ncu, tables_from_nsys
 
 
 @dataclass
@@ -48,11 +48,6 @@ def read_children(raw: Path) -> list[dict]:
         if child["rank"] is None:
             child["rank"] = i
     return children
-
-
-def implementation_of(calls) -> str:
-    impls = {c.shape.implementation for c in calls if c.shape is not None}
-    return impls.pop() if len(impls) == 1 else ("mixed" if impls else "unknown")
 
 
 def _run_ids(run_id: str, children: list[dict]) -> list[str]:
@@ -100,7 +95,7 @@ def from_ncu(kernels: pd.DataFrame, children: list[dict], run_id: str) -> list[R
     impl = implementation_of(calls)
     tables = tables_from_ncu(kernels, run_id)
     for name in ("layers", "heads"):
-        tables[name] = _with_call_totals(tables[name], calls, impl, name == "heads")
+        tables[name] = aggregate.with_call_totals(tables[name], calls, impl, name == "heads")
     # the report's own device attributes first (exact for the profiled GPU), else what the program saw
     device = ncu_metrics.run_device(kernels) or next((c.get("device") for c in children if c.get("device")), None) or {}
     add_roofline(tables, device, calls)
@@ -112,37 +107,6 @@ def from_ncu(kernels: pd.DataFrame, children: list[dict], run_id: str) -> list[R
     return [RankRun(run_id, 0, tables, info)]
 
 
-def _with_call_totals(table: pd.DataFrame, calls, implementation: str, heads: bool) -> pd.DataFrame:
-    """Fill ``calls``, ``flop`` and ``analytic_min_bytes`` of ncu aggregates from the call log."""
-    if not len(table) or not calls:
-        return table
-    from headcount.attribute.calls import calls_frame
-
-    frame = calls_frame(calls)
-    frame = frame[frame["q_heads"].notna()] if "q_heads" in frame else frame.iloc[0:0]
-    if not len(frame):
-        return table
-    frame = frame.assign(flop=analytic.flop(frame, frame["phase"]), analytic_min_bytes=analytic.min_bytes(frame, frame["phase"]))
-    keys = ["phase", "layer_name", *(["head"] if heads else [])]
-    if not heads:
-        frame = frame[frame["head"].isna()] if frame["head"].isna().any() else frame
-    sums = frame.groupby(keys, dropna=False).agg(calls_log=("phase", "size"), flop_log=("flop", "sum"), min_log=("analytic_min_bytes", "sum")).reset_index()
-    t = table.copy()
-    for k in keys:
-        if k == "head":
-            t[k] = pd.array(t[k], dtype="Int64")
-            sums[k] = pd.array(sums[k], dtype="Int64")
-    t = t.merge(sums, on=keys, how="left")
-    t["calls"] = t["calls_log"]
-    t["flop"] = t["flop_log"]
-    t["analytic_min_bytes"] = t["min_log"]
-    t = t.drop(columns=["calls_log", "flop_log", "min_log"])
-    t["implementation"] = implementation
-    t = aggregate.rederive(t)
-    t["duration_per_call_ns"] = t["duration_ns"] / t["calls"]
-    return t
-
-
 def from_cupti(children: list[dict], run_id: str) -> list[RankRun]:
     """Each process's CUPTI records with its call log (the cupti backend)."""
     runs = []
@@ -151,16 +115,15 @@ def from_cupti(children: list[dict], run_id: str) -> list[RankRun]:
         if not child.get("records"):
             runs.append(RankRun(rid, child["rank"], {}, {**info, "notices": [*child["notices"], "no CUPTI records from this process"]}))
             continue
-        header, records = cupti_records.read_records(child["records"])
-        events = cupti_records.events_frame(header, records)
         impl = implementation_of(child["calls"])
         device = child.get("device") or {}
         limits = occupancy.limits_for(device.get("compute_capability"))
-        tables = tables_from_events(events, child["calls"], impl, rid, source="cupti", limits=limits,
-                                    pm_samples=cupti_records.pm_samples_frame(records))
-        tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
+        tables, collector, new = tables_from_cupti(child["records"], child["calls"], rid, impl, limits,
+                                                   nvtx_tagged=child.get("nvtx_tagged", True))
+        for line in new:
+            notice(f"process {child.get('pid')}: {line}")
         add_roofline(tables, device, child["calls"])
-        info.update(implementation=impl, collector={**header.get("stats", {}), "notices": header.get("notices", [])})
+        info.update(implementation=impl, collector=collector)
         runs.append(RankRun(rid, child["rank"], tables, info))
     return runs
 

@@ -2,7 +2,7 @@
 
 :func:`tables_from_events` turns a Kineto events table (see
 :mod:`headcount.parsers.kineto`) and the tagger's call log into headcount's
-tables (DESIGN §4): ``kernels`` (CPU operators on a CPU run, plus GPU kernels
+tables (docs/architecture.md §4): ``kernels`` (CPU operators on a CPU run, plus GPU kernels
 where the trace has them), ``ranges``, ``layers``, ``heads`` and the
 ``attention_breakdown`` view.
 """
@@ -284,6 +284,59 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
     k["step"] = _step_of(step_time.to_numpy(np.int64), steps)
     k["range_id"] = k["range_id"].where(k["range_id"] >= 0).astype("Int64")
     return k
+
+
+def implementation_of(calls, fallback: str | None = None) -> str:
+    """The attention implementation a recording ran: the one every logged call
+    names; else ``fallback`` (e.g. the model config's); else ``mixed`` or ``unknown``."""
+    impls = {c.shape.implementation for c in calls if c.shape is not None}
+    if len(impls) == 1:
+        return impls.pop()
+    return fallback or ("mixed" if impls else "unknown")
+
+
+def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None,
+                      nvtx_tagged: bool = True) -> tuple[dict[str, pd.DataFrame], dict, list[str]]:
+    """The one path from a cupti source's records file to headcount's tables,
+    for :class:`~headcount.api.AttentionProfiler` and ``headcount run --backend cupti`` alike.
+
+    Args:
+        path: the records file (:mod:`headcount.parsers.cupti_records`).
+        calls: the tagger's call log of the recorded process.
+        implementation: :func:`implementation_of` the calls (with the caller's fallback).
+        limits: the device's SM limits (theoretical occupancy is null without them).
+        nvtx_tagged: headcount's ranges were also emitted as NVTX (so marker
+            records were to be expected when NVTX injection was on).
+
+    Returns:
+        ``(tables, collector_info, new_notices)``: the tables (plus ``launch``),
+        the collector's facts for the run metadata, and the notices found
+        here (not yet printed).
+    """
+    from headcount.derive.sampling import sample_gaps
+    from headcount.parsers import cupti_records
+
+    header, records = cupti_records.read_records(path)
+    info = {**header.get("stats", {}), "notices": list(header.get("notices", [])),
+            "nvtx_marker_records": cupti_records.marker_count(records)}
+    new = []
+    if info.get("nvtx_markers_enabled") and not info["nvtx_marker_records"] and nvtx_tagged:
+        new.append("NVTX_INJECTION64_PATH is set but no NVTX marker record arrived: it must be set before the "
+                   "process's first NVTX call (export it before starting Python); headcount's own ranges are unaffected")
+    pm = cupti_records.pm_samples_frame(records)
+    if len(pm):
+        gaps = sample_gaps(pm)
+        starts = [r["start"] for r in records if r["kind"] == "kernel"]
+        ends = [r["end"] for r in records if r["kind"] == "kernel"]
+        if starts and (gaps["last_ns"] < min(starts) or gaps["first_ns"] > max(ends)):
+            new.append("PM samples do not overlap the kernels in time (different clocks?): sampled DRAM figures are null, "
+                       "the analytic model is used")
+        info.setdefault("pm_sampling", {})["samples"] = gaps
+    info["notices"] += new
+    tables = tables_from_events(cupti_records.events_frame(header, records), calls, implementation, run_id,
+                                source="cupti", limits=limits, pm_samples=pm)
+    tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
+    return tables, info, new
 
 
 def tables_from_nsys(export: dict, run_id: str, calls=None, implementation: str = "unknown") -> dict[str, pd.DataFrame]:

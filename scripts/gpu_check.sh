@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh — the one GPU check (DESIGN §8, tier 3), run in one go
+# scripts/gpu_check.sh — the one GPU check (docs/architecture.md §8, tier 3), run in one go
 # on a machine with an NVIDIA GPU, Python 3.12 with CUDA torch, transformers,
 # pandas, pyarrow and ncu, and no network:
 #

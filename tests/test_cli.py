@@ -64,7 +64,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, messag
     code = main(["profile", *SMALL, *args, "-o", str(out)])
     err = capsys.readouterr().err
     assert code != 0
-    error_lines = [l for l in err.splitlines() if l.startswith("headcount: error:")]
+    error_lines = [line for line in err.splitlines() if line.startswith("headcount: error:")]
     assert len(error_lines) == 1 and message in error_lines[0], err
     assert "Traceback" not in err
     assert not out.exists() or not any(out.iterdir())
@@ -103,7 +103,7 @@ def test_device_cuda_without_a_gpu_is_one_line_exit_3_and_writes_nothing(tmp_pat
         done = subprocess.run([sys.executable, "-m", "headcount.cli.main", "profile", *SMALL, "--device", device, "-o", str(out)],
                               capture_output=True, text=True)
         assert done.returncode == 3, done.stderr
-        lines = [l for l in done.stderr.splitlines() if l.strip()]
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert lines == [lines[0]] and lines[0].startswith(f"headcount: error: --device {device}: no CUDA GPU here")
         assert not out.exists()
 

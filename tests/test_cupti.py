@@ -399,3 +399,23 @@ def test_the_replay_keeps_no_wall_clock(llama):
                          .assign(start_ns=k["start_ns"] - k["start_ns"].min(), end_ns=k["end_ns"] - k["start_ns"].min()))
     assert timelines[0].equals(timelines[1])
     assert (timelines[0]["launch_latency_ns"] == 10_000).all()  # 4 µs call + 6 µs latency, never queued behind the GPU
+
+
+@pytest.mark.parametrize("mode", ["layer", "head"])
+def test_one_recording_gives_the_same_tables_in_process_and_through_headcount_run(llama, tmp_path, mode):
+    """The same CUPTI records (the replay) through AttentionProfiler and through
+    ``headcount run --backend cupti``'s per-process assembly: one build path, identical tables."""
+    import os
+
+    from headcount import assemble
+
+    model, inputs = llama
+    prof, _ = _profile(model, inputs, mode=mode, pm=ReplayPm(), tmp_path=tmp_path)
+    stats = prof.get_stats()
+    child = {"records": str(prof.trace_path), "calls": prof._tagger.calls, "rank": 0, "world_size": 1, "pid": os.getpid(),
+             "notices": [], "nvtx_tagged": prof._tagger.emitter.use_nvtx,
+             "device": {"kind": "cpu", "compute_capability": "9.0"}}  # the limits the in-process run used (LIMITS["9.0"])
+    [run] = assemble.from_cupti([child], prof.run_id)
+    for name in ("kernels", "ranges", "layers", "heads", "launch"):
+        pd.testing.assert_frame_equal(stats[name].reset_index(drop=True), run.tables[name].reset_index(drop=True), check_like=True)
+    assert run.info["collector"] == prof.collector_info

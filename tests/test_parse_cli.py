@@ -107,7 +107,7 @@ def test_bad_inputs_write_nothing(tmp_path, capsys, name, content, message):
     # the good file first: still nothing may be written
     assert main(["parse", str(H100), str(bad), "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    lines = [l for l in err.splitlines() if l.startswith("headcount: error:")]
+    lines = [line for line in err.splitlines() if line.startswith("headcount: error:")]
     assert len(lines) == 1 and message in lines[0] and str(bad) in lines[0]
     assert "Traceback" not in err
     assert not out.exists()

@@ -10,7 +10,7 @@ import argparse
 import sys
 import traceback
 
-from headcount import __version__
+from headcount._version import __version__
 from headcount.cli import calibrate_cmd, compare_cmd, doctor_cmd, parse_cmd, profile_cmd, query_cmd, report_cmd, run_cmd
 from headcount.errors import HeadcountError
 

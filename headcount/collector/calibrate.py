@@ -2,7 +2,7 @@
 
 Real kernels never reach a datasheet's bandwidth; the roofline and the
 memory-bound test are fairer against what a plain copy achieves on the same
-device (DESIGN §6). Counted as 2 × bytes (each byte read once, written once).
+device (docs/architecture.md §6). Counted as 2 × bytes (each byte read once, written once).
 """
 
 from __future__ import annotations

@@ -33,6 +33,8 @@ import sys
 import threading
 import time
 
+from headcount.errors import HeadcountError, notice
+
 ENV_PREFIX = "HEADCOUNT_RUN_"
 CHILD_FILE = "child-{pid}.pkl"
 
@@ -115,7 +117,6 @@ class ChildSession:
 
     def _start_cupti(self):
         from headcount.collector import cupti_source
-        from headcount.errors import HeadcountError
 
         try:
             kwargs = {}
@@ -132,11 +133,10 @@ class ChildSession:
         except HeadcountError as err:
             self.recorder = None
             self.notices.append(f"cupti source did not start: {err.one_line()}")
-            print(f"headcount: cupti source did not start in process {self.pid}, the program runs unprofiled: {err.one_line()}",
-                  file=sys.stderr, flush=True)
+            notice(f"cupti source did not start in process {self.pid}, the program runs unprofiled: {err.one_line()}")
             return None
         for line in self.recorder.notices:
-            print(f"headcount: {line}", file=sys.stderr, flush=True)
+            notice(line)
         return self.recorder.range_log
 
     # ------------------------------------------------------------ steps
@@ -241,6 +241,7 @@ class ChildSession:
             records = None
         doc = {
             "device": _device(), "program": _program(),
+            "nvtx_tagged": bool(self.tagger is not None and self.tagger.emitter.use_nvtx),
             "pid": self.pid, "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
             "backend": self.backend, "mode": self.mode, "steps_seen": self.step + 1, "steps_selected": self.steps,
             "calls": self.tagger.calls if self.tagger is not None else [], "records": records,
@@ -296,8 +297,7 @@ def install() -> None:
         try:
             session.start()
         except Exception as exc:  # noqa: BLE001 - never break the user's program
-            print(f"headcount: tagging could not start in process {os.getpid()}: {type(exc).__name__}: {exc}",
-                  file=sys.stderr, flush=True)
+            notice(f"tagging could not start in process {os.getpid()}: {type(exc).__name__}: {exc}")
             session.notices.append(f"tagging could not start: {exc}")
             return
         atexit.register(session.finish)

@@ -1,4 +1,4 @@
-"""What can stop the in-process CUPTI source, as one line each (DESIGN §7).
+"""What can stop the in-process CUPTI source, as one line each (docs/architecture.md §7).
 
 :func:`classify` turns whatever ``import cupti`` or a CUPTI call raised into a
 :class:`~headcount.errors.HeadcountError` that names the cause and says what to

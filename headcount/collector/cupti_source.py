@@ -1,6 +1,6 @@
 """The ``cupti`` source: in-process CUPTI activity tracing with cupti-python.
 
-Recording only (DESIGN §1): enable activity kinds, receive buffers, copy each
+Recording only (docs/architecture.md §1): enable activity kinds, receive buffers, copy each
 record into a plain dict before CUPTI reuses the buffer, push an external
 correlation id for every headcount range, optionally run PM sampling, and
 write everything to one records file. Turning records into tables is

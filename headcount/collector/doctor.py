@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -193,8 +192,9 @@ def check_nvtx_injection(environ=os.environ) -> Check:
 
 
 def _tool_version(tool: str) -> str | None:
-    exe = shutil.which(tool)
-    if not exe:
+    try:
+        exe = nvidia_tools.find(tool)  # the same lookup as headcount run and parse ($HEADCOUNT_<TOOL>, else PATH)
+    except HeadcountError:
         return None
     try:
         text, _ = nvidia_tools.version(exe)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import headcount
 from headcount.collector.child import ENV_PREFIX
+from headcount.errors import notice
 
 AUTOTAG_DIR = Path(__file__).resolve().parent / "autotag"
 
@@ -77,8 +78,7 @@ def run(argv: list[str], env: dict) -> tuple[int, list[str]]:
     def forward(signum, frame):
         interrupts.append(signum)
         if len(interrupts) == 1:
-            print("headcount: interrupt passed to the program; it flushes what it recorded (Ctrl-C again to kill it)",
-                  file=sys.stderr, flush=True)
+            notice("interrupt passed to the program; it flushes what it recorded (Ctrl-C again to kill it)")
             proc.send_signal(signal.SIGINT)
         else:
             proc.kill()

@@ -1,4 +1,4 @@
-"""NVTX range names (DESIGN §2) and how attention modules get their layer names.
+"""NVTX range names (docs/architecture.md §2) and how attention modules get their layer names.
 
 Ranges live in one NVTX domain, :data:`DOMAIN`, and nest outermost first:
 phase (``fwd``, ``bwd``, ``recompute``) → layer (``layer.3``, or
@@ -7,8 +7,8 @@ head mode only). Names never contain ``/`` or ``:`` because ncu uses ``/`` to
 separate nesting levels in ``--nvtx-include`` and ``:`` inside its CSV cells.
 
 The ``torch.profiler`` path cannot use domains, so the same names are emitted
-as ``record_function`` ranges prefixed with ``headcount@`` (for example
-``headcount@layer.3``); :func:`split_torch_range_name` undoes that.
+as ``record_function`` ranges prefixed with the domain and ``@`` (for example
+``headcount@layer.3``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ from dataclasses import dataclass
 
 DOMAIN = "headcount"
 """The NVTX domain of every range headcount emits."""
-
-TORCH_PREFIX = DOMAIN + "@"
-"""Prefix of headcount's ``record_function`` names in torch.profiler traces."""
 
 STEP_DOMAIN = "headcount.step"
 """Domain of the ``step.N`` ranges the profile command puts around each step."""
@@ -83,11 +80,6 @@ def parse_path(path: str) -> ParsedPath:
     return ParsedPath(phase, layer_name, layer, head)
 
 
-def split_torch_range_name(name: str) -> str | None:
-    """``headcount@layer.3`` → ``layer.3``; any other name → ``None``."""
-    if name.startswith(TORCH_PREFIX):
-        return name[len(TORCH_PREFIX):]
-    return None
 
 
 _INT = re.compile(r"^\d+$")

@@ -1,4 +1,4 @@
-"""Tag every attention call of a model with headcount's ranges (DESIGN §2, §5).
+"""Tag every attention call of a model with headcount's ranges (docs/architecture.md §2, §5).
 
 How it hooks in: transformers 5.x resolves the attention function on every
 call through ``AttentionInterface.get_interface(config._attn_implementation,
@@ -243,7 +243,7 @@ class AttentionTagger:
 
     # ---------------------------------------------------------------- registration
     def add_model(self, model: torch.nn.Module) -> None:
-        """Register ``model``: name its attention modules (DESIGN §2).
+        """Register ``model``: name its attention modules (docs/architecture.md §2).
 
         Raises:
             HeadcountError: ``model`` is not a ``torch.nn.Module``.

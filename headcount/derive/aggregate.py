@@ -98,17 +98,15 @@ def _derive(table: pd.DataFrame, duration_provenance: str) -> pd.DataFrame:
     with np.errstate(divide="ignore", invalid="ignore"):
         t["bandwidth_gbps"] = (t["dram_bytes"] / t["duration_ns"]).where(t["duration_ns"] > 0)
         t["intensity_flop_per_byte"] = (t["flop"] / t["dram_bytes"]).where(t["dram_bytes"] > 0)
-        if "analytic_min_bytes" in t and "dram_bytes_measured" in t:
-            t["excess_traffic"] = (t["dram_bytes_measured"] / t["analytic_min_bytes"]).where(t["analytic_min_bytes"] > 0)
     t["flop_provenance"] = np.where(t["flop"].notna(), "analytic", None)
     t["bandwidth_provenance"] = np.where(
         t["bandwidth_gbps"].isna(), None,
         np.where((t["dram_bytes_provenance"] == "measured") & (t["duration_provenance"] == "measured"), "measured", t["dram_bytes_provenance"]),
     )
-    if "dram_bytes_measured" in t and "analytic_min_bytes" in t and "dram_bytes_sampled" in t:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t["excess_traffic"] = (t["dram_bytes"] / t["analytic_min_bytes"]).where(
-                (t["analytic_min_bytes"] > 0) & t["dram_bytes_provenance"].isin(["measured", "sampled"]))
+    # measured (or sampled) bytes over the minimum the analytic model allows; never the model over itself
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t["excess_traffic"] = (t["dram_bytes"] / t["analytic_min_bytes"]).where(
+            (t["analytic_min_bytes"] > 0) & pd.Series(t["dram_bytes_provenance"], index=t.index).isin(["measured", "sampled"]))
     t["intensity_provenance"] = np.where(t["intensity_flop_per_byte"].isna(), None, "analytic")
     return t
 
@@ -241,7 +239,41 @@ def with_launch_latency(layers: pd.DataFrame, heads: pd.DataFrame, kernels: pd.D
     return out[0], out[1]
 
 
-def rederive(table: pd.DataFrame) -> pd.DataFrame:
-    """Recompute the derived columns (bytes, bandwidth, intensity and their
-    provenance) of an aggregate after its inputs changed (measured durations)."""
-    return _derive(table, "measured")
+def with_call_totals(table: pd.DataFrame, calls, implementation: str, heads: bool) -> pd.DataFrame:
+    """Calls, analytic FLOPs and minimum bytes of a kernel-aggregated table
+    (ncu: no range instances) from the tagger's call log, then the derived
+    columns again.
+
+    Args:
+        table: :func:`from_kernels` output (``layers`` or, with ``heads``, ``heads``).
+        calls: the :class:`~headcount.collector.tagging.CallLog` list of the profiled steps.
+        implementation: the attention implementation the calls ran.
+    """
+    if not len(table) or not calls:
+        return table
+    from headcount.attribute.calls import calls_frame
+    from headcount.derive import analytic
+
+    frame = calls_frame(calls)
+    frame = frame[frame["q_heads"].notna()] if "q_heads" in frame else frame.iloc[0:0]
+    if not len(frame):
+        return table
+    frame = frame.assign(flop=analytic.flop(frame, frame["phase"]), analytic_min_bytes=analytic.min_bytes(frame, frame["phase"]))
+    keys = ["phase", "layer_name", *(["head"] if heads else [])]
+    if not heads:
+        frame = frame[frame["head"].isna()] if frame["head"].isna().any() else frame
+    sums = frame.groupby(keys, dropna=False).agg(calls_log=("phase", "size"), flop_log=("flop", "sum"), min_log=("analytic_min_bytes", "sum")).reset_index()
+    t = table.copy()
+    for k in keys:
+        if k == "head":
+            t[k] = pd.array(t[k], dtype="Int64")
+            sums[k] = pd.array(sums[k], dtype="Int64")
+    t = t.merge(sums, on=keys, how="left")
+    t["calls"] = t["calls_log"]
+    t["flop"] = t["flop_log"]
+    t["analytic_min_bytes"] = t["min_log"]
+    t = t.drop(columns=["calls_log", "flop_log", "min_log"])
+    t["implementation"] = implementation
+    t = _derive(t, "measured")
+    t["duration_per_call_ns"] = t["duration_ns"] / t["calls"]
+    return t

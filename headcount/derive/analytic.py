@@ -10,7 +10,7 @@ D head dim of q/k, Dv head dim of v, e bytes per element, P the number of
 aligned to the end as in decoding: Sq·Sk − Sq(Sq−1)/2; a sliding window W
 caps each query at W keys).
 
-FLOPs (DESIGN §6): forward 2·B·Hq·P·(D + Dv) (QKᵀ and PV; 4·B·H·P·D when
+FLOPs (docs/architecture.md §6): forward 2·B·Hq·P·(D + Dv) (QKᵀ and PV; 4·B·H·P·D when
 D = Dv); backward 2.5 × forward; recompute = forward.
 
 Minimum bytes — the traffic the algorithm cannot avoid:

@@ -1,4 +1,4 @@
-"""Device peaks for the roofline (DESIGN §6): DRAM bandwidth and dense
+"""Device peaks for the roofline (docs/architecture.md §6): DRAM bandwidth and dense
 tensor/vector FLOP/s per dtype, with where each number comes from.
 
 Peaks are NVIDIA's datasheet figures (dense, i.e. without 2:4 sparsity; the

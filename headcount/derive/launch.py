@@ -1,4 +1,4 @@
-"""Launch statistics (DESIGN §6): latency, CPU launch cost, kernels per call,
+"""Launch statistics (docs/architecture.md §6): latency, CPU launch cost, kernels per call,
 gaps between kernels, theoretical occupancy — per range, per aggregate row,
 and per attention implementation.
 

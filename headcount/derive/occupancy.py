@@ -1,5 +1,5 @@
 """Theoretical occupancy of a kernel launch: resident warps per SM allowed by
-its block size, registers and shared memory, over the SM's maximum (DESIGN §6).
+its block size, registers and shared memory, over the SM's maximum (docs/architecture.md §6).
 
 The rule is CUDA's occupancy calculator (``cuda_occupancy.h``, the same one
 behind ``cudaOccupancyMaxActiveBlocksPerMultiprocessor``):

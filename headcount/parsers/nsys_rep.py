@@ -7,42 +7,26 @@ message is passed on with the hint to export on the machine that recorded it.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from headcount.collector import nvidia_tools
 from headcount.errors import HeadcountError
 from headcount.parsers.nsys_sqlite import read_export
-
-
-def find_nsys() -> str:
-    """Path of the nsys to use: ``$HEADCOUNT_NSYS`` or ``nsys`` on PATH.
-
-    Raises:
-        HeadcountError: none found.
-    """
-    nsys = os.environ.get("HEADCOUNT_NSYS") or shutil.which("nsys")
-    if not nsys:
-        raise HeadcountError(
-            "no nsys on PATH to export the .nsys-rep report",
-            hint="install Nsight Systems, set HEADCOUNT_NSYS, or pass `nsys export --type sqlite` output instead",
-        )
-    return nsys
 
 
 def read_report(path: str | Path, timeout_s: int = 1800) -> dict:
     """Export ``path`` to SQLite in a temporary directory and read it.
 
     Raises:
-        HeadcountError: no nsys, the file is missing, or nsys cannot export it
-            (damaged, or written by a newer nsys).
+        HeadcountError: no nsys (exit 3), the file is missing, or nsys cannot
+            export it (damaged, or written by a newer nsys).
     """
     path = Path(path)
     if not path.is_file():
         raise HeadcountError(f"{path}: no such file", hint="check the path")
-    nsys = find_nsys()
+    nsys = nvidia_tools.find("nsys")  # the one lookup ($HEADCOUNT_NSYS, else PATH); missing: exit 3
     with tempfile.TemporaryDirectory(prefix="headcount-nsys-") as tmp:
         out = Path(tmp) / "export.sqlite"
         try:

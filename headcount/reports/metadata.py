@@ -1,4 +1,4 @@
-"""Run metadata (DESIGN §4): what ran, where, with which tools.
+"""Run metadata (docs/architecture.md §4): what ran, where, with which tools.
 
 Stored in each Parquet file's key-value metadata (key ``headcount``, JSON) and
 in ``run.json`` beside the tables.
@@ -12,7 +12,7 @@ import secrets
 import sys
 from importlib import metadata as _md
 
-from headcount import __version__
+from headcount._version import __version__
 
 SCHEMA_VERSION = "1.2"
 

@@ -1,4 +1,4 @@
-"""The Arrow schema of every table headcount writes (DESIGN §4).
+"""The Arrow schema of every table headcount writes (docs/architecture.md §4).
 
 Fixed schemas keep runs appendable: every file of a table has the same
 columns and types, so pandas, pyarrow.dataset, polars and DuckDB read all runs

@@ -25,14 +25,23 @@ def _chain() -> None:
             return
 
 
+def _notice(text: str) -> None:
+    try:
+        from headcount.errors import notice
+    except Exception:  # noqa: BLE001 - headcount itself cannot be imported: say it plainly
+        print(f"headcount: {text}", file=sys.stderr, flush=True)
+        return
+    notice(text)
+
+
 try:
     _chain()
 except Exception as exc:  # noqa: BLE001
-    print(f"headcount: the sitecustomize that headcount's hides failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    _notice(f"the sitecustomize that headcount's hides failed: {type(exc).__name__}: {exc}")
 
 try:
     from headcount.collector import child as _child
 
     _child.install()
 except Exception as exc:  # noqa: BLE001
-    print(f"headcount: auto-tagging not installed in process {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    _notice(f"auto-tagging not installed in process {os.getpid()}: {type(exc).__name__}: {exc}")
