@@ -16,6 +16,7 @@ import pandas as pd
 import contextlib
 
 from headcount.collector import cupti_source
+from headcount.sources import RECORDERS
 from headcount.collector import device as _device
 from headcount.collector.naming import STEP_DOMAIN
 from headcount.collector.ranges import CorrelatedEmitter, RangeEmitter
@@ -28,7 +29,7 @@ from headcount.pipeline import add_roofline, implementation_of, tables_from_cupt
 from headcount.reports import dataset
 from headcount.reports.metadata import device_info, new_run_id, run_metadata
 
-BACKENDS = ("auto", "torch", "cupti")
+BACKENDS = ("auto", *RECORDERS)
 
 
 def resolve_backend(backend: str) -> tuple[str, str | None]:

@@ -339,6 +339,61 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
     return tables, info, new
 
 
+def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """Build headcount's tables from a torch.profiler trace file
+    (:func:`headcount.parsers.kineto.read_trace`): one headcount kept with
+    ``--trace-dir``, one a user recorded with ``torch.profiler`` around a
+    tagged model, or one recorded with no tags at all.
+
+    With headcount's ranges in the trace, they are used as recorded (no call
+    log: analytic FLOPs and bytes are null). Without them, attention calls
+    come from ``nn.Module`` ranges and SDPA inputs
+    (:func:`headcount.attribute.modules.attention_ranges`) and the layers'
+    ``provenance`` says ``module ranges``. GPU kernels whose launch is not in
+    the trace (launched before the window opened) are counted in a notice and
+    attributed to nothing.
+
+    Returns:
+        ``(tables, notices)``.
+
+    Raises:
+        HeadcountError: neither headcount's ranges nor SDPA calls inside module ranges.
+    """
+    from headcount.attribute import modules
+    from headcount.parsers import kineto
+
+    events = trace["events"]
+    notices: list[str] = []
+    ours = (events["kind"] == "range") & events["name"].str.startswith(DOMAIN + "@")
+    calls, by_modules = [], False
+    if not ours.any():
+        extra, calls = modules.attention_ranges(events)
+        if not len(extra):
+            raise HeadcountError(
+                "the trace holds neither headcount's ranges nor an SDPA call inside an nn.Module range",
+                hint="record with torch.profiler.profile(with_modules=True, record_shapes=True), or tag the model with headcount",
+            )
+        events = pd.concat([events, extra], ignore_index=True)
+        by_modules = True
+    gpu = events["kind"].isin(["kernel", "memcpy", "memset"])
+    launched = set(events.loc[events["kind"] == "runtime", "correlation_id"].dropna().astype("int64"))
+    orphan = gpu & ~events["correlation_id"].isin(launched)
+    if orphan.any():
+        kernels = int((orphan & (events["kind"] == "kernel")).sum())
+        notices.append(f"{int(orphan.sum())} GPU operations ({kernels} kernels) have no launch call in the trace (launched "
+                       "before it started): counted, attributed to no range")
+    device = kineto.run_device(trace.get("devices") or [])
+    limits = occupancy.limits_from_device(device["limits"]) if device else None
+    tables = tables_from_events(events, calls, implementation_of(calls), run_id, source="torch", limits=limits)
+    if by_modules:
+        for name in ("layers", "heads", "attention_breakdown"):
+            if name in tables and len(tables[name]):
+                tables[name]["provenance"] = np.where(tables[name]["provenance"] == "apportioned", "apportioned", "module ranges")
+    tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
+    add_roofline(tables, device, calls)
+    return tables, notices
+
+
 def tables_from_nsys(export: dict, run_id: str, calls=None, implementation: str = "unknown") -> dict[str, pd.DataFrame]:
     """Build headcount's tables from an nsys export (:func:`headcount.parsers.nsys_sqlite.read_export`).
 

@@ -7,6 +7,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from headcount import sources
 from headcount.collector import doctor
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "info": "cyan"}
@@ -20,7 +21,7 @@ def add_parser(subparsers):
         "cupti-python), cupti-python and libcupti versions, CUPTI already held by another profiler, performance "
         "counters permission (ERR_NVGPUCTRPERM), NVTX injection, nsys and ncu versions.",
     )
-    p.add_argument("--backend", choices=("torch", "cupti"), default=None,
+    p.add_argument("--backend", choices=tuple(sources.RECORDERS), default=None,
                    help="exit with status 1 when this backend cannot run here")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=run)

@@ -1,10 +1,9 @@
 """``headcount parse``: turn existing profiles into headcount's Parquet report.
 
-Supported: nsys SQLite exports, ``.nsys-rep`` reports (exported by the nsys
-on PATH), nsys ``parquetdir`` exports (directories), ncu CSV exports (raw or
-details page) and ``.ncu-rep`` reports (through ``ncu_report``). Every file is
-read and attributed before anything is written; each file becomes one run of
-the report.
+The formats are those of :data:`headcount.sources.FILE_SOURCES` (nsys SQLite
+and parquetdir exports, ``.nsys-rep``, ncu CSV and ``.ncu-rep``, torch.profiler
+traces). Every file is read and attributed before anything is written; each
+file becomes one run of the report.
 """
 
 from __future__ import annotations
@@ -14,12 +13,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from headcount import sources
 from headcount.api import runs_row
-from headcount.errors import HeadcountError
-from headcount.parsers import ncu_csv, ncu_metrics, ncu_rep
-from headcount.parsers.nsys_rep import read_report
-from headcount.parsers.nsys_sqlite import read_export, run_device
-from headcount.pipeline import add_roofline, tables_from_ncu, tables_from_nsys
+from headcount.errors import notice
 from headcount.reports import dataset
 from headcount.reports.metadata import new_run_id, run_metadata
 
@@ -32,16 +28,16 @@ examples:
   headcount parse kernels.ncu-rep -o report/      per-kernel counters, read with ncu_report
   ncu --import kernels.ncu-rep --csv --page raw --print-units base > raw.csv && headcount parse raw.csv -o report/
   headcount parse rank0.sqlite rank1.sqlite -o report/ --append
+  headcount parse trace.json.gz -o report/       a torch.profiler trace (headcount's ranges, or nn.Module ranges + SDPA shapes)
 """
 
-SUPPORTED = "nsys SQLite exports (.sqlite), nsys parquetdir exports (directories), .nsys-rep reports, ncu CSV exports (.csv), .ncu-rep reports"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "parse", help="turn existing profiles (nsys, ncu) into the Parquet report",
         description=f"Read existing profiles into headcount's tables, attributing each GPU operation to the NVTX ranges "
-        f"that launched it (the rule of nsys's nvtx_gpu_proj_trace). Supported: {SUPPORTED}.",
+        f"that launched it (the rule of nsys's nvtx_gpu_proj_trace). Supported: {sources.supported()}.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("files", nargs="+", help="profile files")
@@ -54,53 +50,26 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _read(path: Path, locale: str | None):
-    """``("nsys", export)`` or ``("ncu", kernels)``."""
-    if path.is_dir():
-        return "nsys", read_export(path)  # an nsys parquetdir export
-    suffix = path.suffix.lower()
-    if suffix in (".sqlite", ".db", ".sqlite3"):
-        return "nsys", read_export(path)
-    if suffix == ".nsys-rep":
-        return "nsys", read_report(path)
-    if suffix == ".csv":
-        return "ncu", ncu_csv.read_csv(path, locale=locale)
-    if suffix == ".ncu-rep":
-        return "ncu", ncu_rep.read_report(path)
-    raise HeadcountError(f"{path}: {suffix or 'this'} input is not supported yet", hint=f"supported: {SUPPORTED}")
-
-
 def run(args) -> int:
     console = Console(stderr=True)
     dataset.check_output(args.out, append=args.append, force=args.force)
     parsed = []
     for name in args.files:
         path = Path(name)
+        source = sources.for_path(path)
+        run_id = new_run_id()
         with console.status(f"reading {path}…"):
-            kind, data = _read(path, args.locale)
-            run_id = new_run_id()
-            if kind == "nsys":
-                tables = tables_from_nsys(data, run_id)
-                version = data["meta"].get("EXPORT_PRODUCT_VERSION")
-                device = run_device(data)
-            else:
-                tables = tables_from_ncu(data, run_id)
-                version = None
-                device = ncu_metrics.run_device(data)
+            result = source.parse(path, run_id, {"locale": args.locale})
+        for line in result.notices:
+            notice(f"{path}: {line}")
         # the device and program versions the recording names (null where it does not), never this machine's
-        device = device or {"kind": "cuda", "name": None}
-        add_roofline(tables, device)
-        meta = run_metadata(run_id, kind, version, "parse", {"input": str(path), "implementation": "unknown"},
-                            device=device, program={})
+        meta = run_metadata(run_id, source.name, result.version, "parse",
+                            {"input": str(path), "implementation": "unknown", "notices": result.notices},
+                            device=result.device or {"kind": "cuda", "name": None}, program={})
+        tables = {k: v for k, v in result.tables.items() if k in ("kernels", "ranges", "layers", "heads")}
         tables["runs"] = runs_row(meta)
-        if kind == "nsys":
-            if not (tables["ranges"]["gpu_op_count"] > 0).any():
-                console.print(f"{path}: no GPU operation was launched inside an NVTX range", soft_wrap=True)
-            console.print(f"{path}: {len(tables['kernels'])} GPU operations, {len(tables['ranges'])} NVTX ranges", soft_wrap=True)
-        else:
-            kernels = tables["kernels"]
-            console.print(f"{path}: {len(kernels)} kernels, {int(kernels['incomplete'].sum())} incomplete, "
-                          f"{int(kernels['layer_name'].notna().sum())} in headcount's attention ranges", soft_wrap=True)
+        for line in result.lines:
+            console.print(line, soft_wrap=True)
         parsed.append((run_id, tables, meta))
     for i, (run_id, tables, meta) in enumerate(parsed):
         dataset.write_run(args.out, run_id, tables, meta, append=args.append or i > 0, force=args.force and i == 0)

@@ -15,6 +15,7 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from headcount import sources
 from headcount.api import AttentionProfiler, resolve_backend, runs_row
 from headcount.collector import cupti_source
 from headcount.collector import device as _device
@@ -56,7 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-backward", action="store_true", help="forward only (inference)")
     p.add_argument("--device", default="auto", help=f"where the model and inputs go: {_device.CHOICES} "
                    "(auto: the current GPU when torch sees one, else cpu; default auto)")
-    p.add_argument("--backend", choices=("auto", "torch", "cupti"), default="auto",
+    p.add_argument("--backend", choices=("auto", *sources.RECORDERS), default="auto",
                    help="where the numbers come from: cupti (in-process CUPTI on an NVIDIA GPU: kernels, launch latency, "
                    "occupancy, PM-sampled DRAM traffic), torch (torch.profiler, any machine), auto (cupti where usable, else torch; default)")
     p.add_argument("--no-pm-sampling", action="store_true", help="cupti: do not sample DRAM traffic and warps active (PM sampling)")

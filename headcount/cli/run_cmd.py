@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from headcount import assemble
+from headcount import sources
 from headcount.api import runs_row
 from headcount.collector import child as child_mod
 from headcount.collector import cupti_source, launcher, nvidia_tools
@@ -43,7 +44,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "Parquet report. The tools' own files stay in OUT/raw/<run id>/.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--backend", choices=("nsys", "ncu", "cupti"), default="nsys", help="the recorder (default nsys)")
+    p.add_argument("--backend", choices=tuple(sources.WRAPPERS), default="nsys", help="the recorder (default nsys)")
     p.add_argument("-o", "--out", required=True, help="output directory")
     p.add_argument("--mode", choices=("layer", "head"), default="layer", help="layer (as in production) or head (one head at a time)")
     p.add_argument("--steps", default="", help="tag only these steps (a step starts at each outermost model forward): N or A-B")

@@ -20,11 +20,19 @@ Output columns (one row per complete ``"ph": "X"`` event):
 ``device``, ``stream``  GPU activity only
 ``grid``, ``block``   launch configuration, e.g. ``"(256, 1, 1)"``
 ``registers_per_thread``, ``shared_memory_bytes``, ``est_achieved_occupancy_pct``
+``args``              the op's recorded inputs (``Input Dims``, ``Input type``,
+                      ``Concrete Inputs``) for ``aten::scaled_dot_product_attention``
+                      only (what :mod:`headcount.attribute.modules` needs), else null
 ====================  =========================================================
+
+``kind`` ``module`` marks an ``nn.Module: <Class>_<k>`` range of a trace
+recorded ``with_modules=True``. Files may be gzip-compressed (``.json.gz``).
+:func:`read_trace` also returns the trace's ``deviceProperties``.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -46,8 +54,11 @@ _KIND_BY_CAT = {
 
 COLUMNS = [
     "kind", "name", "pid", "tid", "start_ns", "end_ns", "correlation_id", "device", "stream",
-    "grid", "block", "registers_per_thread", "shared_memory_bytes", "est_achieved_occupancy_pct",
+    "grid", "block", "registers_per_thread", "shared_memory_bytes", "est_achieved_occupancy_pct", "args",
 ]
+MODULE_PREFIX = "nn.Module: "
+SDPA_OP = "aten::scaled_dot_product_attention"
+_KEPT_ARGS = ("Input Dims", "Input type", "Concrete Inputs")
 
 
 def _ns(value) -> int:
@@ -63,30 +74,70 @@ def _launch_dims(value) -> str | None:
     return str(value)
 
 
+def _document(path: Path) -> dict:
+    try:
+        with path.open("rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+        opener = gzip.open if gz else open
+        with opener(path, "rb") as fh:
+            doc = json.load(fh, parse_float=Decimal)
+    except FileNotFoundError as exc:
+        raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError, EOFError, OSError) as exc:
+        raise HeadcountError(
+            f"{path}: not a torch.profiler trace (invalid JSON: {exc.msg if hasattr(exc, 'msg') else exc})",
+            hint="pass the file written by torch.profiler's export_chrome_trace",
+        ) from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise HeadcountError(
+            f"{path}: not a torch.profiler trace (no traceEvents list)",
+            hint="pass the file written by torch.profiler's export_chrome_trace",
+        )
+    return doc
+
+
 def load_trace(path: str | Path) -> pd.DataFrame:
-    """Parse a Kineto Chrome trace file into the events table described above.
+    """Parse a Kineto Chrome trace file (plain or gzip) into the events table described above.
 
     Raises:
         HeadcountError: the file is missing, not JSON, or not a Chrome trace.
     """
     path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            doc = json.load(fh, parse_float=Decimal)
-    except FileNotFoundError as exc:
-        raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HeadcountError(
-            f"{path}: not a torch.profiler trace (invalid JSON: {exc.msg if hasattr(exc, 'msg') else exc})",
-            hint="pass the file written by torch.profiler's export_chrome_trace",
-        ) from exc
-    events = doc.get("traceEvents") if isinstance(doc, dict) else None
-    if not isinstance(events, list):
-        raise HeadcountError(
-            f"{path}: not a torch.profiler trace (no traceEvents list)",
-            hint="pass the file written by torch.profiler's export_chrome_trace",
-        )
-    return events_frame(events, source=str(path))
+    return events_frame(_document(path)["traceEvents"], source=str(path))
+
+
+def read_trace(path: str | Path) -> dict:
+    """A trace file as ``{"events": events table, "devices": deviceProperties
+    (list of dicts, empty for a CPU trace), "meta": the other top-level keys}``.
+
+    Raises:
+        HeadcountError: the file is missing, not JSON, or not a Chrome trace.
+    """
+    path = Path(path)
+    doc = _document(path)
+    devices = doc.get("deviceProperties") if isinstance(doc.get("deviceProperties"), list) else []
+    meta = {k: v for k, v in doc.items() if k not in ("traceEvents", "deviceProperties")}
+    return {"events": events_frame(doc["traceEvents"], source=str(path)), "devices": devices, "meta": meta}
+
+
+def run_device(devices: list[dict]) -> dict | None:
+    """The run metadata's ``device`` from a trace's ``deviceProperties`` (the
+    first GPU), with the per-SM limits the occupancy calculator reads; ``None`` for a CPU trace."""
+    if not devices:
+        return None
+    d = devices[0]
+
+    def num(key):
+        v = d.get(key)
+        return int(v) if isinstance(v, (int, float, Decimal)) else None
+
+    major, minor = num("computeMajor"), num("computeMinor")
+    threads = num("maxThreadsPerMultiprocessor")
+    return {"kind": "cuda", "name": d.get("name"), "index": num("id"), "count": len(devices),
+            "compute_capability": f"{major}.{minor}" if major is not None and minor is not None else None,
+            "sm_count": num("numSms"), "memory_bytes": num("totalGlobalMem"), "source": "trace deviceProperties",
+            "limits": {"cc_major": major, "cc_minor": minor, "max_warps_per_sm": threads // 32 if threads else None,
+                       "registers_per_sm": num("regsPerMultiprocessor"), "shared_memory_per_sm": num("sharedMemPerMultiprocessor")}}
 
 
 def events_frame(events: list[dict], source: str = "trace") -> pd.DataFrame:
@@ -95,7 +146,10 @@ def events_frame(events: list[dict], source: str = "trace") -> pd.DataFrame:
     for ev in events:
         if ev.get("ph") != "X":
             continue
-        kind = _KIND_BY_CAT.get(str(ev.get("cat", "")).lower())
+        cat = str(ev.get("cat", "")).lower()
+        kind = _KIND_BY_CAT.get(cat)
+        if kind is None and cat == "python_function" and str(ev.get("name", "")).startswith(MODULE_PREFIX):
+            kind = "module"
         if kind is None:
             continue
         try:
@@ -123,6 +177,7 @@ def events_frame(events: list[dict], source: str = "trace") -> pd.DataFrame:
                 args.get("registers per thread"),
                 args.get("shared memory"),
                 args.get("est. achieved occupancy %"),
+                {k: args.get(k) for k in _KEPT_ARGS} if ev.get("name") == SDPA_OP else None,
             )
         )
     frame = pd.DataFrame.from_records(rows, columns=COLUMNS)

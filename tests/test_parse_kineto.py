@@ -1,0 +1,99 @@
+"""``headcount parse trace.json[.gz]``: torch.profiler traces through the source registry."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from headcount import sources, tag, untag
+from headcount.cli.main import main
+from headcount.errors import HeadcountError
+
+KINETO = Path(__file__).parent / "fixtures" / "kineto"
+SMALL = ["--steps", "2", "--batch", "1", "--seq", "32", "--device", "cpu"]
+SAME = ["phase", "layer_name", "calls", "steps", "duration_ns", "op_count"]
+
+
+def test_a_trace_kept_by_trace_dir_parses_into_the_same_layers(tmp_path, capsys):
+    out, traces = tmp_path / "r", tmp_path / "traces"
+    assert main(["profile", *SMALL, "--impl", "sdpa", "--trace-dir", str(traces), "-o", str(out)]) == 0
+    parsed = tmp_path / "p"
+    assert main(["parse", str(traces / "sdpa" / "trace.json"), "-o", str(parsed)]) == 0
+    ours = pd.read_parquet(out / "layers").sort_values(["phase", "layer_name"]).reset_index(drop=True)
+    theirs = pd.read_parquet(parsed / "layers").sort_values(["phase", "layer_name"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(ours[SAME], theirs[SAME])
+    assert theirs["flop"].isna().all()  # no call log in a trace: no analytic figures, never invented
+    runs = pd.read_parquet(parsed / "runs")
+    assert runs["source"].tolist() == ["torch"] and runs["device_kind"].tolist() == ["cpu"]
+
+
+def test_a_plain_torch_profiler_trace_of_a_tagged_model(tmp_path, tiny_llama, llama_inputs):
+    tagger = tag(tiny_llama)
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            tiny_llama(**llama_inputs).loss.backward()
+    finally:
+        untag(tagger)
+    trace = tmp_path / "mine.pt.trace.json"
+    prof.export_chrome_trace(str(trace))
+    gz = tmp_path / "mine.json.gz"
+    gz.write_bytes(gzip.compress(trace.read_bytes()))
+    for path, out in ((trace, tmp_path / "a"), (gz, tmp_path / "b")):
+        assert main(["parse", str(path), "-o", str(out)]) == 0
+    a, b = (pd.read_parquet(tmp_path / o / "layers").sort_values(["phase", "layer_name"]).reset_index(drop=True) for o in "ab")
+    pd.testing.assert_frame_equal(a[SAME], b[SAME])
+    assert sorted(a["layer_name"].unique()) == ["layer.0", "layer.1"] and set(a["phase"]) == {"fwd", "bwd"}
+    assert (a["calls"] == 1).all() and (a["provenance"] == "measured").all()
+
+
+@pytest.mark.parametrize("name, layers, orphan_kernels", [
+    ("h100_bert-small_sdpa_kineto.json.gz", 4, 0),
+    ("h100_qwen1.5-0.5b_kineto.json.gz", 24, 436),
+])
+def test_real_h100_traces_without_tags_get_layers_from_module_ranges(tmp_path, capsys, name, layers, orphan_kernels):
+    out = tmp_path / "r"
+    assert main(["parse", str(KINETO / name), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    if orphan_kernels:
+        assert f"({orphan_kernels} kernels) have no launch call in the trace" in err
+    table = pd.read_parquet(out / "layers")
+    assert len(table) == layers and set(table["phase"]) == {"fwd"}
+    assert sorted(table["layer"]) == list(range(layers)) and (table["provenance"] == "module ranges").all()
+    kernels = pd.read_parquet(out / "kernels")
+    gpu = kernels[kernels["kind"] == "kernel"]
+    flash = gpu[gpu["name"].str.contains("flash_fwd_kernel")]
+    per_layer = flash.dropna(subset=["layer_name"]).groupby("layer_name").size()
+    assert len(per_layer) == layers and (per_layer == 1).all()  # every layer its own flash attention kernel
+    assert gpu.loc[gpu["range_id"].notna(), "name"].str.contains("flash_fwd_kernel").all()  # and nothing else
+    runs = pd.read_parquet(out / "runs")
+    assert runs["device_name"].tolist() == ["NVIDIA H100 80GB HBM3"] and runs["device_sm_count"].tolist() == [132]
+    assert (table["roofline_class"] == "memory-bound").all() and table["flop"].notna().all()
+
+
+def test_module_range_figures_by_hand():
+    """Qwen1.5-0.5B layer 0 (causal SDPA, B 16, H 16, S 559, D 64, bf16), worked by hand."""
+    from headcount.parsers.kineto import read_trace
+    from headcount.pipeline import tables_from_kineto
+
+    tables, _ = tables_from_kineto(read_trace(KINETO / "h100_qwen1.5-0.5b_kineto.json.gz"), "x")
+    row = tables["layers"].set_index("layer_name").loc["layer.0"]
+    pairs = 559 * 559 - 559 * 558 // 2                     # attended (query, key) pairs under a causal mask
+    assert row["flop"] == 2 * 16 * 16 * pairs * (64 + 64)  # 2·B·H·P·(D + Dv)
+    assert row["analytic_min_bytes"] == 4 * 16 * 16 * 559 * 64 * 2  # Q, K, V read, O written, bf16
+
+
+def test_the_registry_chooses_by_name_and_refuses_the_rest(tmp_path):
+    assert sources.for_path(Path("x.pt.trace.json")).name == "torch"
+    assert sources.for_path(Path("x.json.gz")).name == "torch"
+    assert sources.for_path(Path("run.nsys-rep")).name == "nsys"
+    assert sources.for_path(Path("k.csv")).name == "ncu"
+    with pytest.raises(HeadcountError, match=r"\.txt input is not supported yet.*torch.profiler trace"):
+        sources.for_path(Path("notes.txt"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2}]}')
+    with pytest.raises(HeadcountError, match="neither headcount's ranges nor an SDPA call"):
+        sources.for_path(bad).parse(bad, "r", {})
