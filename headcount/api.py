@@ -1,9 +1,9 @@
 """``AttentionProfiler``: the facade users hold.
 
 It wires the stages together and holds no logic of its own: tag
-(:mod:`headcount.collector.tagging`), record (a source from
+(:mod:`headcount.tagging.tagger`), record (a source from
 :mod:`headcount.collector`), parse, attribute and derive
-(:mod:`headcount.pipeline`), report (:mod:`headcount.reports`).
+(:mod:`headcount.build`), report (:mod:`headcount.reports`).
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import contextlib
 
 from headcount.collector import cupti_source
 from headcount.sources import RECORDERS
-from headcount.collector import device as _device
-from headcount.collector.naming import STEP_DOMAIN
-from headcount.collector.ranges import CorrelatedEmitter, RangeEmitter
-from headcount.collector.tagging import MODES, AttentionTagger
+from headcount import env
+from headcount.tagging.naming import STEP_DOMAIN
+from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
+from headcount.tagging.tagger import MODES, AttentionTagger
 from headcount.collector.torch_source import TorchRecorder
 from headcount.derive import launch, occupancy
 from headcount.errors import HeadcountError, notice
 from headcount.parsers.kineto import load_trace
-from headcount.pipeline import add_roofline, implementation_of, tables_from_cupti, tables_from_events
+from headcount.build import add_roofline, implementation_of, tables_from_cupti, tables_from_events
 from headcount.reports import dataset
 from headcount.reports.metadata import device_info, new_run_id, run_metadata
 
@@ -136,14 +136,14 @@ class AttentionProfiler:
         if self.backend == "cupti":
             return cupti_source.CuptiRecorder(pm_sampling=self.pm_sampling, pm_interval_ns=self.pm_interval_ns,
                                               record_dir=self._trace_dir)
-        where = _device.of_model(self.model) if self.model is not None else None
+        where = env.of_model(self.model) if self.model is not None else None
         return TorchRecorder(self._trace_dir, cuda=None if where is None else where.type == "cuda")
 
     def _observe(self) -> None:
         """Attach the attention-statistics collector to the tagger (when asked)."""
         self._stats_collector = None
         if self.attention_stats and self._tagger is not None:
-            from headcount.collector.attention_stats import AttentionStatsCollector
+            from headcount.tagging.live_stats import AttentionStatsCollector
 
             options = self.attention_stats if isinstance(self.attention_stats, dict) else {}
             self._stats_collector = AttentionStatsCollector(**options)
@@ -261,7 +261,7 @@ class AttentionProfiler:
         parameters (with no model given: of the first model tagged), the CPU
         when there is none. Never merely a GPU this machine has."""
         models = [self.model] if self.model is not None else (self._tagger.models if self._tagger else [])
-        where = next((d for d in map(_device.of_model, models) if d is not None), None)
+        where = next((d for d in map(env.of_model, models) if d is not None), None)
         return device_info(where)
 
     def run_metadata(self) -> dict:

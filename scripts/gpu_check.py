@@ -93,7 +93,7 @@ def probe_cupti(out: Path, nvtx_markers: bool) -> int:
 # ---------------------------------------------------------------- bandwidth
 def bandwidth(out: Path, dry_run: bool) -> int:
     """Device-to-device copy ceiling (headcount calibrate's measurement)."""
-    from headcount.collector.calibrate import copy_ceiling
+    from headcount.calibrate import copy_ceiling
 
     device = "cuda" if _cuda() and not dry_run else "cpu"
     _write(out / "bandwidth.json", copy_ceiling(device, (2 << 30) if device == "cuda" else (64 << 20)))
@@ -205,7 +205,7 @@ def workload(args) -> int:
     """Warm up untagged, then one tagged training step (NVTX ranges for ncu's
     --nvtx-include). ``--plain``: two training steps and no tagging at all
     (for ``headcount run``, which tags by itself)."""
-    from headcount.collector.tagging import AttentionTagger
+    from headcount.tagging.tagger import AttentionTagger
 
     model, inputs, _ = _model(args)
     _train_step(model, inputs)

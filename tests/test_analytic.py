@@ -7,7 +7,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headcount.collector.shapes import from_call
+from headcount.tagging.shapes import from_call
 from headcount.derive import analytic
 
 

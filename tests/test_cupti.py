@@ -407,7 +407,7 @@ def test_one_recording_gives_the_same_tables_in_process_and_through_headcount_ru
     ``headcount run --backend cupti``'s per-process assembly: one build path, identical tables."""
     import os
 
-    from headcount import assemble
+    from headcount.wrap import assemble
 
     model, inputs = llama
     prof, _ = _profile(model, inputs, mode=mode, pm=ReplayPm(), tmp_path=tmp_path)

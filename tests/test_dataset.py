@@ -14,7 +14,7 @@ import pytest
 
 from headcount import AttentionProfiler, HeadcountError
 from headcount.reports import dataset
-from headcount.reports.schema import TABLES
+from headcount.tables import TABLES
 
 from conftest import _llama, inputs_for
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from headcount.cli.main import main as cli_main
-from headcount.collector import doctor
+from headcount import doctor
 
 
 def test_doctor_on_this_machine_says_why_cupti_cannot_run(capsys):

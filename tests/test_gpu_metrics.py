@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.parsers.nsys_sqlite import read_export
-from headcount.pipeline import tables_from_nsys
+from headcount.build import tables_from_nsys
 
 H100 = Path(__file__).parent / "fixtures" / "nsys" / "h100x2_pytorch_nsys2026.2.sqlite"
 STEP = 100_000  # 10 kHz

@@ -21,7 +21,8 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            # "from pkg import submodule" needs the submodule only; "from pkg import name" needs pkg initialised
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names]
         for name in names:
             if name in modules:
                 found.add(name)

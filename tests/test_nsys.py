@@ -103,7 +103,7 @@ def test_backward_ranges_follow_forward_in_each_step(nsys_ranges):
 def test_cpu_only_capture_parses_into_ranges(nsys_sqlite_path):
     """An export with NVTX ranges but no CUDA activity: a ranges table, no GPU work."""
     from headcount.parsers.nsys_sqlite import read_export
-    from headcount.pipeline import tables_from_nsys
+    from headcount.build import tables_from_nsys
 
     export = read_export(nsys_sqlite_path)
     assert export["gpu"].empty

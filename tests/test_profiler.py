@@ -132,6 +132,6 @@ def test_another_profiler_holding_the_session_is_a_clear_error(capsys):
         with pytest.raises(HeadcountError, match="nothing was recorded: another torch.profiler session"):
             prof.get_stats()
     from transformers.modeling_utils import AttentionInterface
-    from headcount.collector import tagging
+    from headcount.tagging import tagger as tagging
 
     assert not tagging._active and AttentionInterface.get_interface.__name__ == "get_interface"

@@ -17,8 +17,9 @@ import pandas as pd
 import pytest
 
 from headcount.cli.main import main as cli_main
-from headcount.collector import child as child_mod
-from headcount.collector import launcher, nvidia_tools
+from headcount.wrap import child as child_mod
+from headcount.collector import nvidia_tools
+from headcount.wrap import launcher
 from nsight import nsight_bin
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from headcount import AttentionTagger, attention_range, tag, tag_attention, untag
-from headcount.collector.naming import layer_names, parse_path, sanitize
+from headcount.tagging.naming import layer_names, parse_path, sanitize
 from headcount.errors import HeadcountError
 
 from conftest import MODEL_BUILDERS, _llama, inputs_for

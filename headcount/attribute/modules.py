@@ -20,9 +20,9 @@ import re
 
 import pandas as pd
 
-from headcount.collector.naming import DOMAIN
-from headcount.collector.shapes import CallShape
-from headcount.collector.tagging import CallLog
+from headcount.tagging.naming import DOMAIN
+from headcount.tagging.shapes import CallShape
+from headcount.tagging.tagger import CallLog
 
 _LAYER = re.compile(r"(?:Layer|Block)_(\d+)$")
 _ATTENTION = re.compile(r"Attention_(\d+)$")

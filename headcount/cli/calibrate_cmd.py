@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from headcount.collector import calibrate
-from headcount.collector import device as _device
+from headcount import calibrate
+from headcount import env
 from headcount.reports.dataset import check_output
 
 
@@ -15,14 +15,14 @@ def add_parser(subparsers):
                               "as the bandwidth ceiling the roofline uses instead of the datasheet's.")
     p.add_argument("-o", "--out", default=None, help="store it with this report (REPORT/calibration.json)")
     p.add_argument("--mib", type=int, default=2048, help="copy size in MiB (default 2048)")
-    p.add_argument("--device", default="cuda", help=f"the GPU to measure: {_device.CHOICES} (default cuda, the current GPU; "
+    p.add_argument("--device", default="cuda", help=f"the GPU to measure: {env.CHOICES} (default cuda, the current GPU; "
                    "cpu: try the command without a GPU, no GPU ceiling)")
     p.set_defaults(func=run)
     return p
 
 
 def run(args) -> int:
-    device = _device.resolve(args.device)  # cuda without a GPU: one line, exit 3
+    device = env.resolve(args.device)  # cuda without a GPU: one line, exit 3
     if args.out:
         check_output(args.out, append=True)
     result = calibrate.copy_ceiling(device, args.mib << 20)

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from headcount import sources
-from headcount.collector import doctor
+from headcount import doctor
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "info": "cyan"}
 

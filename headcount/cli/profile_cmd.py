@@ -18,7 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from headcount import sources
 from headcount.api import AttentionProfiler, resolve_backend, runs_row
 from headcount.collector import cupti_source
-from headcount.collector import device as _device
+from headcount import env
 from headcount.errors import HeadcountError
 from headcount.models import (DTYPES, IMPLEMENTATIONS, check_options, choose_model, config_dict, load_model, make_inputs,
                               set_implementation)
@@ -55,7 +55,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="parameter and activation dtype (default float32)")
     p.add_argument("--steps", type=int, default=3, help="profiled steps per implementation, after one warm-up step (default 3)")
     p.add_argument("--no-backward", action="store_true", help="forward only (inference)")
-    p.add_argument("--device", default="auto", help=f"where the model and inputs go: {_device.CHOICES} "
+    p.add_argument("--device", default="auto", help=f"where the model and inputs go: {env.CHOICES} "
                    "(auto: the current GPU when torch sees one, else cpu; default auto)")
     p.add_argument("--backend", choices=("auto", *sources.RECORDERS), default="auto",
                    help="where the numbers come from: cupti (in-process CUPTI on an NVIDIA GPU: kernels, launch latency, "
@@ -96,7 +96,7 @@ def _validate(args):
             cupti_source.require()
         except HeadcountError as exc:
             raise HeadcountError(f"--backend cupti cannot run here: {exc.message}", hint=exc.hint, exit_code=exc.exit_code) from exc
-    device = _device.resolve(args.device)
+    device = env.resolve(args.device)
     if device.type == "cpu" and args.backend == "cupti":
         raise HeadcountError("--backend cupti records GPU work and --device is cpu", hint="use --device cuda, or --backend torch")
     choice = choose_model(args.model)
@@ -144,7 +144,7 @@ def run(args) -> int:
     with console.status("loading model…"):
         model, description = load_model(choice, args.dtype, device=device)
     inputs = make_inputs(model, args.batch, args.seq)
-    console.print(f"model: {description}; on {_device.describe(device)['name']} ({device}); batch {args.batch} × seq {args.seq}, {args.dtype}, "
+    console.print(f"model: {description}; on {env.describe(device)['name']} ({device}); batch {args.batch} × seq {args.seq}, {args.dtype}, "
                   f"{'forward+backward' if backward else 'forward only'}, {args.mode} mode")
     run_id = new_run_id()
     collected: dict[str, list[pd.DataFrame]] = {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from headcount.collector import calibrate
+from headcount import calibrate
 from headcount.errors import HeadcountError
 from headcount.reports import console as console_report
 from headcount.reports.html import load_tables, render

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from headcount import assemble
+from headcount.wrap import assemble
 from headcount import sources
 from headcount.api import runs_row
-from headcount.collector import child as child_mod
-from headcount.collector import cupti_source, launcher, nvidia_tools
+from headcount.wrap import child as child_mod
+from headcount.collector import cupti_source, nvidia_tools
+from headcount.wrap import launcher
 from headcount.errors import HeadcountError
 from headcount.reports import console as console_report
 from headcount.reports import dataset

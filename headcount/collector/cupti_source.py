@@ -40,7 +40,7 @@ from pathlib import Path
 
 from headcount.collector.cupti_errors import classify
 from headcount.errors import HeadcountError
-from headcount.reports.metadata import package_version
+from headcount.env import package_version
 
 BUFFER_BYTES = 8 << 20
 DEFAULT_PM_INTERVAL_NS = 50_000

@@ -2,7 +2,7 @@
 version, build their command lines, read their complaints.
 
 Command building and log reading are pure functions (tested without a GPU);
-running is :mod:`headcount.collector.launcher`'s job.
+running is :mod:`headcount.wrap.launcher`'s job.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from headcount.collector.cupti_errors import PERMISSION_HINT
-from headcount.collector.naming import DOMAIN
+from headcount.tagging.naming import DOMAIN
 from headcount.errors import HeadcountError
 
 # oldest releases whose options and report formats headcount uses

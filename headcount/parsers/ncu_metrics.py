@@ -92,7 +92,7 @@ def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
         source: ``ncu`` (recorded in each row).
 
     Returns:
-        The kernels table (schema of :data:`headcount.reports.schema.KERNELS`),
+        The kernels table (schema of :data:`headcount.tables.KERNELS`),
         plus ``incomplete`` and ``missing_metrics``.
     """
     rows = []

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from headcount.errors import HeadcountError
 from headcount.reports.metadata import SCHEMA_VERSION
-from headcount.reports.schema import TABLES
+from headcount.tables import TABLES
 
 MARKER = "headcount.json"
 
@@ -125,7 +125,7 @@ def write_run(
     """Write one run's tables into ``out`` (see the module docstring).
 
     Args:
-        tables: table name → DataFrame; names must be in :data:`~headcount.reports.schema.TABLES`.
+        tables: table name → DataFrame; names must be in :data:`~headcount.tables.TABLES`.
         metadata: run metadata (stored in every file and in ``run.json``).
         append: add to an existing report; force: replace an existing report.
 

@@ -10,9 +10,9 @@ import datetime as _dt
 import platform
 import secrets
 import sys
-from importlib import metadata as _md
 
 from headcount._version import __version__
+from headcount.env import package_version, program_versions
 
 SCHEMA_VERSION = "1.2"
 
@@ -24,24 +24,11 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
     return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def package_version(package: str) -> str | None:
-    """The installed version of a Python distribution, or ``None``."""
-    try:
-        return _md.version(package)
-    except _md.PackageNotFoundError:
-        return None
-
-
 def device_info(device=None) -> dict:
     """Run metadata of the device the work ran on (``None``: the CPU)."""
-    from headcount.collector import device as _device
+    from headcount import env
 
-    return _device.describe(device if device is not None else "cpu")
-
-
-def program_versions() -> dict:
-    """torch and transformers of this process (for a run recorded in this process)."""
-    return {"torch": package_version("torch"), "transformers": package_version("transformers")}
+    return env.describe(device if device is not None else "cpu")
 
 
 def run_metadata(run_id: str, source: str, source_version: str | None, mode: str, extra: dict | None = None, *,

@@ -14,7 +14,7 @@ import pandas as pd
 
 from headcount.errors import HeadcountError
 from headcount.reports.dataset import MARKER
-from headcount.reports.schema import TABLES
+from headcount.tables import TABLES
 
 
 def connect(out: str | Path) -> duckdb.DuckDBPyConnection:

@@ -11,8 +11,8 @@ import torch
 from tiny_llama import tiny_llama
 
 from headcount import AttentionTagger
-from headcount.collector.naming import STEP_DOMAIN
-from headcount.collector.ranges import RangeEmitter
+from headcount.tagging.naming import STEP_DOMAIN
+from headcount.tagging.ranges import RangeEmitter
 
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 

@@ -1,4 +1,5 @@
-"""Where the profiled work runs: ``--device`` resolved, and described for the run metadata.
+"""The environment: package versions, and where the profiled work runs
+(``--device`` resolved, the device described for the run metadata).
 
 A run's ``device_kind``/``device_name`` must name the device its tensors were
 on, never merely a GPU the machine happens to have: the roofline classifies
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+from importlib import metadata as _md
 
 from headcount.errors import HeadcountError
 
@@ -82,3 +84,16 @@ def of_model(model):
         return next(model.parameters()).device
     except (StopIteration, AttributeError, TypeError):
         return None
+
+
+def package_version(package: str) -> str | None:
+    """The installed version of a Python distribution, or ``None``."""
+    try:
+        return _md.version(package)
+    except _md.PackageNotFoundError:
+        return None
+
+
+def program_versions() -> dict:
+    """torch and transformers of this process (for a run recorded in this process)."""
+    return {"torch": package_version("torch"), "transformers": package_version("transformers")}

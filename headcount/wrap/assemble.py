@@ -3,10 +3,10 @@
 Inputs are the raw folder's files: the tool's report (``.nsys-rep`` →
 SQLite, or ``.ncu-rep``), the CUPTI records of each process (cupti backend),
 and the ``child-<pid>.pkl`` every tagged process wrote (rank, call log,
-status; see :mod:`headcount.collector.child`). Each tagged process becomes
+status; see :mod:`headcount.wrap.child`). Each tagged process becomes
 one run, ``<run id>-rank<r>`` when there are several, so ranks live in their
 own partitions of one dataset and are never mixed up. Parse → attribute →
-derive are the shared ones of :mod:`headcount.pipeline`.
+derive are the shared ones of :mod:`headcount.build`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pandas as pd
 from headcount.derive import aggregate, occupancy
 from headcount.errors import HeadcountError, notice
 from headcount.parsers import ncu_metrics
-from headcount.pipeline import add_roofline, implementation_of, tables_from_cupti, tables_from_ncu, tables_from_nsys
+from headcount.build import add_roofline, implementation_of, tables_from_cupti, tables_from_ncu, tables_from_nsys
 
 
 @dataclass

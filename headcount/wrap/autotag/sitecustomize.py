@@ -1,4 +1,4 @@
-"""``headcount run``'s hook in the profiled program (see headcount/collector/child.py).
+"""``headcount run``'s hook in the profiled program (see headcount/wrap/child.py).
 
 The launcher puts this folder first on ``PYTHONPATH``. Python imports the
 first ``sitecustomize`` it finds, so the one this file hides (a
@@ -40,7 +40,7 @@ except Exception as exc:  # noqa: BLE001
     _notice(f"the sitecustomize that headcount's hides failed: {type(exc).__name__}: {exc}")
 
 try:
-    from headcount.collector import child as _child
+    from headcount.wrap import child as _child
 
     _child.install()
 except Exception as exc:  # noqa: BLE001

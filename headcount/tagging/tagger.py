@@ -32,9 +32,9 @@ from typing import Callable
 
 import torch
 
-from headcount.collector import shapes as _shapes
-from headcount.collector.naming import head_name, layer_names, sanitize
-from headcount.collector.ranges import CorrelatedEmitter, RangeEmitter
+from headcount.tagging import shapes as _shapes
+from headcount.tagging.naming import head_name, layer_names, sanitize
+from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
 from headcount.errors import HeadcountError
 
 MODES = ("layer", "head")
@@ -211,7 +211,7 @@ class AttentionTagger:
             and closes the ranges (the cheapest tags; backward tagging and head
             mode still run).
         range_log: the cupti source's range log: ranges then also push CUPTI
-            external correlation ids (see :class:`~headcount.collector.ranges.CorrelatedEmitter`).
+            external correlation ids (see :class:`~headcount.tagging.ranges.CorrelatedEmitter`).
 
     Raises:
         HeadcountError: unknown mode.
@@ -435,7 +435,7 @@ class AttentionTagger:
         """Run one attention call inside its ranges.
 
         Args:
-            meta: the call's shape metadata (:func:`headcount.collector.shapes.metadata`).
+            meta: the call's shape metadata (:func:`headcount.tagging.shapes.metadata`).
             fused: ``fused(q, k, v)`` computes the call as the model does.
             one_head: ``one_head(h, q_h, k_h, v_h)`` computes query head ``h`` alone.
             join: ``join(results)`` assembles the per-head results into the fused result.

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 import headcount
-from headcount.collector.child import ENV_PREFIX
+from headcount.wrap.child import ENV_PREFIX
 from headcount.errors import notice
 
 AUTOTAG_DIR = Path(__file__).resolve().parent / "autotag"

@@ -1,20 +1,29 @@
-"""Compose parse → attribute → derive for the torch (Kineto) source.
+"""The one composition of the stages: a recording or a file → headcount's tables
+(docs/architecture.md §1, §4). The API, ``headcount profile``, ``run`` and
+``parse`` all build their tables here; no other module composes stages.
 
-:func:`tables_from_events` turns a Kineto events table (see
-:mod:`headcount.parsers.kineto`) and the tagger's call log into headcount's
-tables (docs/architecture.md §4): ``kernels`` (CPU operators on a CPU run, plus GPU kernels
-where the trace has them), ``ranges``, ``layers``, ``heads`` and the
-``attention_breakdown`` view.
+- :func:`tables_from_events`: an events table (torch.profiler, CUPTI) and the
+  tagger's call log → ``kernels`` (CPU operators on a CPU run, plus GPU
+  kernels where the recording has them), ``ranges``, ``layers``, ``heads``
+  and the ``attention_breakdown`` view;
+- :func:`tables_from_cupti`, :func:`tables_from_kineto`,
+  :func:`tables_from_nsys`, :func:`tables_from_ncu`: one per kind of
+  recording, each through the shared attribution and derivations;
+- ``from_*`` (end of the module): one file of ``headcount parse`` →
+  :class:`Parsed`, the functions :data:`headcount.sources.FILE_SOURCES` names.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from headcount.attribute import attribution
 from headcount.attribute.calls import attach_calls, calls_frame
-from headcount.collector.naming import DOMAIN, STEP_DOMAIN, parse_path
+from headcount.tagging.naming import DOMAIN, STEP_DOMAIN, parse_path
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling
 from headcount.errors import HeadcountError
 
@@ -54,7 +63,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
             range whose id its launch carried (exact, any thread); without
             it, to the innermost range that contains its launch call on the
             launching thread.
-        calls: the tagger's :class:`~headcount.collector.tagging.CallLog` list.
+        calls: the tagger's :class:`~headcount.tagging.tagger.CallLog` list.
         implementation: attention implementation of the session (fills rows the
             call log does not name, e.g. operators outside attention).
         run_id: identifier stored in every row.
@@ -499,3 +508,86 @@ def add_roofline(tables: dict, device: dict | None, calls=None, measured_gbps: f
         if table_name in tables and len(tables[table_name]):
             tables[table_name]["roofline_class"] = devices.roofline_class(tables[table_name], name, dtype, ceiling)
     return tables
+
+
+# ---------------------------------------------------------------- files (headcount parse; see headcount.sources)
+@dataclass
+class Parsed:
+    """One file read and built: the tables of one run and what the run metadata needs.
+
+    Attributes:
+        tables: ``kernels``, ``ranges``, ``layers``, ``heads`` (and whatever else the build gives).
+        device: the recording's device (``None``: the file does not say).
+        version: the recording tool's version, where the file says.
+        lines: one-line facts for the progress output.
+        notices: what the reader should know (printed as notices, kept in the metadata).
+    """
+
+    tables: dict[str, pd.DataFrame]
+    device: dict | None = None
+    version: str | None = None
+    lines: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+
+
+def _nsys_file(path: Path, run_id: str, options: dict, read) -> Parsed:
+    from headcount.parsers.nsys_sqlite import run_device
+
+    export = read(path)
+    tables = tables_from_nsys(export, run_id)
+    device = run_device(export)
+    add_roofline(tables, device)
+    lines = [f"{path}: {len(tables['kernels'])} GPU operations, {len(tables['ranges'])} NVTX ranges"]
+    if not (tables["ranges"]["gpu_op_count"] > 0).any():
+        lines.insert(0, f"{path}: no GPU operation was launched inside an NVTX range")
+    return Parsed(tables, device, export["meta"].get("EXPORT_PRODUCT_VERSION"), lines)
+
+
+def from_nsys_export(path: Path, run_id: str, options: dict) -> Parsed:
+    from headcount.parsers.nsys_sqlite import read_export
+
+    return _nsys_file(path, run_id, options, read_export)
+
+
+def from_nsys_rep(path: Path, run_id: str, options: dict) -> Parsed:
+    from headcount.parsers.nsys_rep import read_report
+
+    return _nsys_file(path, run_id, options, read_report)
+
+
+def _ncu_file(path: Path, run_id: str, options: dict, read) -> Parsed:
+    from headcount.parsers import ncu_metrics
+
+    kernels = read(path)
+    tables = tables_from_ncu(kernels, run_id)
+    device = ncu_metrics.run_device(kernels)
+    add_roofline(tables, device)
+    k = tables["kernels"]
+    return Parsed(tables, device, None, [f"{path}: {len(k)} kernels, {int(k['incomplete'].sum())} incomplete, "
+                                         f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"])
+
+
+def from_ncu_csv(path: Path, run_id: str, options: dict) -> Parsed:
+    from headcount.parsers import ncu_csv
+
+    return _ncu_file(path, run_id, options, lambda p: ncu_csv.read_csv(p, locale=options.get("locale")))
+
+
+def from_ncu_rep(path: Path, run_id: str, options: dict) -> Parsed:
+    from headcount.parsers import ncu_rep
+
+    return _ncu_file(path, run_id, options, ncu_rep.read_report)
+
+
+def from_torch_trace(path: Path, run_id: str, options: dict) -> Parsed:
+    from headcount.parsers import kineto
+
+    trace = kineto.read_trace(path)
+    tables, notices = tables_from_kineto(trace, run_id)
+    device = kineto.run_device(trace["devices"]) or {"kind": "cpu", "name": None}
+    layers = tables["layers"]
+    how = "from nn.Module ranges" if len(layers) and (layers["provenance"] == "module ranges").any() else "from headcount's ranges"
+    return Parsed(tables, device, None, [f"{path}: {int((tables['kernels']['kind'] == 'kernel').sum())} kernels, "
+                                         f"{len(layers)} layer rows {how}"], notices)
+
+

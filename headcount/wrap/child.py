@@ -1,12 +1,12 @@
 """The side of ``headcount run`` that lives inside the profiled program.
 
-``headcount run`` puts :mod:`headcount.collector.autotag` first on the
+``headcount run`` puts :mod:`headcount.wrap.autotag` first on the
 child's ``PYTHONPATH``; its ``sitecustomize`` calls :func:`install`, which
 reads the ``HEADCOUNT_RUN_*`` variables the launcher set and, **once
 transformers' modeling code is imported** (so that a Python process that
 never builds a model — torchrun's launcher, a data worker — is left alone):
 
-- activates an :class:`~headcount.collector.tagging.AttentionTagger` in auto
+- activates an :class:`~headcount.tagging.tagger.AttentionTagger` in auto
   mode (every ``PreTrainedModel`` that runs is tagged, layer or head mode);
 - counts steps: a step starts at each outermost model forward (on the thread
   that runs it) and lasts until the next one; ``step.N`` ranges in the
@@ -95,9 +95,9 @@ class ChildSession:
         import torch
         from transformers import PreTrainedModel
 
-        from headcount.collector.naming import STEP_DOMAIN
-        from headcount.collector.ranges import CorrelatedEmitter, RangeEmitter
-        from headcount.collector.tagging import AttentionTagger
+        from headcount.tagging.naming import STEP_DOMAIN
+        from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
+        from headcount.tagging.tagger import AttentionTagger
 
         self._pretrained = PreTrainedModel
         log = None
@@ -200,7 +200,7 @@ class ChildSession:
 
     # ------------------------------------------------------------ sdpa outside transformers
     def _wrap_sdpa(self, torch) -> None:
-        from headcount.collector.tagging import tag_attention
+        from headcount.tagging.tagger import tag_attention
 
         original = torch.nn.functional.scaled_dot_product_attention
         tagged: dict[int, object] = {}
@@ -260,7 +260,7 @@ def _device() -> dict | None:
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    from headcount.collector import device as _dev
+    from headcount import env as _dev
 
     try:
         return _dev.describe(torch.cuda.current_device() if torch.cuda.is_initialized() else "cpu")
@@ -270,7 +270,7 @@ def _device() -> dict | None:
 
 def _program() -> dict:
     """torch and transformers versions of this (the recorded) program."""
-    from headcount.reports.metadata import program_versions
+    from headcount.env import program_versions
 
     return program_versions()
 
