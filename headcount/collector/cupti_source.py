@@ -40,15 +40,14 @@ from pathlib import Path
 
 from headcount.collector.cupti_errors import classify
 from headcount.errors import HeadcountError
+from headcount.derive.sampling import PM_COUNTERS, PM_PERCENTS
 from headcount.env import package_version
 
 BUFFER_BYTES = 8 << 20
 DEFAULT_PM_INTERVAL_NS = 50_000
 # tried in order until PM sampling accepts one set in a single pass
-PM_METRIC_SETS = (
-    ("dram__bytes_read.sum", "dram__bytes_write.sum", "sm__warps_active.avg.pct_of_peak_sustained_elapsed"),
-    ("dram__bytes_read.sum", "dram__bytes_write.sum"),
-)
+# what PM sampling asks for, largest set first, from the tables the sampling derivation reads (they cannot drift apart)
+PM_METRIC_SETS = ((*PM_COUNTERS, *PM_PERCENTS), tuple(PM_COUNTERS))
 RECORDS_FILE = "cupti-records.jsonl.gz"
 
 _KERNEL_FIELDS = (

@@ -14,6 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from headcount.collector.cupti_errors import PERMISSION_HINT
+from headcount.parsers import ncu_metrics
 from headcount.tagging.naming import DOMAIN
 from headcount.errors import HeadcountError
 
@@ -22,12 +23,7 @@ MIN_VERSION = {"ncu": (2022, 1), "nsys": (2023, 1)}
 
 # one pass on recent GPUs: time, DRAM bytes and throughput, achieved occupancy,
 # L2 bytes; the launch__* and theoretical-occupancy values cost no pass
-NCU_METRICS = (
-    "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed", "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "lts__t_bytes.sum", "sm__maximum_warps_per_active_cycle_pct", "launch__registers_per_thread", "launch__block_size",
-    "launch__shared_mem_per_block_static", "launch__shared_mem_per_block_dynamic", "launch__shared_mem_config_size",
-)
+NCU_METRICS = ncu_metrics.COLLECTED  # the one table the ncu readers read too
 NCU_DEFAULT_INCLUDES = tuple(f"{DOMAIN}@{phase}/" for phase in ("fwd", "bwd", "recompute"))
 
 

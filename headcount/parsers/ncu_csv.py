@@ -25,20 +25,9 @@ from pathlib import Path
 import pandas as pd
 
 from headcount.errors import HeadcountError
-from headcount.parsers.ncu_metrics import DEVICE_NAME, kernels_frame, to_float
+from headcount.parsers.ncu_metrics import DEVICE_NAME, DISPLAY_NAMES, kernels_frame, to_float
 
 # details-page display names -> raw metric names
-DISPLAY_NAMES = {
-    "Duration": "gpu__time_duration.sum",
-    "DRAM Throughput": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "Achieved Occupancy": "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "Theoretical Occupancy": "sm__maximum_warps_per_active_cycle_pct",
-    "Registers Per Thread": "launch__registers_per_thread",
-    "Static Shared Memory Per Block": "launch__shared_mem_per_block_static",
-    "Dynamic Shared Memory Per Block": "launch__shared_mem_per_block_dynamic",
-    "Block Size": "launch__block_size",
-    "Shared Memory Configuration Size": "launch__shared_mem_config_size",
-}
 
 _NUMERIC = re.compile(r"^-?[\d.,]+$")
 _DECIMAL_DOT = re.compile(r"\.(\d{1,2}|\d{4,})$|\..*\.")   # "99.89", "0.0001", or two dots (de thousands)
