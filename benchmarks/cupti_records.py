@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from cupti import cupti  # noqa: E402
-
 from cupti_replay import ReplayCupti  # noqa: E402
+
 from headcount.collector.cupti_source import CuptiRecorder, record_of  # noqa: E402
 from headcount.parsers import cupti_records  # noqa: E402
 

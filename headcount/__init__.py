@@ -11,7 +11,7 @@ Quick start::
 
 from headcount._version import __version__
 from headcount.api import AttentionProfiler
-from headcount.tagging.tagger import AttentionTagger, attention_range, tag, tag_attention, untag
 from headcount.errors import HeadcountError
+from headcount.tagging.tagger import AttentionTagger, attention_range, tag, tag_attention, untag
 
 __all__ = ["AttentionProfiler", "AttentionTagger", "HeadcountError", "attention_range", "tag", "tag_attention", "untag", "__version__"]

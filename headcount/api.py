@@ -8,26 +8,24 @@ It wires the stages together and holds no logic of its own: tag
 
 from __future__ import annotations
 
-import json
+import contextlib
 from pathlib import Path
 
 import pandas as pd
 
-import contextlib
-
-from headcount.collector import cupti_source
-from headcount.sources import RECORDERS
 from headcount import env
-from headcount.tagging.naming import STEP_DOMAIN
-from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
-from headcount.tagging.tagger import MODES, AttentionTagger
+from headcount.build import add_roofline, implementation_of, tables_from_cupti, tables_from_events
+from headcount.collector import cupti_source
 from headcount.collector.torch_source import TorchRecorder
 from headcount.derive import launch, occupancy
 from headcount.errors import HeadcountError, notice
 from headcount.parsers.kineto import load_trace
-from headcount.build import add_roofline, implementation_of, tables_from_cupti, tables_from_events
 from headcount.reports import dataset
-from headcount.reports.metadata import device_info, new_run_id, run_metadata
+from headcount.reports.metadata import device_info, new_run_id, run_metadata, runs_row
+from headcount.sources import RECORDERS
+from headcount.tagging.naming import STEP_DOMAIN
+from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
+from headcount.tagging.tagger import MODES, AttentionTagger
 
 BACKENDS = ("auto", *RECORDERS)
 
@@ -288,39 +286,3 @@ class AttentionProfiler:
         tables = {name: stats[name] for name in ("kernels", "ranges", "layers", "heads", "attention_stats") if name in stats}
         tables["runs"] = self.runs_table()
         return dataset.write_run(out, self.run_id, tables, self.run_metadata(), append=append, force=force)
-
-
-def runs_row(meta: dict) -> pd.DataFrame:
-    """The ``runs`` table row of one run's metadata."""
-    device = meta.get("device") or {}
-    config = meta.get("model_config")
-    return pd.DataFrame([{
-        "run_id": meta["run_id"],
-        "implementation": meta.get("implementation"),
-        "source": meta.get("source"),
-        "source_version": meta.get("source_version"),
-        "mode": meta.get("mode"),
-        "model": meta.get("model"),
-        "model_config": json.dumps(config, sort_keys=True, default=str) if config is not None else None,
-        "batch": meta.get("batch"),
-        "seq": meta.get("seq"),
-        "dtype": meta.get("dtype"),
-        "steps": meta.get("steps"),
-        "backward": meta.get("backward"),
-        "device_kind": device.get("kind"),
-        "device_name": device.get("name"),
-        "device_compute_capability": device.get("compute_capability"),
-        "device_sm_count": device.get("sm_count"),
-        "device_memory_bandwidth_gbps": device.get("memory_bandwidth_gbps"),
-        "torch": meta.get("torch"),
-        "transformers": meta.get("transformers"),
-        "tool_version": meta.get("tool_version"),
-        "schema_version": meta.get("schema_version"),
-        "command_line": " ".join(meta.get("command_line") or []),
-        "start_time": meta.get("start_time"),
-        "rank": meta.get("rank"),
-        "world_size": meta.get("world_size"),
-        "pid": str(meta["pid"]) if meta.get("pid") is not None else None,
-        "complete": meta.get("complete"),
-        "program_exit_status": meta.get("program_exit_status"),
-    }])

@@ -23,9 +23,9 @@ import pandas as pd
 
 from headcount.attribute import attribution
 from headcount.attribute.calls import attach_calls, calls_frame
-from headcount.tagging.naming import DOMAIN, STEP_DOMAIN, parse_path
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling
 from headcount.errors import HeadcountError
+from headcount.tagging.naming import DOMAIN, STEP_DOMAIN, parse_path
 
 BREAKDOWN_COLUMNS = [
     "implementation", "phase", "layer_name", "layer", "head", "kv_head", "calls", "steps",

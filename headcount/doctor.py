@@ -16,8 +16,8 @@ from pathlib import Path
 
 from headcount.collector import nvidia_tools
 from headcount.collector.cupti_errors import HOLDER_HINT, PERMISSION_HINT, classify
-from headcount.errors import HeadcountError
 from headcount.env import package_version as _version
+from headcount.errors import HeadcountError
 
 # environment variables that mean another CUPTI client is injected into this process
 INJECTED_TOOLS = {

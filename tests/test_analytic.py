@@ -7,8 +7,8 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headcount.tagging.shapes import from_call
 from headcount.derive import analytic
+from headcount.tagging.shapes import from_call
 
 
 def _brute_pairs(q: int, k: int, causal: bool, window: int) -> int:

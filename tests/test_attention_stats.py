@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import _bert, _gpt2, _llama, _t5
+
 from headcount import AttentionProfiler
 from headcount.derive.attention_stats import STATS, head_statistics, probabilities, sample_rows
 

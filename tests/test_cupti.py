@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from cupti import cupti as real_cupti
-
 from cupti_replay import LaunchOnEveryOp, ReplayCupti, ReplayPm
+
 from headcount import AttentionProfiler
 from headcount.api import resolve_backend
 from headcount.attribute import attribution

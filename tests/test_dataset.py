@@ -11,12 +11,11 @@ import polars as pl
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from conftest import _llama, inputs_for
 
 from headcount import AttentionProfiler, HeadcountError
 from headcount.reports import dataset
 from headcount.tables import TABLES
-
-from conftest import _llama, inputs_for
 
 
 @pytest.fixture(scope="module")

@@ -36,8 +36,8 @@ def test_ridge_point_and_class():
 
 
 def test_calibrate_cli(tmp_path, capsys):
-    from headcount.cli.main import main as cli_main
     from headcount import calibrate
+    from headcount.cli.main import main as cli_main
 
     assert cli_main(["calibrate"]) == 3  # no GPU here
     assert "--device cuda: no CUDA GPU here" in capsys.readouterr().err

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from headcount.cli.main import main as cli_main
 from headcount import doctor
+from headcount.cli.main import main as cli_main
 
 
 def test_doctor_on_this_machine_says_why_cupti_cannot_run(capsys):

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.parsers.nsys_sqlite import read_export
 from headcount.build import tables_from_nsys
+from headcount.parsers.nsys_sqlite import read_export
 
 H100 = Path(__file__).parent / "fixtures" / "nsys" / "h100x2_pytorch_nsys2026.2.sqlite"
 STEP = 100_000  # 10 kHz

@@ -13,12 +13,11 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nsight import nsight_bin
 
 from headcount.errors import HeadcountError
 from headcount.parsers.ncu_csv import read_csv
 from headcount.parsers.ncu_rep import read_report
-
-from nsight import nsight_bin
 
 FIX = Path(__file__).parent / "fixtures" / "ncu"
 REP = FIX / "rtx2080ti_two_kernels.ncu-rep"

@@ -14,7 +14,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from nsight import nsight_bin
 
 WORKLOAD = Path(__file__).parent / "workloads" / "tagged_llama.py"
@@ -102,8 +101,8 @@ def test_backward_ranges_follow_forward_in_each_step(nsys_ranges):
 
 def test_cpu_only_capture_parses_into_ranges(nsys_sqlite_path):
     """An export with NVTX ranges but no CUDA activity: a ranges table, no GPU work."""
-    from headcount.parsers.nsys_sqlite import read_export
     from headcount.build import tables_from_nsys
+    from headcount.parsers.nsys_sqlite import read_export
 
     export = read_export(nsys_sqlite_path)
     assert export["gpu"].empty

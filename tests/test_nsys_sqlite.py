@@ -13,12 +13,11 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nsight import nsight_bin
 
 from headcount.attribute.attribution import project_gpu
 from headcount.errors import HeadcountError
 from headcount.parsers.nsys_sqlite import nsys_name, read_export
-
-from nsight import nsight_bin
 
 FIX = Path(__file__).parent / "fixtures" / "nsys"
 H100 = FIX / "h100x2_pytorch_nsys2026.2.sqlite"

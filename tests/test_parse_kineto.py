@@ -76,8 +76,8 @@ def test_real_h100_traces_without_tags_get_layers_from_module_ranges(tmp_path, c
 
 def test_module_range_figures_by_hand():
     """Qwen1.5-0.5B layer 0 (causal SDPA, B 16, H 16, S 559, D 64, bf16), worked by hand."""
-    from headcount.parsers.kineto import read_trace
     from headcount.build import tables_from_kineto
+    from headcount.parsers.kineto import read_trace
 
     tables, _ = tables_from_kineto(read_trace(KINETO / "h100_qwen1.5-0.5b_kineto.json.gz"), "x")
     row = tables["layers"].set_index("layer_name").loc["layer.0"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from headcount.build import tables_from_events
+from headcount.parsers.kineto import events_frame
 from headcount.tagging.shapes import CallShape
 from headcount.tagging.tagger import CallLog
-from headcount.parsers.kineto import events_frame
-from headcount.build import tables_from_events
 
 
 def _x(cat, name, ts, dur, tid=1, pid=4242, **args):

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import _llama, inputs_for
 
 from headcount import AttentionProfiler, HeadcountError
-
-from conftest import _llama, inputs_for
 
 BREAKDOWN_REQUIRED = ["phase", "layer", "head", "calls", "duration_ns", "dram_bytes", "bandwidth_gbps", "flop",
                       "intensity_flop_per_byte", "duration_provenance", "dram_bytes_provenance", "flop_provenance"]
@@ -132,6 +131,7 @@ def test_another_profiler_holding_the_session_is_a_clear_error(capsys):
         with pytest.raises(HeadcountError, match="nothing was recorded: another torch.profiler session"):
             prof.get_stats()
     from transformers.modeling_utils import AttentionInterface
+
     from headcount.tagging import tagger as tagging
 
     assert not tagging._active and AttentionInterface.get_interface.__name__ == "get_interface"

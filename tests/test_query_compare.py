@@ -138,8 +138,8 @@ def test_console_and_page_keep_runs_apart(mixed, capsys):
 def test_step_profiler_runs_are_summarised_one_by_one(tmp_path, capsys):
     """Three profiled steps are three runs: the summary shows 2 calls per step for a 2-layer model, not 6."""
     import torch
-
     from conftest import _llama
+
     from headcount.training import StepProfiler
 
     model = _llama("sdpa")

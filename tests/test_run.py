@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -15,12 +14,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from nsight import nsight_bin
 
 from headcount.cli.main import main as cli_main
-from headcount.wrap import child as child_mod
 from headcount.collector import nvidia_tools
+from headcount.wrap import child as child_mod
 from headcount.wrap import launcher
-from nsight import nsight_bin
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
@@ -58,7 +57,7 @@ def test_nsys_records_a_plain_script_per_layer_head_and_step(nsight_path, tmp_pa
     assert runs["source"].tolist() == ["nsys"] and runs["complete"].tolist() == [True]
     assert "Nsight Systems" in runs["source_version"].iloc[0] and runs["steps"].tolist() == [3]
     raw = next((out / "raw").iterdir())
-    assert (raw / "run.nsys-rep").exists() and list(raw.glob("child-*.pkl"))
+    assert (raw / "run.nsys-rep").exists() and list(raw.glob("child-*.json"))
     manifest = json.loads(next((out / "manifests").glob("*/run.json")).read_text())
     assert manifest["tool_command"][1:3] == ["profile", "--trace=cuda,nvtx"]
 
@@ -227,8 +226,8 @@ def test_the_child_flushes_on_sigterm(tmp_path):
     env = launcher.child_env(tmp_path, "nsys", "layer")
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGTERM and "not reached" not in done.stdout
-    child_file = next(tmp_path.glob("child-*.pkl"))
-    doc = pickle.loads(child_file.read_bytes())
+    child_file = next(tmp_path.glob("child-*.json"))
+    doc = child_mod.read_report(child_file)
     assert doc["complete"] is False and doc["ended_by"] == "signal SIGTERM" and doc["steps_seen"] == 1
     assert {(c.phase, c.layer_name) for c in doc["calls"]} == {("fwd", "layer.0"), ("bwd", "layer.0")}
 
@@ -247,7 +246,7 @@ def test_a_process_that_builds_no_model_is_left_alone(tmp_path):
     env = launcher.child_env(tmp_path, "nsys", "layer")
     done = subprocess.run([sys.executable, "-c", "import sys; print('transformers' in sys.modules)"], env=env,
                           capture_output=True, text=True, timeout=60)
-    assert done.stdout.strip() == "False" and not list(tmp_path.glob("child-*.pkl"))
+    assert done.stdout.strip() == "False" and not list(tmp_path.glob("child-*.json"))
 
 
 def test_steps_parsing():

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import MODEL_BUILDERS, _llama, inputs_for
 
 from headcount import AttentionTagger, attention_range, tag, tag_attention, untag
-from headcount.tagging.naming import layer_names, parse_path, sanitize
 from headcount.errors import HeadcountError
-
-from conftest import MODEL_BUILDERS, _llama, inputs_for
+from headcount.tagging.naming import layer_names, parse_path, sanitize
 
 
 def _train_step(model, inputs):

@@ -8,8 +8,8 @@ import warnings
 import pandas as pd
 import pytest
 import torch
-
 from conftest import _llama
+
 from headcount.training import HeadcountCallback, HeadDriftWarning, StepProfiler, drift_table
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from headcount import calibrate
-from headcount import env
+from headcount import calibrate, env
 from headcount.reports.dataset import check_output
 
 

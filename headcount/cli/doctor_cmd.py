@@ -7,8 +7,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from headcount import sources
-from headcount import doctor
+from headcount import doctor, sources
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "info": "cyan"}
 

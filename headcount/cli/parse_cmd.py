@@ -14,10 +14,9 @@ from pathlib import Path
 from rich.console import Console
 
 from headcount import sources
-from headcount.api import runs_row
 from headcount.errors import notice
 from headcount.reports import dataset
-from headcount.reports.metadata import new_run_id, run_metadata
+from headcount.reports.metadata import new_run_id, run_metadata, runs_row
 
 EXAMPLES = """\
 examples:

@@ -15,16 +15,14 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from headcount import sources
-from headcount.api import AttentionProfiler, resolve_backend, runs_row
+from headcount import env, sources
+from headcount.api import AttentionProfiler, resolve_backend
 from headcount.collector import cupti_source
-from headcount import env
 from headcount.errors import HeadcountError
-from headcount.models import (DTYPES, IMPLEMENTATIONS, check_options, choose_model, config_dict, load_model, make_inputs,
-                              set_implementation)
+from headcount.models import DTYPES, IMPLEMENTATIONS, check_options, choose_model, config_dict, load_model, make_inputs, set_implementation
 from headcount.reports import console as console_report
 from headcount.reports import dataset
-from headcount.reports.metadata import new_run_id
+from headcount.reports.metadata import new_run_id, runs_row
 
 DEFAULT_OUT = "headcount-report"
 

@@ -15,16 +15,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from headcount.wrap import assemble
 from headcount import sources
-from headcount.api import runs_row
-from headcount.wrap import child as child_mod
 from headcount.collector import cupti_source, nvidia_tools
-from headcount.wrap import launcher
 from headcount.errors import HeadcountError
 from headcount.reports import console as console_report
 from headcount.reports import dataset
-from headcount.reports.metadata import new_run_id, run_metadata
+from headcount.reports.metadata import new_run_id, run_metadata, runs_row
+from headcount.wrap import assemble, launcher
+from headcount.wrap import child as child_mod
 
 EXAMPLES = """\
 examples:

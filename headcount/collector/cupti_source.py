@@ -39,9 +39,9 @@ import time
 from pathlib import Path
 
 from headcount.collector.cupti_errors import classify
-from headcount.errors import HeadcountError
 from headcount.derive.sampling import PM_COUNTERS, PM_PERCENTS
 from headcount.env import package_version
+from headcount.errors import HeadcountError
 
 BUFFER_BYTES = 8 << 20
 DEFAULT_PM_INTERVAL_NS = 50_000

@@ -7,9 +7,12 @@ in ``run.json`` beside the tables.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import platform
 import secrets
 import sys
+
+import pandas as pd
 
 from headcount._version import __version__
 from headcount.env import package_version, program_versions
@@ -64,3 +67,29 @@ def run_metadata(run_id: str, source: str, source_version: str | None, mode: str
     if extra:
         meta.update(extra)
     return meta
+
+
+def runs_row(meta: dict) -> pd.DataFrame:
+    """The ``runs`` table row of one run's metadata, column by column from the
+    schema (:data:`headcount.tables.RUNS`): a column is the metadata key of
+    its name, ``device_<x>`` is the device's ``<x>``. A new column is one edit
+    of the schema (and the metadata that fills it)."""
+    from headcount.tables import RUNS
+
+    device = meta.get("device") or {}
+    config = meta.get("model_config")
+    special = {
+        "model_config": json.dumps(config, sort_keys=True, default=str) if config is not None else None,
+        "command_line": " ".join(meta.get("command_line") or []),
+        "pid": str(meta["pid"]) if meta.get("pid") is not None else None,
+    }
+    row = {"run_id": meta["run_id"]}
+    for field in RUNS:
+        name = field.name
+        if name in special:
+            row[name] = special[name]
+        elif name.startswith("device_"):
+            row[name] = device.get(name.removeprefix("device_"))
+        else:
+            row[name] = meta.get(name)
+    return pd.DataFrame([row])

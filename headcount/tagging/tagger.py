@@ -32,10 +32,10 @@ from typing import Callable
 
 import torch
 
+from headcount.errors import HeadcountError
 from headcount.tagging import shapes as _shapes
 from headcount.tagging.naming import head_name, layer_names, sanitize
 from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
-from headcount.errors import HeadcountError
 
 MODES = ("layer", "head")
 _ONE_HEAD = "__one_head__"  # marks logged metadata as "this call, restricted to one head"

@@ -2,7 +2,7 @@
 
 Inputs are the raw folder's files: the tool's report (``.nsys-rep`` →
 SQLite, or ``.ncu-rep``), the CUPTI records of each process (cupti backend),
-and the ``child-<pid>.pkl`` every tagged process wrote (rank, call log,
+and the ``child-<pid>.json`` every tagged process wrote (rank, call log,
 status; see :mod:`headcount.wrap.child`). Each tagged process becomes
 one run, ``<run id>-rank<r>`` when there are several, so ranks live in their
 own partitions of one dataset and are never mixed up. Parse → attribute →
@@ -11,16 +11,16 @@ derive are the shared ones of :mod:`headcount.build`.
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from headcount.build import add_roofline, implementation_of, tables_from_cupti, tables_from_ncu, tables_from_nsys
 from headcount.derive import aggregate, occupancy
 from headcount.errors import HeadcountError, notice
 from headcount.parsers import ncu_metrics
-from headcount.build import add_roofline, implementation_of, tables_from_cupti, tables_from_ncu, tables_from_nsys
+from headcount.wrap import child as child_report
 
 
 @dataclass
@@ -34,13 +34,12 @@ class RankRun:
 
 
 def read_children(raw: Path) -> list[dict]:
-    """The ``child-<pid>.pkl`` files of a raw folder, by rank then pid."""
+    """The ``child-<pid>.json`` reports of a raw folder, by rank then pid."""
     children = []
-    for path in sorted(raw.glob("child-*.pkl")):
+    for path in sorted(raw.glob("child-*.json")):
         try:
-            with path.open("rb") as fh:
-                children.append(pickle.load(fh))
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as exc:
+            children.append(child_report.read_report(path))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
             raise HeadcountError(f"{path}: unreadable ({type(exc).__name__}: {exc})", hint="the process died while writing it; run again") from exc
     children = [c for c in children if c.get("steps_seen", 0) > 0 or c.get("calls")]
     children.sort(key=lambda c: (c["rank"] if c["rank"] is not None else 1 << 30, c["pid"]))

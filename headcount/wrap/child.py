@@ -26,8 +26,8 @@ records file. ``complete`` is false when the program died.
 from __future__ import annotations
 
 import atexit
+import json
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -36,7 +36,10 @@ import time
 from headcount.errors import HeadcountError, notice
 
 ENV_PREFIX = "HEADCOUNT_RUN_"
-CHILD_FILE = "child-{pid}.pkl"
+CHILD_FILE = "child-{pid}.json"
+"""Each tagged process's report: JSON, plain values only (the keys written in
+:meth:`ChildSession.finish`; ``calls`` as :func:`calls_to_rows` rows), read
+back by :func:`read_report`."""
 
 
 def _env(name: str, default: str = "") -> str:
@@ -244,14 +247,14 @@ class ChildSession:
             "nvtx_tagged": bool(self.tagger is not None and self.tagger.emitter.use_nvtx),
             "pid": self.pid, "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
             "backend": self.backend, "mode": self.mode, "steps_seen": self.step + 1, "steps_selected": self.steps,
-            "calls": self.tagger.calls if self.tagger is not None else [], "records": records,
+            "calls": calls_to_rows(self.tagger.calls if self.tagger is not None else []), "records": records,
             "complete": complete, "ended_by": reason or self.crashed or "exit", "notices": self.notices,
             "started": self.started, "argv": list(sys.argv),
         }
         path = os.path.join(self.raw, CHILD_FILE.format(pid=self.pid))
         tmp = path + ".tmp"
-        with open(tmp, "wb") as fh:
-            pickle.dump(doc, fh)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, default=str)
         os.replace(tmp, path)
 
 
@@ -356,3 +359,31 @@ def _after_import(name: str, callback) -> None:
             return spec
 
     sys.meta_path.insert(0, Finder())
+
+
+def calls_to_rows(calls) -> list[dict]:
+    """The call log as plain rows (the CallLog fields, the shape's fields under ``shape``)."""
+    from dataclasses import asdict
+
+    return [{**{k: v for k, v in asdict(c).items() if k != "shape"}, "shape": asdict(c.shape) if c.shape is not None else None}
+            for c in calls]
+
+
+def calls_from_rows(rows: list[dict]) -> list:
+    """:func:`calls_to_rows`'s rows back as CallLog objects."""
+    from headcount.tagging.shapes import CallShape
+    from headcount.tagging.tagger import CallLog
+
+    return [CallLog(**{**r, "shape": CallShape(**r["shape"]) if r.get("shape") else None}) for r in rows]
+
+
+def read_report(path) -> dict:
+    """One process's report as written by :meth:`ChildSession.finish`, with its call log as CallLog objects.
+
+    Raises:
+        OSError, ValueError (json.JSONDecodeError), TypeError, KeyError: unreadable or not such a report.
+    """
+    with open(path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    doc["calls"] = calls_from_rows(doc.get("calls") or [])
+    return doc

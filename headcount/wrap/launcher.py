@@ -18,8 +18,8 @@ import threading
 from pathlib import Path
 
 import headcount
-from headcount.wrap.child import ENV_PREFIX
 from headcount.errors import notice
+from headcount.wrap.child import ENV_PREFIX
 
 AUTOTAG_DIR = Path(__file__).resolve().parent / "autotag"
 

@@ -4,8 +4,8 @@ It knows nothing of headcount; the replay is the process's GPU."""
 
 import sys
 
-import torch
 import cupti_replay
+import torch
 from tiny_llama import tiny_llama
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 2
