@@ -79,12 +79,12 @@ def _headcount(path: str, queue) -> None:
     export = read_export(path)
     t1 = time.perf_counter()
     # the projection nsys's report computes; headcount's tables add the path strings on top
-    projected, _ = project_gpu(export["ranges"], export["runtime"], export["gpu"], with_paths=False)
+    projected, _ = project_gpu(export.ranges, export.runtime, export.gpu, with_paths=False)
     t2 = time.perf_counter()
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     answer = projected.loc[projected["gpu_op_count"] > 0, ["range_id", "gpu_start_ns", "gpu_end_ns", "gpu_op_count", "parent_range_id", "depth"]]
     answer.to_pickle(path + ".headcount.pkl")
-    queue.put((t1 - t0, t2 - t1, peak_kib / 2**20, len(export["ranges"]), len(export["gpu"])))
+    queue.put((t1 - t0, t2 - t1, peak_kib / 2**20, len(export.ranges), len(export.gpu)))
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from headcount import env
 from headcount.build import add_roofline, implementation_of, tables_from_cupti, tables_from_events
-from headcount.collector import cupti_source
+from headcount.collector import Recorder, cupti_source
 from headcount.collector.torch_source import TorchRecorder
 from headcount.derive import launch, occupancy
 from headcount.errors import HeadcountError, notice
@@ -122,7 +122,7 @@ class AttentionProfiler:
         self.metadata = dict(metadata or {})
         self._trace_dir = trace_dir
         self._tagger: AttentionTagger | None = None
-        self._recorder: TorchRecorder | None = None
+        self._recorder: Recorder | None = None
         self._stats: dict[str, pd.DataFrame] | None = None
         self.trace_path: Path | None = None
         self.collector_info: dict | None = None
@@ -182,7 +182,7 @@ class AttentionProfiler:
 
     def _print_notices(self) -> None:
         """Print the recorder's notices not printed yet."""
-        lines = getattr(self._recorder, "notices", []) if self.failure is None else []
+        lines = (self._recorder.notices if self._recorder is not None else []) if self.failure is None else []
         for line in lines[self._notices_printed:]:
             notice(line)
         self._notices_printed = len(lines)

@@ -25,6 +25,7 @@ from headcount.attribute import attribution
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling
 from headcount.errors import HeadcountError
+from headcount.tables import Timeline
 from headcount.tagging.naming import DOMAIN, STEP_DOMAIN, parse_path
 
 BREAKDOWN_COLUMNS = [
@@ -403,7 +404,7 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
     return tables, notices
 
 
-def tables_from_nsys(export: dict, run_id: str, calls=None, implementation: str = "unknown") -> dict[str, pd.DataFrame]:
+def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: str = "unknown") -> dict[str, pd.DataFrame]:
     """Build headcount's tables from an nsys export (:func:`headcount.parsers.nsys_sqlite.read_export`).
 
     Ranges are projected onto the GPU exactly as nsys's ``nvtx_gpu_proj_trace``
@@ -414,7 +415,7 @@ def tables_from_nsys(export: dict, run_id: str, calls=None, implementation: str 
     :func:`headcount.reports.query.range_summary`). Without the tagger's call log (``calls``: given by
     ``headcount run``, absent for a parsed file) analytic FLOPs and bytes are null.
     """
-    projected, work = attribution.project_gpu(export["ranges"], export["runtime"], export["gpu"])
+    projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu)
     steps = projected[projected["domain"] == STEP_DOMAIN]
     ranges_table = _label_ranges(projected, steps)
     ours = (ranges_table["domain"] == DOMAIN).to_numpy()
@@ -441,9 +442,9 @@ def tables_from_nsys(export: dict, run_id: str, calls=None, implementation: str 
     layers = aggregate.layers_table(ranges_table)
     heads = aggregate.heads_table(ranges_table, layers)
     if len(work):  # with the limits of the GPU each kernel ran on, as the recording describes it
-        work = work.assign(theoretical_occupancy_pct=occupancy.device_occupancy(work, export.get("devices")).to_numpy())
+        work = work.assign(theoretical_occupancy_pct=occupancy.device_occupancy(work, export.devices).to_numpy())
     k = _kernels_table([_gpu_rows(work, work["range_id"].to_numpy())], projected, steps, "nsys", implementation)
-    samples = export.get("gpu_metrics")
+    samples = export.gpu_metrics
     if samples is not None and len(samples):
         k = sampling.apportion(k, samples)
     tables = {"kernels": k, "ranges": ranges_table, "layers": layers, "heads": heads}
@@ -540,7 +541,7 @@ def _nsys_file(path: Path, run_id: str, options: dict, read) -> Parsed:
     lines = [f"{path}: {len(tables['kernels'])} GPU operations, {len(tables['ranges'])} NVTX ranges"]
     if not (tables["ranges"]["gpu_op_count"] > 0).any():
         lines.insert(0, f"{path}: no GPU operation was launched inside an NVTX range")
-    return Parsed(tables, device, export["meta"].get("EXPORT_PRODUCT_VERSION"), lines)
+    return Parsed(tables, device, export.meta.get("EXPORT_PRODUCT_VERSION"), lines)
 
 
 def from_nsys_export(path: Path, run_id: str, options: dict) -> Parsed:

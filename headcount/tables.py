@@ -10,6 +10,9 @@ Units are in the names: ``_ns``, ``_bytes``, ``_gbps`` (1e9 bytes/s),
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import pandas as pd
 import pyarrow as pa
 
 S, I, F, B = pa.string(), pa.int64(), pa.float64(), pa.bool_()
@@ -99,3 +102,27 @@ TABLES: dict[str, pa.Schema] = {
     "runs": RUNS,
     "attention_stats": ATTENTION_STATS,
 }
+
+
+# ---------------------------------------------------------------- in-memory contracts (not saved)
+@dataclass
+class Timeline:
+    """A recording's events as a parser hands them to :mod:`headcount.build`
+    (nsys SQLite and parquetdir exports, ``.nsys-rep`` after export).
+
+    Attributes:
+        ranges: NVTX ranges (``range_id``, ``pid``, ``tid``, ``domain``, ``name``, ``style``, ``start_ns``, ``end_ns``, ``end_missing``).
+        runtime: CUDA runtime/driver calls (``pid``, ``tid``, ``correlation_id``, ``start_ns``, ``end_ns``, ``name``).
+        gpu: kernels, memcpys, memsets (``kind``, ``name``, ``pid``, ``device``, ``stream``, ``correlation_id``,
+            ``start_ns``, ``end_ns``, launch configuration).
+        gpu_metrics: device-wide samples (``device``, ``metric``, ``timestamp_ns``, ``value``); empty without them.
+        meta: the export's metadata (name → value).
+        devices: the recording's GPUs (one row per device id; empty when the export does not describe them).
+    """
+
+    ranges: pd.DataFrame
+    runtime: pd.DataFrame
+    gpu: pd.DataFrame
+    gpu_metrics: pd.DataFrame = field(default_factory=pd.DataFrame)
+    meta: dict = field(default_factory=dict)
+    devices: pd.DataFrame = field(default_factory=pd.DataFrame)

@@ -47,7 +47,7 @@ def _with_metrics(tmp_path: Path) -> Path:
 
 def test_samples_are_apportioned_to_each_kernel_window(tmp_path):
     export = read_export(_with_metrics(tmp_path))
-    samples = export["gpu_metrics"]
+    samples = export.gpu_metrics
     assert set(samples["metric"]) == {"DRAM Read Bandwidth", "SMs Active"} and set(samples["device"]) == {0}
     kernels = tables_from_nsys(export, "r")["kernels"]
     gpu0 = kernels[(kernels["device"] == "cuda:0") & (kernels["kind"] == "kernel")]  # the samples span the kernels

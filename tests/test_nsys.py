@@ -105,7 +105,7 @@ def test_cpu_only_capture_parses_into_ranges(nsys_sqlite_path):
     from headcount.parsers.nsys_sqlite import read_export
 
     export = read_export(nsys_sqlite_path)
-    assert export["gpu"].empty
+    assert export.gpu.empty
     tables = tables_from_nsys(export, "cpu-run")
     ranges = tables["ranges"]
     ours = ranges[ranges["domain"] == "headcount"]
@@ -156,6 +156,6 @@ def test_real_parquetdir_export_equals_sqlite_export(nsys_rep_path, nsys_sqlite_
                    check=True, capture_output=True, timeout=300)
     import pandas as pd
 
-    a, b = read_export(pqdir)["ranges"], read_export(nsys_sqlite_path)["ranges"]
+    a, b = read_export(pqdir).ranges, read_export(nsys_sqlite_path).ranges
     assert len(a) == STEPS * 2 * LAYERS * (2 + HEADS) + STEPS  # headcount ranges + step ranges
     pd.testing.assert_frame_equal(a, b, check_dtype=False)  # range ids included: rowid = row position

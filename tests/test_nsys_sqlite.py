@@ -49,7 +49,7 @@ def _compare(projected: pd.DataFrame, reference: pd.DataFrame, work: pd.DataFram
 
 def test_h100x2_projection_equals_nsys_reference_for_every_range():
     export = read_export(H100)
-    projected, work = project_gpu(export["ranges"], export["runtime"], export["gpu"])
+    projected, work = project_gpu(export.ranges, export.runtime, export.gpu)
     reference = pd.read_csv(FIX / "h100x2_pytorch_nsys2026.2.nvtx_gpu_proj_trace.csv")
     assert len(reference) == 3242
     _compare(projected, reference, work)
@@ -57,7 +57,7 @@ def test_h100x2_projection_equals_nsys_reference_for_every_range():
     by_id = projected.set_index("range_id")
     attributed = work[work["range_id"] >= 0]
     assert (by_id.loc[attributed["range_id"], "pid"].to_numpy() == attributed["pid"].to_numpy()).all()
-    assert set(export["gpu"]["pid"]) == {"111", "112"} and export["gpu"]["device"].nunique() == 2
+    assert set(export.gpu["pid"]) == {"111", "112"} and export.gpu["device"].nunique() == 2
 
 
 def _live_reference(sqlite_path: Path) -> pd.DataFrame:
@@ -82,8 +82,8 @@ def test_live_nsys_report_on_a_truncated_capture(tmp_path):
     con.commit()
     con.close()
     export = read_export(cut_export)
-    assert export["ranges"]["end_missing"].sum() == open_at_cut > 0
-    projected, work = project_gpu(export["ranges"], export["runtime"], export["gpu"])
+    assert export.ranges["end_missing"].sum() == open_at_cut > 0
+    projected, work = project_gpu(export.ranges, export.runtime, export.gpu)
     reference = _live_reference(cut_export)
     assert len(reference) > 100
     _compare(projected, reference, work)
@@ -91,11 +91,11 @@ def test_live_nsys_report_on_a_truncated_capture(tmp_path):
 
 def test_a100x4_no_nvtx():
     export = read_export(A100)
-    assert export["ranges"].empty
-    gpu = export["gpu"]
+    assert export.ranges.empty
+    gpu = export.gpu
     assert (gpu["kind"] == "kernel").sum() == 1312 and (gpu["kind"] == "memcpy").any()
-    assert export["meta"].get("EXPORT_PRODUCT_VERSION", "").startswith("2024.5")
-    projected, work = project_gpu(export["ranges"], export["runtime"], gpu)
+    assert export.meta.get("EXPORT_PRODUCT_VERSION", "").startswith("2024.5")
+    projected, work = project_gpu(export.ranges, export.runtime, gpu)
     assert projected.empty and (work["range_id"] == -1).all()
     assert work["api_start_ns"].notna().mean() > 0.99  # launches found within each process
 
@@ -129,7 +129,7 @@ def test_columns_whose_first_rows_are_null(tmp_path):
     con.execute("UPDATE NVTX_EVENTS SET text = 'named', textId = NULL WHERE rowid > 10000")
     con.commit()
     con.close()
-    ranges = read_export(path)["ranges"].set_index("range_id")
+    ranges = read_export(path).ranges.set_index("range_id")
     assert (ranges.loc[ranges.index > 10000, "name"] == "named").all()
     assert ranges.loc[first, "name"].isna().all() and ranges.loc[first, "end_missing"].all()
     assert ranges.loc[ranges.index > 3000, "name"].notna().all()
@@ -138,9 +138,9 @@ def test_columns_whose_first_rows_are_null(tmp_path):
 def test_reading_in_two_halves_gives_the_same_tables(monkeypatch):
     import headcount.parsers.nsys_sqlite as reader
 
-    whole = read_export(H100)["ranges"]
+    whole = read_export(H100).ranges
     monkeypatch.setattr(reader, "SPLIT_ROWS", 1000)
-    halves = read_export(H100)["ranges"]
+    halves = read_export(H100).ranges
     pd.testing.assert_frame_equal(whole, halves)
 
 
@@ -161,8 +161,8 @@ def test_parquetdir_export_gives_the_same_projection(tmp_path):
     con.close()
     export = read_export(pqdir)
     sqlite_export = read_export(H100)
-    pd.testing.assert_frame_equal(export["ranges"], sqlite_export["ranges"], check_dtype=False)
-    projected, work = project_gpu(export["ranges"], export["runtime"], export["gpu"])
+    pd.testing.assert_frame_equal(export.ranges, sqlite_export.ranges, check_dtype=False)
+    projected, work = project_gpu(export.ranges, export.runtime, export.gpu)
     _compare(projected, pd.read_csv(FIX / "h100x2_pytorch_nsys2026.2.nvtx_gpu_proj_trace.csv"), work)
 
 
@@ -207,7 +207,7 @@ def test_mutated_sqlite_gives_tables_or_a_clear_error(tmp_path, data):
         assert str(path) in str(exc)
     else:
         assert {"ranges", "runtime", "gpu"} <= set(export)
-        assert (export["ranges"]["end_ns"] >= 0).all() if len(export["ranges"]) else True
+        assert (export.ranges["end_ns"] >= 0).all() if len(export.ranges) else True
 
 
 def test_live_nsys_report_with_partially_overlapping_start_end_ranges(tmp_path):
@@ -226,6 +226,6 @@ def test_live_nsys_report_with_partially_overlapping_start_end_ranges(tmp_path):
     con.commit()
     con.close()
     export = read_export(path)
-    projected, work = project_gpu(export["ranges"], export["runtime"], export["gpu"])
+    projected, work = project_gpu(export.ranges, export.runtime, export.gpu)
     assert not projected["nested"].all()  # the overlapping path is exercised
     _compare(projected, _live_reference(path), work)

@@ -72,7 +72,7 @@ def test_occupancy_of_a_parsed_kernel_by_hand():
     from headcount.parsers.nsys_sqlite import read_export
 
     export = read_export(A100)
-    device = export["devices"].set_index("device").loc[0]
+    device = export.devices.set_index("device").loc[0]
     assert (device["max_warps_per_sm"], device["max_blocks_per_sm"], device["shared_memory_per_sm"]) == (64, 32, 167936)
     limits = occupancy.limits_from_device(device)
     # 128 threads (4 warps), 32 registers, no shared memory: 32 × 32 = 1,024 registers per warp, 16 per

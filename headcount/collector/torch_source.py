@@ -33,6 +33,7 @@ class TorchRecorder:
     name = "torch"
 
     def __init__(self, trace_dir: str | Path | None = None, cuda: bool | None = None):
+        self.notices: list[str] = []
         self._tmp = None
         if trace_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="headcount-trace-")

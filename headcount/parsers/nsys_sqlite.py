@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from headcount.errors import HeadcountError
+from headcount.tables import Timeline
 
 RANGE_EVENT_TYPES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
 DOMAIN_CREATE = 75
@@ -221,11 +222,11 @@ def _split_tid(global_tid: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return (g >> 24) & 0xFFFFFF, g & 0xFFFFFF
 
 
-def read_export(path: str | Path) -> dict[str, pd.DataFrame | dict]:
+def read_export(path: str | Path) -> Timeline:
     """Read an nsys SQLite export (a file) or ``parquetdir`` export (a directory).
 
     Returns:
-        ``ranges`` (range_id = NVTX_EVENTS rowid, pid, tid, domain, name,
+        A :class:`~headcount.tables.Timeline`: ``ranges`` (range_id = NVTX_EVENTS rowid, pid, tid, domain, name,
         style, start_ns,
         end_ns, end_missing), ``runtime`` (launch calls: pid, tid,
         correlation_id, start_ns, end_ns, name), ``gpu`` (kind, name, pid,
@@ -256,7 +257,7 @@ def read_export(path: str | Path) -> dict[str, pd.DataFrame | dict]:
         src.close()
     if ranges.empty and gpu.empty:
         raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
-    return {"ranges": ranges, "runtime": runtime, "gpu": gpu, "gpu_metrics": metrics, "meta": meta, "devices": devices}
+    return Timeline(ranges=ranges, runtime=runtime, gpu=gpu, gpu_metrics=metrics, meta=meta, devices=devices)
 
 
 # TARGET_INFO_GPU column → our name (units: bytes, Hz, counts; memoryBandwidth is bytes/s)
@@ -430,14 +431,14 @@ def _read_gpu_metrics(src, tables) -> pd.DataFrame:
     return frame[cols].sort_values(["device", "metric", "timestamp_ns"], kind="stable").reset_index(drop=True)
 
 
-def run_device(export: dict) -> dict | None:
+def run_device(export: Timeline) -> dict | None:
     """The run metadata's ``device`` for an export: the GPU its kernels ran on
     (the first, when several; ``count`` says how many distinct devices ran
     work), as ``TARGET_INFO_GPU`` describes it. ``None`` without that table."""
-    devices = export.get("devices")
+    devices = export.devices
     if devices is None or not len(devices):
         return None
-    used = export["gpu"]["device"].dropna().unique() if len(export["gpu"]) else []
+    used = export.gpu["device"].dropna().unique() if len(export.gpu) else []
     rows = devices[devices["device"].isin(list(used))] if len(used) else devices
     rows = rows if len(rows) else devices
     first = rows.iloc[0]

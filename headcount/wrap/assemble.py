@@ -11,6 +11,7 @@ derive are the shared ones of :mod:`headcount.build`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from headcount.build import add_roofline, implementation_of, tables_from_cupti, 
 from headcount.derive import aggregate, occupancy
 from headcount.errors import HeadcountError, notice
 from headcount.parsers import ncu_metrics
+from headcount.tables import Timeline
 from headcount.wrap import child as child_report
 
 
@@ -61,7 +63,11 @@ def _info(child: dict) -> dict:
     return {k: child.get(k) for k in keys}
 
 
-def from_nsys(export: dict, children: list[dict], run_id: str) -> list[RankRun]:
+def _of_process(frame: pd.DataFrame, pid: str) -> pd.DataFrame:
+    return frame[frame["pid"].astype(str) == pid].reset_index(drop=True)
+
+
+def from_nsys(export: Timeline, children: list[dict], run_id: str) -> list[RankRun]:
     """Split an nsys export by process: one run per tagged process, with its call log.
 
     Raises:
@@ -73,11 +79,8 @@ def from_nsys(export: dict, children: list[dict], run_id: str) -> list[RankRun]:
     runs = []
     for child, rid in zip(children, _run_ids(run_id, children)):
         pid = str(child["pid"])
-        part = dict(export)
-        for key in ("ranges", "runtime", "gpu"):
-            frame = export[key]
-            part[key] = frame[frame["pid"].astype(str) == pid].reset_index(drop=True)
-        if not len(part["ranges"]):
+        part = dataclasses.replace(export, **{key: _of_process(getattr(export, key), pid) for key in ("ranges", "runtime", "gpu")})
+        if not len(part.ranges):
             runs.append(RankRun(rid, child["rank"], {}, {**_info(child), "notices": [*child["notices"], f"nsys recorded no NVTX range of process {pid}"]}))
             continue
         impl = implementation_of(child["calls"])
