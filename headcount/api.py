@@ -14,12 +14,11 @@ from pathlib import Path
 import pandas as pd
 
 from headcount import env
-from headcount.build import add_roofline, implementation_of, tables_from_cupti, tables_from_events
+from headcount.build import implementation_of, tables_from_cupti, tables_from_torch
 from headcount.collector import Recorder, cupti_source
 from headcount.collector.torch_source import TorchRecorder
-from headcount.derive import launch, occupancy
+from headcount.derive import occupancy
 from headcount.errors import HeadcountError, notice
-from headcount.parsers.kineto import load_trace
 from headcount.reports import dataset
 from headcount.reports.metadata import device_info, new_run_id, run_metadata, runs_row
 from headcount.sources import RECORDERS
@@ -232,24 +231,22 @@ class AttentionProfiler:
                                      exit_code=self.failure.exit_code)
             if self.trace_path is None:
                 raise HeadcountError("no profile recorded yet", hint="call get_stats() after the `with profiler:` block")
+            device = self.device_info()
             if self.backend == "cupti":
                 limits = getattr(self._recorder, "device_limits", None) or occupancy.limits_from_torch()
                 self._stats, self.collector_info, new = tables_from_cupti(
                     self.trace_path, self._tagger.calls, self.run_id, self.implementation, limits,
-                    nvtx_tagged=self._tagger.emitter.use_nvtx)
+                    nvtx_tagged=self._tagger.emitter.use_nvtx, device=device)
                 for line in new:
                     notice(line)
             else:
-                events = load_trace(self.trace_path)
-                self._stats = tables_from_events(events, self._tagger.calls, self.implementation, self.run_id,
-                                                 limits=occupancy.limits_from_torch())
-                self._stats["launch"] = launch.summary(self._stats["layers"], self._stats["kernels"])
+                self._stats = tables_from_torch(self.trace_path, self._tagger.calls, self.run_id, self.implementation,
+                                                limits=occupancy.limits_from_torch(), device=device)
             if getattr(self, "_stats_collector", None) is not None:
                 table = self._stats_collector.table()
                 table.insert(0, "implementation", self.implementation)
                 table.insert(0, "run_id", self.run_id)
                 self._stats["attention_stats"] = table
-            add_roofline(self._stats, self.device_info(), self._tagger.calls)
             if self._recorder is not None:
                 self._recorder.cleanup()
         return self._stats

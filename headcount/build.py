@@ -25,6 +25,7 @@ from headcount.attribute import attribution
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling
 from headcount.errors import HeadcountError
+from headcount.parsers import ncu_metrics, nsys_sqlite
 from headcount.tables import Timeline
 from headcount.tagging.naming import DOMAIN, STEP_DOMAIN, parse_path
 
@@ -305,8 +306,8 @@ def implementation_of(calls, fallback: str | None = None) -> str:
     return fallback or ("mixed" if impls else "unknown")
 
 
-def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None,
-                      nvtx_tagged: bool = True) -> tuple[dict[str, pd.DataFrame], dict, list[str]]:
+def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None, nvtx_tagged: bool = True,
+                      device: dict | None = None) -> tuple[dict[str, pd.DataFrame], dict, list[str]]:
     """The one path from a cupti source's records file to headcount's tables,
     for :class:`~headcount.api.AttentionProfiler` and ``headcount run --backend cupti`` alike.
 
@@ -317,6 +318,7 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
         limits: the device's SM limits (theoretical occupancy is null without them).
         nvtx_tagged: headcount's ranges were also emitted as NVTX (so marker
             records were to be expected when NVTX injection was on).
+        device: where the work ran (for ``roofline_class``).
 
     Returns:
         ``(tables, collector_info, new_notices)``: the tables (plus ``launch``),
@@ -346,7 +348,19 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
     tables = tables_from_events(cupti_records.events_frame(header, records), calls, implementation, run_id,
                                 source="cupti", limits=limits, pm_samples=pm)
     tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
+    add_roofline(tables, device, calls)
     return tables, info, new
+
+
+def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None,
+                      device: dict | None = None) -> dict[str, pd.DataFrame]:
+    """The torch source's trace (written by :class:`~headcount.collector.torch_source.TorchRecorder`)
+    → headcount's tables (plus ``launch``), with ``roofline_class`` for ``device``."""
+    from headcount.parsers.kineto import load_trace
+
+    tables = tables_from_events(load_trace(path), calls, implementation, run_id, limits=limits)
+    tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
+    return add_roofline(tables, device, calls)
 
 
 def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame], list[str]]:
@@ -404,7 +418,8 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
     return tables, notices
 
 
-def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: str = "unknown") -> dict[str, pd.DataFrame]:
+def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: str = "unknown",
+                     device: dict | None = None) -> dict[str, pd.DataFrame]:
     """Build headcount's tables from an nsys export (:func:`headcount.parsers.nsys_sqlite.read_export`).
 
     Ranges are projected onto the GPU exactly as nsys's ``nvtx_gpu_proj_trace``
@@ -414,6 +429,7 @@ def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: 
     and are never posed as layers (the report summarises them by name,
     :func:`headcount.reports.query.range_summary`). Without the tagger's call log (``calls``: given by
     ``headcount run``, absent for a parsed file) analytic FLOPs and bytes are null.
+    ``roofline_class`` uses ``device``, else the GPU the export describes.
     """
     projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu)
     steps = projected[projected["domain"] == STEP_DOMAIN]
@@ -450,16 +466,20 @@ def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: 
     tables = {"kernels": k, "ranges": ranges_table, "layers": layers, "heads": heads}
     for table in tables.values():
         table.insert(0, "run_id", run_id)
-    return tables
+    # the GPU the work ran on: the program's (headcount run), else the one the export describes
+    return add_roofline(tables, device or nsys_sqlite.run_device(export), calls)
 
 
-def tables_from_ncu(kernels: pd.DataFrame, run_id: str) -> dict[str, pd.DataFrame]:
+def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: dict | None = None) -> dict[str, pd.DataFrame]:
     """Build headcount's tables from ncu kernels (:mod:`headcount.parsers.ncu_csv`,
     :mod:`headcount.parsers.ncu_rep`).
 
     Kernels whose NVTX stack follows headcount's naming (domain ``headcount``)
     are aggregated into ``layers`` (and ``heads`` in head mode) with measured
-    DRAM bytes; ncu has no range instances, so ``ranges`` is empty.
+    DRAM bytes; ncu has no range instances, so ``ranges`` is empty. With the
+    tagger's call log (``headcount run --backend ncu``) the calls, analytic
+    FLOPs and minimum bytes are filled in. ``roofline_class`` uses the GPU the
+    report's device attributes name, else ``device``.
     """
     k = kernels.copy()
     k["implementation"] = "unknown"
@@ -473,10 +493,14 @@ def tables_from_ncu(kernels: pd.DataFrame, run_id: str) -> dict[str, pd.DataFram
     with_head = k[k["head"].notna()]
     layers = aggregate.from_kernels(k, aggregate.GROUP_LAYER)
     heads = aggregate.from_kernels(with_head, aggregate.GROUP_HEAD)
+    if calls:
+        impl = implementation_of(calls)
+        layers = aggregate.with_call_totals(layers, calls, impl, heads=False)
+        heads = aggregate.with_call_totals(heads, calls, impl, heads=True)
     tables = {"kernels": k, "ranges": pd.DataFrame(), "layers": layers, "heads": heads}
     for table in tables.values():
         table.insert(0, "run_id", run_id)
-    return tables
+    return add_roofline(tables, ncu_metrics.run_device(kernels) or device, calls)
 
 
 def _headcount_stack(nvtx: str | None) -> str | None:
@@ -532,12 +556,9 @@ class Parsed:
 
 
 def _nsys_file(path: Path, run_id: str, options: dict, read) -> Parsed:
-    from headcount.parsers.nsys_sqlite import run_device
-
     export = read(path)
     tables = tables_from_nsys(export, run_id)
-    device = run_device(export)
-    add_roofline(tables, device)
+    device = nsys_sqlite.run_device(export)
     lines = [f"{path}: {len(tables['kernels'])} GPU operations, {len(tables['ranges'])} NVTX ranges"]
     if not (tables["ranges"]["gpu_op_count"] > 0).any():
         lines.insert(0, f"{path}: no GPU operation was launched inside an NVTX range")
@@ -557,12 +578,9 @@ def from_nsys_rep(path: Path, run_id: str, options: dict) -> Parsed:
 
 
 def _ncu_file(path: Path, run_id: str, options: dict, read) -> Parsed:
-    from headcount.parsers import ncu_metrics
-
     kernels = read(path)
     tables = tables_from_ncu(kernels, run_id)
     device = ncu_metrics.run_device(kernels)
-    add_roofline(tables, device)
     k = tables["kernels"]
     return Parsed(tables, device, None, [f"{path}: {len(k)} kernels, {int(k['incomplete'].sum())} incomplete, "
                                          f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"])

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.build import add_roofline, implementation_of, tables_from_cupti, tables_from_ncu, tables_from_nsys
-from headcount.derive import aggregate, occupancy
+from headcount.build import implementation_of, tables_from_cupti, tables_from_ncu, tables_from_nsys
+from headcount.derive import occupancy
 from headcount.errors import HeadcountError, notice
 from headcount.parsers import ncu_metrics
 from headcount.tables import Timeline
@@ -84,8 +84,7 @@ def from_nsys(export: Timeline, children: list[dict], run_id: str) -> list[RankR
             runs.append(RankRun(rid, child["rank"], {}, {**_info(child), "notices": [*child["notices"], f"nsys recorded no NVTX range of process {pid}"]}))
             continue
         impl = implementation_of(child["calls"])
-        tables = tables_from_nsys(part, rid, calls=child["calls"], implementation=impl)
-        add_roofline(tables, child.get("device"), child["calls"])
+        tables = tables_from_nsys(part, rid, calls=child["calls"], implementation=impl, device=child.get("device"))
         runs.append(RankRun(rid, child["rank"], tables, {**_info(child), "implementation": impl}))
     return runs
 
@@ -95,12 +94,9 @@ def from_ncu(kernels: pd.DataFrame, children: list[dict], run_id: str) -> list[R
     analytic FLOPs and bytes of every logged call of the profiled steps."""
     calls = [c for child in children for c in child["calls"]]
     impl = implementation_of(calls)
-    tables = tables_from_ncu(kernels, run_id)
-    for name in ("layers", "heads"):
-        tables[name] = aggregate.with_call_totals(tables[name], calls, impl, name == "heads")
     # the report's own device attributes first (exact for the profiled GPU), else what the program saw
     device = ncu_metrics.run_device(kernels) or next((c.get("device") for c in children if c.get("device")), None) or {}
-    add_roofline(tables, device, calls)
+    tables = tables_from_ncu(kernels, run_id, calls=calls, device=device)
     info = {"notices": [], "processes": [_info(c) for c in children], "implementation": impl,
             "complete": all(c.get("complete", True) for c in children), "device": device or None,
             "program": next((c.get("program") for c in children if c.get("program")), None)}
@@ -121,10 +117,9 @@ def from_cupti(children: list[dict], run_id: str) -> list[RankRun]:
         device = child.get("device") or {}
         limits = occupancy.limits_for(device.get("compute_capability"))
         tables, collector, new = tables_from_cupti(child["records"], child["calls"], rid, impl, limits,
-                                                   nvtx_tagged=child.get("nvtx_tagged", True))
+                                                   nvtx_tagged=child.get("nvtx_tagged", True), device=device)
         for line in new:
             notice(f"process {child.get('pid')}: {line}")
-        add_roofline(tables, device, child["calls"])
         info.update(implementation=impl, collector=collector)
         runs.append(RankRun(rid, child["rank"], tables, info))
     return runs
