@@ -97,3 +97,11 @@ def test_the_registry_chooses_by_name_and_refuses_the_rest(tmp_path):
     bad.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2}]}')
     with pytest.raises(HeadcountError, match="neither headcount's ranges nor an SDPA call"):
         sources.for_path(bad).parse(bad, "r", {})
+
+
+def test_every_registered_wrapper_and_recorder_has_an_implementation():
+    from headcount.api import BACKENDS
+    from headcount.wrap import tools
+
+    assert set(tools.WRAPPERS) == set(sources.WRAPPERS)
+    assert set(BACKENDS) == {"auto", *sources.RECORDERS}

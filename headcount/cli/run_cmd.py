@@ -16,12 +16,11 @@ from pathlib import Path
 from rich.console import Console
 
 from headcount import sources
-from headcount.collector import cupti_source, nvidia_tools
 from headcount.errors import HeadcountError
 from headcount.reports import console as console_report
 from headcount.reports import dataset
 from headcount.reports.metadata import new_run_id, run_metadata, runs_row
-from headcount.wrap import assemble, launcher
+from headcount.wrap import assemble, launcher, tools
 from headcount.wrap import child as child_mod
 
 EXAMPLES = """\
@@ -100,10 +99,6 @@ def _validate(args) -> list[str]:
     return command
 
 
-def _gpu_present() -> bool:
-    return shutil.which("nvidia-smi") is not None and Path("/dev/nvidiactl").exists()
-
-
 def run(args) -> int:
     console = Console(stderr=True)
     command = _validate(args)
@@ -112,41 +107,13 @@ def run(args) -> int:
     raw = out / "raw" / run_id
     tool_info: dict = {"backend": args.backend, "command": command}
 
-    if args.backend in ("nsys", "ncu"):
-        tool = nvidia_tools.find(args.backend)
-        text, numbers = nvidia_tools.version(tool)
-        nvidia_tools.check_version(args.backend, numbers, text)
-        tool_info["tool_version"] = text
-    else:
-        tool_info["tool_version"] = cupti_source.cupti_version()
+    wrapper = tools.WRAPPERS[args.backend]()
+    tool_info["tool_version"] = wrapper.version()
     raw.mkdir(parents=True, exist_ok=True)
     env = launcher.child_env(raw, args.backend, args.mode, args.steps, args.tag_sdpa, args.capture_range,
                              not args.no_pm_sampling, int(args.pm_interval_us * 1000))
-    if args.backend == "nsys":
-        gpu_flag = None
-        if args.gpu_metrics == "on" or (args.gpu_metrics == "auto" and _gpu_present()):
-            import subprocess
-
-            help_text = subprocess.run([tool, "profile", "--help"], capture_output=True, text=True).stdout
-            gpu_flag = nvidia_tools.nsys_gpu_metrics_flag(help_text)
-            if gpu_flag is None:
-                console.print(f"this nsys ({text}) has no GPU metrics option: sampling off")
-        argv = nvidia_tools.nsys_argv(tool, str(raw / "run"), command, trace=args.trace, gpu_metrics_flag=gpu_flag,
-                                      capture=args.capture_range)
-        tool_info.update(gpu_metrics=gpu_flag is not None, trace=args.trace)
-    elif args.backend == "ncu":
-        opt = nvidia_tools.NcuOptions(
-            nvtx_includes=tuple(args.nvtx_include or nvidia_tools.NCU_DEFAULT_INCLUDES),
-            metrics=tuple(m.strip() for m in args.metrics.split(",") if m.strip()) if args.metrics else
-            (() if args.section_set else nvidia_tools.NCU_METRICS),
-            section_set=args.section_set, clock_control=args.clock_control, cache_control=args.cache_control,
-            launch_count=args.launch_count or None, capture=args.capture_range)
-        argv = nvidia_tools.ncu_argv(tool, str(raw / "run"), command, opt, log_file=str(raw / "ncu.log"))
-        tool_info.update(nvtx_includes=list(opt.nvtx_includes), metrics=list(opt.metrics), set=opt.section_set,
-                         clock_control=opt.clock_control, cache_control=opt.cache_control, launch_count=opt.launch_count)
-    else:
-        argv = command
-        tool_info.update(pm_sampling=not args.no_pm_sampling, pm_interval_ns=int(args.pm_interval_us * 1000))
+    argv, details = wrapper.argv(args, raw, command, console)
+    tool_info.update(details)
     tool_info["tool_command"] = argv
     console.print(f"headcount run: {args.backend}, {args.mode} mode{f', steps {args.steps}' if args.steps else ''}; raw files in {raw}/")
 
@@ -154,16 +121,10 @@ def run(args) -> int:
         status, tool_lines = launcher.run(argv, env)
     except FileNotFoundError as exc:
         raise HeadcountError(f"{argv[0]}: cannot be started ({exc.strerror})", hint="check the command", exit_code=3) from exc
-    if args.backend == "ncu":
-        log_lines = tool_lines + _lines(raw / "ncu.log")
-        error, warnings = nvidia_tools.read_ncu_log(log_lines)
-        tool_info["tool_notices"] = warnings
-        report = raw / "run.ncu-rep"
-        if error is not None and not report.exists():
-            raise error
+    wrapper.check(raw, tool_lines, tool_info)
     if status:
         console.print(f"the program exited with status {status}: the report holds what was recorded, marked incomplete")
-    runs = _assemble(args.backend, raw, run_id, console)
+    runs = wrapper.assemble(raw, run_id, console)
     if not runs or all(assemble.empty(r.tables) for r in runs):
         notes = "; ".join(n for r in runs for n in r.info.get("notices", []))
         err = HeadcountError(f"nothing tagged was recorded{f' ({notes})' if notes else ''}",
@@ -193,31 +154,3 @@ def run(args) -> int:
                                  kernels=first.tables["kernels"])
     Console().print(f"Report: {out}/ ({written} run{'s' if written > 1 else ''}: {', '.join(r.run_id for r in runs)}); raw files: {raw}/")
     return status
-
-
-def _lines(path: Path) -> list[str]:
-    try:
-        return path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-
-
-def _assemble(backend: str, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
-    children = assemble.read_children(raw)
-    if backend == "nsys":
-        rep = raw / "run.nsys-rep"
-        if not rep.exists():
-            raise HeadcountError(f"nsys wrote no report ({rep} missing)", hint="see nsys's messages above", exit_code=3)
-        from headcount.parsers.nsys_rep import read_report
-
-        with console.status("exporting and reading the nsys report…"):
-            export = read_report(rep)
-        return assemble.from_nsys(export, children, run_id)
-    if backend == "ncu":
-        rep = raw / "run.ncu-rep"
-        from headcount.parsers import ncu_rep
-
-        with console.status("reading the ncu report…"):
-            kernels = ncu_rep.read_report(rep)
-        return assemble.from_ncu(kernels, children, run_id)
-    return assemble.from_cupti(children, run_id)

@@ -1,0 +1,114 @@
+"""What ``headcount run`` does differently per recorder: one class each.
+
+A wrapper finds and checks its tool (:meth:`version`), builds the command
+line around the program (:meth:`argv`), reads the tool's verdict on the run
+(:meth:`check`) and turns the raw folder into one set of tables per rank
+(:meth:`assemble`, through :mod:`headcount.wrap.assemble` and
+:mod:`headcount.build`). ``headcount run`` itself holds no per-tool branch;
+:data:`WRAPPERS` is keyed like :data:`headcount.sources.WRAPPERS`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from rich.console import Console
+
+from headcount.collector import cupti_source, nvidia_tools
+from headcount.errors import HeadcountError
+from headcount.wrap import assemble
+
+
+class Wrapper:
+    """The cupti wrapper, and the base of the others: the program runs as it is,
+    each of its processes records with the in-process collector."""
+
+    name = "cupti"
+
+    def version(self) -> str | None:
+        """The recording tool's version; raises HeadcountError (exit 3) where it is missing or too old."""
+        return cupti_source.cupti_version()
+
+    def argv(self, args, raw: Path, command: list[str], console: Console) -> tuple[list[str], dict]:
+        """The command line to run, and what to record of it in the run metadata."""
+        return command, {"pm_sampling": not args.no_pm_sampling, "pm_interval_ns": int(args.pm_interval_us * 1000)}
+
+    def check(self, raw: Path, tool_lines: list[str], info: dict) -> None:
+        """Read the tool's verdict once the program ended; raises HeadcountError where the tool failed."""
+
+    def assemble(self, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
+        """The raw folder → one :class:`~headcount.wrap.assemble.RankRun` per rank."""
+        return assemble.from_cupti(assemble.read_children(raw), run_id)
+
+
+class Nsys(Wrapper):
+    name = "nsys"
+
+    def version(self) -> str | None:
+        self.tool = nvidia_tools.find(self.name)
+        text, numbers = nvidia_tools.version(self.tool)
+        nvidia_tools.check_version(self.name, numbers, text)
+        self.text = text
+        return text
+
+    def argv(self, args, raw: Path, command: list[str], console: Console) -> tuple[list[str], dict]:
+        gpu_flag = None
+        if args.gpu_metrics == "on" or (args.gpu_metrics == "auto" and nvidia_tools.gpu_present()):
+            help_text = subprocess.run([self.tool, "profile", "--help"], capture_output=True, text=True).stdout
+            gpu_flag = nvidia_tools.nsys_gpu_metrics_flag(help_text)
+            if gpu_flag is None:
+                console.print(f"this nsys ({self.text}) has no GPU metrics option: sampling off")
+        argv = nvidia_tools.nsys_argv(self.tool, str(raw / "run"), command, trace=args.trace, gpu_metrics_flag=gpu_flag,
+                                      capture=args.capture_range)
+        return argv, {"gpu_metrics": gpu_flag is not None, "trace": args.trace}
+
+    def assemble(self, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
+        rep = raw / "run.nsys-rep"
+        if not rep.exists():
+            raise HeadcountError(f"nsys wrote no report ({rep} missing)", hint="see nsys's messages above", exit_code=3)
+        from headcount.parsers.nsys_rep import read_report
+
+        children = assemble.read_children(raw)
+        with console.status("exporting and reading the nsys report…"):
+            export = read_report(rep)
+        return assemble.from_nsys(export, children, run_id)
+
+
+class Ncu(Nsys):
+    name = "ncu"
+
+    def argv(self, args, raw: Path, command: list[str], console: Console) -> tuple[list[str], dict]:
+        opt = nvidia_tools.NcuOptions(
+            nvtx_includes=tuple(args.nvtx_include or nvidia_tools.NCU_DEFAULT_INCLUDES),
+            metrics=tuple(m.strip() for m in args.metrics.split(",") if m.strip()) if args.metrics else
+            (() if args.section_set else nvidia_tools.NCU_METRICS),
+            section_set=args.section_set, clock_control=args.clock_control, cache_control=args.cache_control,
+            launch_count=args.launch_count or None, capture=args.capture_range)
+        argv = nvidia_tools.ncu_argv(self.tool, str(raw / "run"), command, opt, log_file=str(raw / "ncu.log"))
+        return argv, {"nvtx_includes": list(opt.nvtx_includes), "metrics": list(opt.metrics), "set": opt.section_set,
+                      "clock_control": opt.clock_control, "cache_control": opt.cache_control, "launch_count": opt.launch_count}
+
+    def check(self, raw: Path, tool_lines: list[str], info: dict) -> None:
+        error, warnings = nvidia_tools.read_ncu_log(tool_lines + _lines(raw / "ncu.log"))
+        info["tool_notices"] = warnings
+        if error is not None and not (raw / "run.ncu-rep").exists():
+            raise error
+
+    def assemble(self, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
+        from headcount.parsers import ncu_rep
+
+        children = assemble.read_children(raw)
+        with console.status("reading the ncu report…"):
+            kernels = ncu_rep.read_report(raw / "run.ncu-rep")
+        return assemble.from_ncu(kernels, children, run_id)
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+WRAPPERS: dict[str, type[Wrapper]] = {"nsys": Nsys, "ncu": Ncu, "cupti": Wrapper}
