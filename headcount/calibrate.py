@@ -35,7 +35,9 @@ def copy_ceiling(device="cuda", n_bytes: int = 2 << 30, repeats: int = 20, warmu
     import torch
 
     device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    from headcount.env import cuda_usable
+
+    if device.type == "cuda" and not cuda_usable():
         raise HeadcountError("calibration needs a CUDA GPU and torch sees none", hint="run it on the GPU machine", exit_code=3)
     src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)

@@ -17,6 +17,25 @@ from headcount.errors import HeadcountError
 CHOICES = "auto, cpu, cuda, cuda:N"
 
 
+def cuda_usable() -> bool:
+    """torch sees a CUDA GPU here: the one probe the rest of headcount asks
+    (``--device auto``, the torch source's CUDA activity, the occupancy limits,
+    calibration). CUPTI's own usability (driver version, cupti-python) is
+    :func:`headcount.collector.cupti_source.probe`; a driver node for
+    wrapped tools is :func:`driver_present`."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def driver_present() -> bool:
+    """An NVIDIA driver and GPU device node on this machine, whatever torch is
+    (for tools run around a program, such as nsys's GPU metrics)."""
+    import shutil
+
+    return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidiactl")
+
+
 def resolve(spec: str | None = "auto"):
     """The ``torch.device`` a ``--device`` value means on this machine.
 
@@ -31,7 +50,7 @@ def resolve(spec: str | None = "auto"):
 
     text = (spec or "auto").strip().lower()
     if text == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return torch.device("cuda", torch.cuda.current_device()) if cuda_usable() else torch.device("cpu")
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError) as exc:
@@ -40,7 +59,7 @@ def resolve(spec: str | None = "auto"):
         return torch.device("cpu")
     if device.type != "cuda":
         raise HeadcountError(f"--device {spec}: headcount profiles on cpu or cuda only", hint=f"choose one of {CHOICES}")
-    if not torch.cuda.is_available():
+    if not cuda_usable():
         why = "this torch is a CPU build" if torch.version.cuda is None else "torch sees no CUDA GPU (driver or CUDA_VISIBLE_DEVICES?)"
         raise HeadcountError(f"--device {spec}: no CUDA GPU here ({why})", hint="use --device cpu, or run on a machine with a GPU",
                              exit_code=3)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from headcount.collector.cupti_errors import classify
 from headcount.derive.sampling import PM_COUNTERS, PM_PERCENTS
-from headcount.env import package_version
+from headcount.env import cuda_usable, package_version
 from headcount.errors import HeadcountError
 
 BUFFER_BYTES = 8 << 20
@@ -345,7 +345,7 @@ class CuptiRecorder:
         try:  # kernels still running would be flushed without an end time
             import torch
 
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            if cuda_usable() and torch.cuda.is_initialized():
                 torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - a failed sync is said, the records are still flushed
             self.notices.append(f"could not wait for the GPU before flushing CUPTI ({exc})")
@@ -446,9 +446,7 @@ def require() -> None:
         cupti.get_timestamp()  # raises the precise reason (no driver, too old) when there is one
     except Exception as exc:  # noqa: BLE001
         raise classify(exc, "probing CUPTI") from exc
-    import torch
-
-    if not torch.cuda.is_available():
+    if not cuda_usable():
         raise HeadcountError("torch sees no CUDA GPU although the driver answers",
                              hint="install a CUDA build of torch, or use --backend torch", exit_code=3)
 

@@ -45,12 +45,6 @@ def find(tool: str) -> str:
     return path
 
 
-def gpu_present() -> bool:
-    """An NVIDIA driver and GPU device node on this machine (the probe for
-    options such as nsys's GPU metrics, which a GPU-less machine rejects)."""
-    return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidiactl")
-
-
 def version(path: str) -> tuple[str, tuple[int, ...]]:
     """(``--version`` text, (year, minor, …)) of a tool.
 

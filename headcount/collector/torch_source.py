@@ -16,8 +16,10 @@ from headcount.errors import HeadcountError
 
 
 def cuda_available() -> bool:
-    """True when torch sees a CUDA device."""
-    return torch.cuda.is_available()
+    """True when torch sees a CUDA device (:func:`headcount.env.cuda_usable`)."""
+    from headcount.env import cuda_usable
+
+    return cuda_usable()
 
 
 class TorchRecorder:

@@ -68,7 +68,9 @@ def limits_from_torch(device_index: int = 0) -> SmLimits | None:
     the device, the rest from the table); ``None`` without a GPU."""
     import torch
 
-    if not torch.cuda.is_available():
+    from headcount.env import cuda_usable
+
+    if not cuda_usable():
         return None
     props = torch.cuda.get_device_properties(device_index)
     base = limits_for(f"{props.major}.{props.minor}") or SmLimits(max_warps=64, max_blocks=32)

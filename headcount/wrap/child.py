@@ -32,6 +32,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import asdict, dataclass
 
 from headcount.errors import HeadcountError, notice
 
@@ -196,7 +197,9 @@ class ChildSession:
         try:
             import torch
 
-            if torch.cuda.is_available():
+            from headcount.env import cuda_usable
+
+            if cuda_usable():
                 (torch.cuda.profiler.start if on else torch.cuda.profiler.stop)()
         except Exception as exc:  # noqa: BLE001 - capture ranges are an optimization, never a failure
             self.notices.append(f"capture range not set: {exc}")
@@ -242,15 +245,12 @@ class ChildSession:
         except Exception as exc:  # noqa: BLE001 - write what we have, whatever failed
             self.notices.append(f"closing the session failed: {type(exc).__name__}: {exc}")
             records = None
-        doc = {
-            "device": _device(), "program": _program(),
-            "nvtx_tagged": bool(self.tagger is not None and self.tagger.emitter.use_nvtx),
-            "pid": self.pid, "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
-            "backend": self.backend, "mode": self.mode, "steps_seen": self.step + 1, "steps_selected": self.steps,
-            "calls": calls_to_rows(self.tagger.calls if self.tagger is not None else []), "records": records,
-            "complete": complete, "ended_by": reason or self.crashed or "exit", "notices": self.notices,
-            "started": self.started, "argv": list(sys.argv),
-        }
+        doc = asdict(ChildReport(
+            pid=self.pid, rank=self.rank, local_rank=self.local_rank, world_size=self.world_size, backend=self.backend,
+            mode=self.mode, steps_seen=self.step + 1, steps_selected=self.steps,
+            calls=calls_to_rows(self.tagger.calls if self.tagger is not None else []), records=records, complete=complete,
+            ended_by=reason or self.crashed or "exit", notices=list(self.notices), started=self.started, argv=list(sys.argv),
+            device=_device(), program=_program(), nvtx_tagged=bool(self.tagger is not None and self.tagger.emitter.use_nvtx)))
         path = os.path.join(self.raw, CHILD_FILE.format(pid=self.pid))
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
@@ -361,10 +361,42 @@ def _after_import(name: str, callback) -> None:
     sys.meta_path.insert(0, Finder())
 
 
+@dataclass
+class ChildReport:
+    """What each tagged process of ``headcount run`` leaves in the raw folder
+    (``child-<pid>.json``): plain values only.
+
+    Attributes:
+        calls: the call log as :func:`calls_to_rows` rows.
+        records: the cupti source's records file (``None`` for nsys and ncu).
+        complete: the program ended normally; ``ended_by`` says how it ended otherwise.
+        device: where the process's work ran (:func:`headcount.env.describe`).
+        program: its torch and transformers versions.
+        nvtx_tagged: headcount's ranges were also emitted as NVTX.
+    """
+
+    pid: int
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    backend: str
+    mode: str
+    steps_seen: int
+    steps_selected: object
+    calls: list
+    records: str | None
+    complete: bool
+    ended_by: str
+    notices: list
+    started: float | None
+    argv: list
+    device: dict | None
+    program: dict
+    nvtx_tagged: bool
+
+
 def calls_to_rows(calls) -> list[dict]:
     """The call log as plain rows (the CallLog fields, the shape's fields under ``shape``)."""
-    from dataclasses import asdict
-
     return [{**{k: v for k, v in asdict(c).items() if k != "shape"}, "shape": asdict(c.shape) if c.shape is not None else None}
             for c in calls]
 
@@ -378,12 +410,13 @@ def calls_from_rows(rows: list[dict]) -> list:
 
 
 def read_report(path) -> dict:
-    """One process's report as written by :meth:`ChildSession.finish`, with its call log as CallLog objects.
+    """One process's report as written by :meth:`ChildSession.finish` (the
+    fields of :class:`ChildReport`), with its call log as CallLog objects.
 
     Raises:
         OSError, ValueError (json.JSONDecodeError), TypeError, KeyError: unreadable or not such a report.
     """
     with open(path, encoding="utf-8") as fh:
-        doc = json.load(fh)
-    doc["calls"] = calls_from_rows(doc.get("calls") or [])
+        doc = asdict(ChildReport(**json.load(fh)))  # a missing or unknown field is a TypeError, not a silent default
+    doc["calls"] = calls_from_rows(doc["calls"] or [])
     return doc

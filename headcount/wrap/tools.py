@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from headcount import env
 from headcount.collector import cupti_source, nvidia_tools
 from headcount.errors import HeadcountError
 from headcount.wrap import assemble
@@ -54,7 +55,7 @@ class Nsys(Wrapper):
 
     def argv(self, args, raw: Path, command: list[str], console: Console) -> tuple[list[str], dict]:
         gpu_flag = None
-        if args.gpu_metrics == "on" or (args.gpu_metrics == "auto" and nvidia_tools.gpu_present()):
+        if args.gpu_metrics == "on" or (args.gpu_metrics == "auto" and env.driver_present()):
             help_text = subprocess.run([self.tool, "profile", "--help"], capture_output=True, text=True).stdout
             gpu_flag = nvidia_tools.nsys_gpu_metrics_flag(help_text)
             if gpu_flag is None:
