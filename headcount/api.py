@@ -232,8 +232,10 @@ class AttentionProfiler:
             if self.trace_path is None:
                 raise HeadcountError("no profile recorded yet", hint="call get_stats() after the `with profiler:` block")
             device = self.device_info()
+            # the SM limits of the GPU the model is on (none for a CPU model)
+            gpu_limits = occupancy.limits_from_torch(device.get("index") or 0) if device.get("kind") == "cuda" else None
             if self.backend == "cupti":
-                limits = getattr(self._recorder, "device_limits", None) or occupancy.limits_from_torch()
+                limits = getattr(self._recorder, "device_limits", None) or gpu_limits
                 self._stats, self.collector_info, new = tables_from_cupti(
                     self.trace_path, self._tagger.calls, self.run_id, self.implementation, limits,
                     nvtx_tagged=self._tagger.emitter.use_nvtx, device=device)
@@ -241,7 +243,7 @@ class AttentionProfiler:
                     notice(line)
             else:
                 self._stats = tables_from_torch(self.trace_path, self._tagger.calls, self.run_id, self.implementation,
-                                                limits=occupancy.limits_from_torch(), device=device)
+                                                limits=gpu_limits, device=device)
             if getattr(self, "_stats_collector", None) is not None:
                 table = self._stats_collector.table()
                 table.insert(0, "implementation", self.implementation)

@@ -108,7 +108,7 @@ def test_console_and_page_keep_runs_apart(mixed, capsys):
     assert cli_main(["report", str(out)]) == 0
     printed = capsys.readouterr().out
     for run_id in runs["run_id"].unique():
-        assert f"run {run_id}" in printed
+        assert f"Run {run_id}" in printed
     # calls per step within one run: the 2-layer bert-tiny shows 2 per phase, never the sum over runs
     bert_part = printed.split("bert-tiny")[1].split("Top 5")[0]
     rows = [line for line in bert_part.splitlines() if " sdpa " in line and (" fwd " in line or " bwd " in line)]

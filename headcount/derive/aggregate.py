@@ -53,6 +53,7 @@ _SUMS = {
 
 def _aggregate(ranges: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     present = {c: f for c, f in _SUMS.items() if c in ranges.columns}
+    ranges = ranges.assign(**{spread.CALL_BANDWIDTH: spread.call_bandwidth_gbps(ranges)})
     grouped = ranges.groupby(keys, dropna=False, sort=True)
     out = grouped.agg(calls=("range_id", "size"), steps=("step", "nunique"), **{c: (c, f) for c, f in present.items()})
     # a sum over rows that are all null is null, not 0
@@ -61,14 +62,9 @@ def _aggregate(ranges: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         out[col] = out[col].astype("float64").where(~all_null)
     out["steps"] = out["steps"].where(out["steps"] > 0)  # no step ranges: unknown, not 0
     out["duration_basis"] = grouped["duration_basis"].first()
-    out = out.reset_index()
-    # the same grouping (sorted, nulls kept), so the rows line up one to one
-    calls = spread.per_call(ranges, keys)
-    if len(calls) != len(out):  # pragma: no cover - both group the same rows the same way
-        raise RuntimeError("per-call percentiles and totals were grouped differently")
-    for col in (*spread.DURATION, *spread.BANDWIDTH):
-        out[col] = calls[col].to_numpy()
-    return out
+    for col, values in spread.per_call(grouped).items():
+        out[col] = values
+    return out.reset_index()
 
 
 def _derive(table: pd.DataFrame, duration_provenance: str) -> pd.DataFrame:

@@ -73,13 +73,14 @@ def limits_from_torch(device_index: int = 0) -> SmLimits | None:
     if not cuda_usable():
         return None
     props = torch.cuda.get_device_properties(device_index)
-    base = limits_for(f"{props.major}.{props.minor}") or SmLimits(max_warps=64, max_blocks=32)
-    warps = getattr(props, "max_threads_per_multi_processor", base.max_warps * 32) // 32
-    smem = getattr(props, "shared_memory_per_multiprocessor", base.shared_memory) or base.shared_memory
-    regs = getattr(props, "regs_per_multiprocessor", base.registers) or base.registers
-    return SmLimits(max_warps=warps, max_blocks=base.max_blocks, registers=regs,
-                    max_registers_per_block=base.max_registers_per_block, shared_memory=smem,
-                    reserved_shared_memory=base.reserved_shared_memory)
+    threads = getattr(props, "max_threads_per_multi_processor", 0)
+    return limits_from_device({
+        "cc_major": props.major, "cc_minor": props.minor, "max_warps_per_sm": threads // 32 or None,
+        "registers_per_sm": getattr(props, "regs_per_multiprocessor", None),
+        "shared_memory_per_sm": getattr(props, "shared_memory_per_multiprocessor", None),
+        # torch does not say; a compute capability the table lacks keeps the calculator's common maximum
+        "max_blocks_per_sm": None if limits_for(f"{props.major}.{props.minor}") else 32,
+    })
 
 
 def limits_from_device(device: dict | pd.Series | None) -> SmLimits | None:

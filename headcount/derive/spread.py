@@ -27,6 +27,7 @@ QUANTILES = (10, 50, 90)
 DURATION = [f"duration_per_call_p{q}_ns" for q in QUANTILES]
 BANDWIDTH = [f"bandwidth_per_call_p{q}_gbps" for q in QUANTILES]
 MIN_CALLS = 2
+CALL_BANDWIDTH = "_bandwidth_per_call_gbps"  # the per-instance column per_call reads
 VERDICT_MIN_CALLS = 3  # a p10–p90 interval of two calls is their whole range: too thin to call anything hotter
 
 
@@ -43,24 +44,23 @@ def call_bandwidth_gbps(ranges: pd.DataFrame) -> pd.Series:
         return (data / duration).where(duration > 0)
 
 
-def per_call(ranges: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Percentiles over the calls (range instances) of each group of ``keys``.
+def per_call(grouped) -> dict[str, np.ndarray]:
+    """Percentiles over the calls (range instances) of each group.
+
+    Args:
+        grouped: range instances grouped by the row's keys, with ``duration_ns``
+            and :data:`CALL_BANDWIDTH` (:func:`call_bandwidth_gbps`).
 
     Returns:
-        One row per group (sorted by ``keys``, nulls kept as groups) with
-        ``keys``, :data:`DURATION` and :data:`BANDWIDTH`; null where the group
-        has fewer than :data:`MIN_CALLS` calls with a value.
+        :data:`DURATION` and :data:`BANDWIDTH` columns in the groups' order;
+        null where a group has fewer than :data:`MIN_CALLS` calls with a value.
     """
-    frame = ranges[keys].copy()
-    frame["_d"] = ranges["duration_ns"].astype("float64")
-    frame["_bw"] = call_bandwidth_gbps(ranges)
-    grouped = frame.groupby(keys, dropna=False, sort=True)
-    out = grouped.size().rename("_n").reset_index()[keys]
-    for column, names in (("_d", DURATION), ("_bw", BANDWIDTH)):
-        count = grouped[column].count().to_numpy()
+    out = {}
+    for column, names in (("duration_ns", DURATION), (CALL_BANDWIDTH, BANDWIDTH)):
+        values = grouped[column]
+        count = values.count().to_numpy()
         for q, name in zip(QUANTILES, names):
-            values = grouped[column].quantile(q / 100).to_numpy(dtype="float64")
-            out[name] = np.where(count >= MIN_CALLS, values, np.nan)
+            out[name] = np.where(count >= MIN_CALLS, values.quantile(q / 100).to_numpy(dtype="float64"), np.nan)
     return out
 
 

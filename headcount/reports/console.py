@@ -9,6 +9,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from headcount.reports import findings
 from headcount.reports.figures import number, with_spread
 
 
@@ -70,27 +71,14 @@ def _provenance_caption(frame: pd.DataFrame) -> str:
             f"bytes: {'/'.join(sorted(frame['dram_bytes_provenance'].dropna().unique())) or '–'}; FLOP: analytic")
 
 
-def run_title(run_id, runs: pd.DataFrame | None) -> str:
-    """``run <id>: <model>, <mode> mode, <device>`` from the runs table (what it has)."""
-    words = [f"run {run_id}"]
-    if runs is not None and len(runs) and "run_id" in runs:
-        r = runs[runs["run_id"] == run_id]
-        if len(r):
-            r = r.iloc[0]
-            facts = [str(r[c]) for c in ("model",) if c in r and pd.notna(r[c])]
-            if "mode" in r and pd.notna(r["mode"]):
-                facts.append(f"{r['mode']} mode")
-            if "device_name" in r and pd.notna(r["device_name"]):
-                facts.append(f"on {r['device_name']}")
-            if facts:
-                words.append(", ".join(facts))
-    return ": ".join(words)
-
-
 def _by_run(frame: pd.DataFrame | None, run_id) -> pd.DataFrame | None:
     if frame is None or not len(frame) or "run_id" not in frame:
         return frame
     return frame[frame["run_id"] == run_id]
+
+
+def _title(run_id, runs: pd.DataFrame | None) -> str:
+    return findings.run_heading(run_id, findings.run_info(runs, run_id))
 
 
 def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: Console | None = None, top: int = 5,
@@ -108,19 +96,17 @@ def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: C
         run_layers = _by_run(layers, run_id) if run_id is not None else layers
         run_heads = _by_run(heads, run_id) if run_id is not None else heads
         if len(run_ids) > 1 or runs is not None:
-            console.rule(run_title(run_id, runs), align="left")
+            console.rule(_title(run_id, runs), align="left")
         _print_run(console, run_layers, run_heads, _by_run(kernels, run_id) if run_id is not None else kernels, top)
     if ranges is not None and len(ranges):
         for run_id, g in ranges.groupby("run_id", sort=False):
-            console.rule(run_title(run_id, runs), align="left")
+            console.rule(_title(run_id, runs), align="left")
             console.print(_ranges_table(g, top * 2))
     if out_dir is not None:
         console.print(f"Report: {out_dir}/ (Parquet datasets kernels, ranges, layers, heads, runs)")
 
 
 def _print_run(console: Console, layers: pd.DataFrame, heads: pd.DataFrame, kernels: pd.DataFrame | None, top: int) -> None:
-    from headcount.reports import findings
-
     summary = implementation_summary(layers)
     table = Table(title="Attention per step (totals over the profiled steps ÷ steps)", caption=_provenance_caption(layers))
     for col in ("impl", "phase", "ms", "calls", "kernels/call" if _has_kernels(layers) else "ops/call", "GFLOP", "MB", "GB/s"):

@@ -14,7 +14,8 @@ import math
 import pandas as pd
 
 
-def _missing(value) -> bool:
+def missing(value) -> bool:
+    """None, NaN or pandas' NA."""
     return value is None or (isinstance(value, float) and math.isnan(value)) or pd.isna(value)
 
 
@@ -24,10 +25,10 @@ def decimals_for(value: float, p10: float | None = None, p90: float | None = Non
     With an interval: the decade of its half-width, but at least two
     significant digits of ``value``. Without one: ``digits`` significant digits.
     """
-    if _missing(value) or value == 0:
+    if missing(value) or value == 0:
         return 0
     magnitude = math.floor(math.log10(abs(value)))
-    if _missing(p10) or _missing(p90) or p90 <= p10:
+    if missing(p10) or missing(p90) or p90 <= p10:
         return digits - 1 - magnitude
     half = (p90 - p10) / 2.0
     return max(-math.floor(math.log10(half)), 1 - magnitude)
@@ -35,7 +36,7 @@ def decimals_for(value: float, p10: float | None = None, p90: float | None = Non
 
 def fixed(value, decimals: int) -> str:
     """``value`` rounded to ``decimals`` places (negative: to tens, hundreds …), with thousands separators."""
-    if _missing(value):
+    if missing(value):
         return "–"
     rounded = round(float(value), decimals)
     return format(rounded, f",.{max(decimals, 0)}f")
@@ -43,7 +44,7 @@ def fixed(value, decimals: int) -> str:
 
 def number(value, digits: int = 3) -> str:
     """``value`` to ``digits`` significant digits ("–" when missing)."""
-    if _missing(value):
+    if missing(value):
         return "–"
     return fixed(value, decimals_for(float(value), digits=digits))
 
@@ -52,10 +53,10 @@ def with_spread(p50, p10=None, p90=None, scale: float = 1.0) -> str:
     """``"2,300 (2,100–2,900)"``: the median and its p10–p90 interval, × ``scale``,
     rounded to the interval; just the median to three significant digits
     when the interval is unknown."""
-    if _missing(p50):
+    if missing(p50):
         return "–"
     mid = float(p50) * scale
-    if _missing(p10) or _missing(p90):
+    if missing(p10) or missing(p90):
         return number(mid)
     lo, hi = float(p10) * scale, float(p90) * scale
     places = decimals_for(mid, lo, hi)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from headcount.derive import spread
-from headcount.reports.figures import number, with_spread
+from headcount.reports.figures import missing, number, with_spread
 
 _GROUP = ["implementation", "phase"]
 
@@ -117,3 +117,24 @@ def bottlenecks(layers: pd.DataFrame, heads: pd.DataFrame, top: int = 5) -> list
     """The bottlenecks of one run in words: the costliest layers, whether any
     layer stands out, then heads measured on their own."""
     return layer_lines(layers, top) + layer_noise_lines(layers) + head_lines(heads, top)
+
+
+def run_info(runs: pd.DataFrame | None, run_id) -> dict:
+    """The ``runs`` row of ``run_id`` as a dict (its first implementation's; empty when absent)."""
+    if runs is None or not len(runs) or "run_id" not in runs:
+        return {}
+    rows = runs[runs["run_id"] == run_id]
+    return rows.iloc[0].to_dict() if len(rows) else {}
+
+
+def run_heading(run_id, info: dict) -> str:
+    """``Run <id>: <model>, batch B, seq S, <dtype>, <mode> mode, on <device>`` (what the run says of itself)."""
+    facts = [str(info["model"])] if not missing(info.get("model")) else [f"{info['source']} recording"] if not missing(info.get("source")) else []
+    shape = ", ".join(f"{label} {info[k]:.0f}" if isinstance(info.get(k), (int, float)) else f"{label} {info[k]}"
+                      for k, label in (("batch", "batch"), ("seq", "seq")) if not missing(info.get(k)))
+    if shape:
+        facts.append(shape)
+    for k, fmt in (("dtype", "{}"), ("mode", "{} mode"), ("device_name", "on {}")):
+        if not missing(info.get(k)):
+            facts.append(fmt.format(info[k]))
+    return f"Run {run_id}" + (": " + ", ".join(facts) if facts else "")

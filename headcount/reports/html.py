@@ -21,7 +21,7 @@ import pandas as pd
 from headcount.derive import devices
 from headcount.reports import findings
 from headcount.reports.compare import comparison
-from headcount.reports.figures import number
+from headcount.reports.figures import missing, number
 from headcount.reports.query import connect, range_summary
 
 # a perceptually ordered ramp (viridis, 9 stops)
@@ -184,30 +184,9 @@ def load_tables(out: str | Path) -> dict[str, pd.DataFrame]:
     return tables
 
 
-def _run_info(runs: pd.DataFrame, run_id) -> dict:
-    rows = runs[runs["run_id"] == run_id] if len(runs) and "run_id" in runs else runs.iloc[0:0]
-    return rows.iloc[0].to_dict() if len(rows) else {}
-
-
-def _present(value) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value)) and not pd.isna(value)
-
-
-def _run_heading(run_id, info: dict) -> str:
-    facts = [str(info["model"])] if _present(info.get("model")) else [f"{info['source']} recording"] if _present(info.get("source")) else []
-    shape = ", ".join(f"{label} {info[k]:.0f}" if isinstance(info.get(k), (int, float)) else f"{label} {info[k]}"
-                      for k, label in (("batch", "batch"), ("seq", "seq")) if _present(info.get(k)))
-    if shape:
-        facts.append(shape)
-    for k, fmt in (("dtype", "{}"), ("mode", "{} mode"), ("device_name", "on {}")):
-        if _present(info.get(k)):
-            facts.append(fmt.format(info[k]))
-    return f"Run {run_id}" + (": " + ", ".join(facts) if facts else "")
-
-
 def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, measured_gbps: float | None) -> list[str]:
     """Bottlenecks, heatmaps and roofline of one run (nothing here adds two runs)."""
-    body = [f"<h2>{_e(_run_heading(run_id, info))}</h2>"]
+    body = [f"<h2>{_e(findings.run_heading(run_id, info))}</h2>"]
     if len(layers):
         body.append("<h3>Bottlenecks</h3><ul>" + "".join(f"<li>{_e(line)}</li>" for line in findings.bottlenecks(layers, heads)) + "</ul>")
         body.append('<p class="cap">Per call: median (p10–p90) over the calls, rounded to that spread; totals: over every call of '
@@ -227,10 +206,10 @@ def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, 
                 charts.append(heatmap(g, "achieved_occupancy_pct", "achieved occupancy", "%", "/".join(sorted(set(g["achieved_occupancy_provenance"].dropna())))))
             body.append(f"<h3>Layer × head: {_e(impl)}, {_e(phase)}</h3><div class=\"grid\">" + "".join(c for c in charts if c) + "</div>")
     if len(layers):
-        device = info.get("device_name") if info.get("device_kind") == "cuda" and _present(info.get("device_name")) else None
-        dtype = str(info["dtype"]) if _present(info.get("dtype")) else None
+        device = info.get("device_name") if info.get("device_kind") == "cuda" and not missing(info.get("device_name")) else None
+        dtype = str(info["dtype"]) if not missing(info.get("dtype")) else None
         reported = info.get("device_memory_bandwidth_gbps")
-        ceiling = measured_gbps or (float(reported) if _present(reported) else None)
+        ceiling = measured_gbps or (float(reported) if not missing(reported) else None)
         peaks = devices.peaks_for(device)
         if peaks:
             basis = ("measured copy ceiling" if measured_gbps else
@@ -250,7 +229,7 @@ def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, 
 def _ranges_section(summary: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
     body = []
     for run_id, g in summary.groupby("run_id", sort=True):
-        body.append(f"<h2>{_e(_run_heading(run_id, _run_info(runs, run_id)))}</h2>")
+        body.append(f"<h2>{_e(findings.run_heading(run_id, findings.run_info(runs, run_id)))}</h2>")
         body.append('<p class="cap">No attention layers in this run (NVTX ranges that are not headcount\'s): the ranges are '
                     "summarised by name, never posed as layers. Nested ranges overlap: do not add rows.</p>")
         g = g.assign(total_ms=g["duration_ns"] / 1e6, p10_us=g["p10_ns"] / 1e3, p50_us=g["p50_ns"] / 1e3, p90_us=g["p90_ns"] / 1e3)
@@ -293,7 +272,7 @@ def render(out: str | Path, measured_gbps: float | None = None, tables: dict[str
         body += [f'<p class="note">{_e(n)}</p>' for n in notes]
     run_ids = list(dict.fromkeys(layers["run_id"])) if len(layers) else []
     for run_id in run_ids:
-        info = _run_info(runs, run_id)
+        info = findings.run_info(runs, run_id)
         ceiling = measured_gbps if measured_gbps and (measured_device is None or measured_device == info.get("device_name")) else None
         run_heads = heads[heads["run_id"] == run_id] if len(heads) else heads
         body += _run_section(run_id, layers[layers["run_id"] == run_id], run_heads, info, ceiling)
