@@ -1,24 +1,36 @@
-"""Attribution speed at scale: headcount vs nsys's own nvtx_gpu_proj_trace.
+"""`headcount parse` at scale, end to end: headcount vs nsys's own nvtx_gpu_proj_trace and nsys-ai.
 
 Builds a large nsys SQLite export from the real H100×2 fixture, replicated
-with shifted timestamps and fresh correlation ids until it holds ≥ 1M GPU
-kernels and ≥ 5M NVTX ranges, then prints:
+with shifted timestamps and fresh correlation ids (300 copies: 1,032,600
+kernels, 5,034,600 NVTX ranges, 593 MB), then, one after the other on the
+same machine:
 
-- headcount's read + attribute time (read_export + project_gpu) and peak RSS;
-- the time of nsys's ``nvtx_gpu_proj_trace`` report on the same file (the
-  ``nsys-report`` wrapper from install-nsight.sh), and the ratio;
-- whether both answers agree range for range.
+- ``headcount parse FILE -o OUT`` as a subprocess: wall time and peak RSS of
+  the whole process (what a user waits for and what must fit in memory);
+  with ``--detail``, the read and attribute stages alone in a fresh process;
+- nsys's ``nvtx_gpu_proj_trace`` report on the same file (``nsys-report``
+  from install-nsight.sh), and whether headcount's ``ranges`` table (read
+  back from the Parquet it wrote) agrees with it range for range;
+- ``nsys-ai warm`` on the same file, when ``nsys-ai`` is on PATH or
+  ``$NSYS_AI`` names it (its DuckDB must find the sqlite extension locally).
 
-Goal: identical answers, ≥ 10× faster than nsys's report, ≤ 4 GB peak.
+``--ranks N`` instead copies a smaller export N times and times
+``headcount parse rank*.sqlite --jobs 1`` against ``--jobs 2`` (``--ray``:
+also ``--executor ray``), checking that the tables are identical.
 
-Run: python benchmarks/attribution.py [--copies N] [--keep DIR] [--nsys-timeout S]
+Goals (issue 12): identical answers, ≥ 16× nsys's report, faster than
+nsys-ai, ≤ 2 GB peak.
+
+Run: python benchmarks/attribution.py [--copies N] [--keep DIR] [--nsys-timeout S] [--detail] [--ranks N [--ray]]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import multiprocessing as mp
+import os
 import resource
 import shutil
 import sqlite3
@@ -71,58 +83,54 @@ def build(path: Path, copies: int) -> dict:
     return counts
 
 
-def _headcount(path: str, queue) -> None:
+def _stages(path: str, queue) -> None:
     from headcount.attribute.attribution import project_gpu
     from headcount.parsers.nsys_sqlite import read_export
 
     t0 = time.perf_counter()
     export = read_export(path)
     t1 = time.perf_counter()
-    # the projection nsys's report computes; headcount's tables add the path strings on top
-    projected, _ = project_gpu(export.ranges, export.runtime, export.gpu, with_paths=False)
-    t2 = time.perf_counter()
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    answer = projected.loc[projected["gpu_op_count"] > 0, ["range_id", "gpu_start_ns", "gpu_end_ns", "gpu_op_count", "parent_range_id", "depth"]]
-    answer.to_pickle(path + ".headcount.pkl")
-    queue.put((t1 - t0, t2 - t1, peak_kib / 2**20, len(export.ranges), len(export.gpu)))
+    project_gpu(export.ranges, export.runtime, export.gpu, with_paths=False)
+    queue.put((t1 - t0, time.perf_counter() - t1, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--copies", type=int, default=300)
-    parser.add_argument("--keep", default=None, help="keep the built export in this directory")
-    parser.add_argument("--nsys-timeout", type=int, default=3600)
-    args = parser.parse_args()
-    workdir = Path(args.keep or tempfile.mkdtemp(prefix="headcount-bench-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / f"h100x2_x{args.copies}.sqlite"
-    t = time.perf_counter()
-    counts = build(path, args.copies)
-    print(f"built {path.name} in {time.perf_counter() - t:.1f} s: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+def timed(cmd: list[str], timeout: float | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run ``cmd`` in a fresh process: (wall seconds, peak RSS GiB of the whole process, result).
 
-    queue = mp.get_context("spawn").Queue()
-    proc = mp.get_context("spawn").Process(target=_headcount, args=(str(path), queue))
-    proc.start()
-    read_s, attribute_s, peak_gib, n_ranges, n_ops = queue.get()
-    proc.join()
-    ours = read_s + attribute_s
-    print(f"headcount: read {read_s:.1f} s + attribute {attribute_s:.1f} s = {ours:.1f} s; peak RSS {peak_gib:.2f} GiB "
-          f"({n_ranges:,} ranges, {n_ops:,} GPU operations)")
+    Peak RSS is read in a forked watcher so that earlier children of this script do not count."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result, stdout = Path(tmp) / "result.json", Path(tmp) / "stdout"
+        pid = os.fork()
+        if pid == 0:  # the watcher: runs cmd, reports its own children's peak (only cmd's tree)
+            t = time.perf_counter()
+            with stdout.open("w") as fh:
+                try:
+                    done = subprocess.run(cmd, stdout=fh, stderr=subprocess.PIPE, text=True, timeout=timeout)
+                    rc, err = done.returncode, done.stderr
+                except subprocess.TimeoutExpired:
+                    rc, err = -9, "timeout"
+            wall = time.perf_counter() - t
+            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+            result.write_text(json.dumps([wall, peak, rc, err[-4000:]]))
+            os._exit(0)
+        os.waitpid(pid, 0)
+        wall, peak, rc, err = json.loads(result.read_text())
+        return wall, peak, subprocess.CompletedProcess(cmd, rc, stdout.read_text(), err)
 
-    report = shutil.which("nsys-report") or str(Path.home() / ".cache/headcount/nsight/bin/nsys-report")
-    if not Path(report).exists():
-        print("nsys-report not found (run ../shared/tools/install-nsight.sh): no comparison")
-        return
-    t = time.perf_counter()
-    try:
-        out = subprocess.run([report, "nvtx_gpu_proj_trace", str(path)], capture_output=True, text=True, timeout=args.nsys_timeout, check=True)
-    except subprocess.TimeoutExpired:
-        print(f"nsys's nvtx_gpu_proj_trace did not finish in {args.nsys_timeout} s: ratio ≥ {args.nsys_timeout / ours:.0f}×")
-        return
-    theirs = time.perf_counter() - t
-    print(f"nsys nvtx_gpu_proj_trace: {theirs:.1f} s; headcount is {theirs / ours:.1f}× faster")
-    reference = pd.read_csv(io.StringIO(out.stdout)).dropna(subset=["RangeId"]).astype({"RangeId": "int64"}).set_index("RangeId")
-    answer = pd.read_pickle(str(path) + ".headcount.pkl").set_index("range_id")
+
+def headcount_cmd() -> list[str]:
+    exe = Path(sys.executable).with_name("headcount")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "headcount.cli.main"]
+
+
+def same_as_nsys(reference_csv: str, out: Path) -> tuple[bool, int]:
+    """headcount's written ranges vs nsys's projection: every projected range, same start, duration, count, parent."""
+    import pyarrow.dataset as ds
+
+    reference = pd.read_csv(io.StringIO(reference_csv)).dropna(subset=["RangeId"]).astype({"RangeId": "int64"}).set_index("RangeId")
+    ranges = ds.dataset(out / "ranges", partitioning="hive").to_table(
+        columns=["range_id", "gpu_start_ns", "gpu_end_ns", "gpu_op_count", "parent_range_id"]).to_pandas()
+    answer = ranges[ranges["gpu_op_count"] > 0].set_index("range_id")
     j = reference.join(answer, how="outer")
     same = (
         len(reference) == len(answer)
@@ -131,9 +139,104 @@ def main() -> None:
         and (j["NumGPUOps"] == j["gpu_op_count"]).all()
         and (j["ParentId"].fillna(-1).astype("int64") == j["parent_range_id"]).all()
     )
-    print(f"answers identical for all {len(reference):,} projected ranges: {same}")
-    if not args.keep:
-        shutil.rmtree(workdir, ignore_errors=True)
+    return bool(same), len(reference)
+
+
+def load() -> str:
+    return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+
+
+def ranks(args, workdir: Path) -> None:
+    """N rank files: --jobs 1 vs --jobs 2 (vs --executor ray), identical tables."""
+    import pyarrow.dataset as ds
+
+    one = workdir / "rank0.sqlite"
+    if not one.exists():
+        build(one, args.copies)
+    files = [one]
+    for i in range(1, args.ranks):
+        files.append(workdir / f"rank{i}.sqlite")
+        if not files[-1].exists():
+            shutil.copy(one, files[-1])
+    print(f"{args.ranks} exports of {one.stat().st_size / 1e6:.0f} MB each; {load()}")
+    tables = {}
+    for label, extra in [("--jobs 1", ["--jobs", "1"]), ("--jobs 2", ["--jobs", "2"]),
+                         *([("--executor ray", ["--executor", "ray"])] if args.ray else [])]:
+        out = workdir / f"out-{label.replace(' ', '').replace('-', '')}"
+        shutil.rmtree(out, ignore_errors=True)
+        wall, peak, done = timed([*headcount_cmd(), "parse", *map(str, files), "-o", str(out), *extra])
+        if done.returncode != 0:
+            print(f"{label}: failed ({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode})")
+            continue
+        print(f"headcount parse {args.ranks} files {label}: {wall:.1f} s wall, peak RSS {peak:.2f} GiB (largest process)")
+        tables[label] = {name: ds.dataset(out / name, partitioning="hive").to_table().drop_columns(["run_id"]).to_pandas()
+                         .sort_values(["start_ns"] if name in ("ranges", "kernels") else list(ds.dataset(out / name).schema.names)[:3])
+                         .reset_index(drop=True) for name in ("ranges", "kernels", "layers", "heads")}
+    labels = list(tables)
+    for label in labels[1:]:
+        same = all(tables[labels[0]][n].equals(tables[label][n]) for n in tables[label])
+        print(f"tables of {label} identical to {labels[0]}: {same}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--copies", type=int, default=300)
+    parser.add_argument("--keep", default=None, help="keep (and reuse) the built exports in this directory")
+    parser.add_argument("--nsys-timeout", type=int, default=3600)
+    parser.add_argument("--detail", action="store_true", help="also time read and attribute alone")
+    parser.add_argument("--ranks", type=int, default=0, help="time N copies with --jobs 1 and 2 instead")
+    parser.add_argument("--ray", action="store_true", help="with --ranks: also --executor ray")
+    args = parser.parse_args()
+    workdir = Path(args.keep or tempfile.mkdtemp(prefix="headcount-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.ranks:
+            ranks(args, workdir)
+            return
+        path = workdir / f"h100x2_x{args.copies}.sqlite"
+        if not path.exists():
+            t = time.perf_counter()
+            counts = build(path, args.copies)
+            print(f"built {path.name} in {time.perf_counter() - t:.1f} s: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+        print(f"{path.name}: {path.stat().st_size / 1e6:.0f} MB; {load()}")
+        out = workdir / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        ours, peak, done = timed([*headcount_cmd(), "parse", str(path), "-o", str(out)])
+        if done.returncode != 0:
+            sys.exit(f"headcount parse failed: {done.stderr.strip()}")
+        print(f"headcount parse: {ours:.1f} s wall, peak RSS {peak:.2f} GiB (whole process)")
+        if args.detail:
+            queue = mp.get_context("spawn").Queue()
+            proc = mp.get_context("spawn").Process(target=_stages, args=(str(path), queue))
+            proc.start()
+            read_s, attribute_s, stage_peak = queue.get()
+            proc.join()
+            print(f"  detail: read {read_s:.1f} s + attribute {attribute_s:.1f} s (peak {stage_peak:.2f} GiB)")
+
+        report = shutil.which("nsys-report") or str(Path.home() / ".cache/headcount/nsight/bin/nsys-report")
+        if Path(report).exists():
+            theirs, their_peak, done = timed([report, "nvtx_gpu_proj_trace", str(path)], timeout=args.nsys_timeout)
+            if done.returncode == -9:
+                print(f"nsys nvtx_gpu_proj_trace did not finish in {args.nsys_timeout} s: ratio ≥ {args.nsys_timeout / ours:.0f}×")
+            else:
+                same, n = same_as_nsys(done.stdout, out)
+                print(f"nsys nvtx_gpu_proj_trace: {theirs:.1f} s, peak RSS {their_peak:.2f} GiB; headcount is {theirs / ours:.1f}× faster")
+                print(f"answers identical for all {n:,} projected ranges: {same}")
+        else:
+            print("nsys-report not found (run ../shared/tools/install-nsight.sh): no comparison with nsys")
+        nsys_ai = os.environ.get("NSYS_AI") or shutil.which("nsys-ai")
+        if nsys_ai:
+            for cache in path.parent.glob(path.name + "*.duckdb"):
+                cache.unlink()  # warm builds a cache beside the file: time a cold build
+            theirs, their_peak, done = timed([nsys_ai, "warm", str(path)])
+            state = "" if done.returncode == 0 else f" (exit {done.returncode}: {done.stderr.strip()[-200:]})"
+            print(f"nsys-ai warm: {theirs:.1f} s, peak RSS {their_peak:.2f} GiB{state}; headcount is {theirs / ours:.2f}× faster")
+        else:
+            print("nsys-ai not found (pip install nsys-ai, or NSYS_AI=path): no comparison with nsys-ai")
+        print(load())
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

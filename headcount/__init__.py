@@ -9,9 +9,28 @@ Quick start::
     prof.get_stats()["attention_breakdown"]
 """
 
+from importlib import import_module
+
 from headcount._version import __version__
-from headcount.api import AttentionProfiler
 from headcount.errors import HeadcountError
-from headcount.tagging.tagger import AttentionTagger, attention_range, tag, tag_attention, untag
+
+# imported on first use: the profiler pulls in torch (~2 s), which `headcount parse`,
+# `report`, `query` and the wrapped tools never need
+_LAZY = {
+    "AttentionProfiler": "headcount.api",
+    "AttentionTagger": "headcount.tagging.tagger",
+    "attention_range": "headcount.tagging.tagger",
+    "tag": "headcount.tagging.tagger",
+    "tag_attention": "headcount.tagging.tagger",
+    "untag": "headcount.tagging.tagger",
+}
 
 __all__ = ["AttentionProfiler", "AttentionTagger", "HeadcountError", "attention_range", "tag", "tag_attention", "untag", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'headcount' has no attribute {name!r}")

@@ -15,13 +15,15 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
 
-from headcount.attribute import attribution
+from headcount.attribute import attribution, labels
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling
 from headcount.errors import HeadcountError
@@ -127,7 +129,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
             sampled = sampling.window_totals(pm_samples, pd.to_numeric(projected["gpu_start_ns"]).to_numpy(np.float64, na_value=np.nan),
                                              pd.to_numeric(projected["gpu_end_ns"]).to_numpy(np.float64, na_value=np.nan))
             projected = pd.concat([projected.reset_index(drop=True), sampled], axis=1)
-    ranges_table = _label_ranges(projected, steps)
+    ranges_table = labels.label_ranges(projected, steps)
     ranges_table["duration_ns"] = (
         (ranges_table["gpu_end_ns"] - ranges_table["gpu_start_ns"]).astype("float64")
         if is_gpu else (ranges_table["end_ns"] - ranges_table["start_ns"]).astype("float64")
@@ -154,6 +156,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     breakdown = breakdown_src.reindex(columns=BREAKDOWN_COLUMNS)
     tables = {"kernels": kernels, "ranges": ranges_table, "layers": layers, "heads": heads, "attention_breakdown": breakdown}
     for name, table in tables.items():
+        labels.plain(table)  # in-process recordings are small: users get plain strings
         table.insert(0, "run_id", run_id)
     return tables
 
@@ -173,45 +176,6 @@ def _with_shapes(ranges_table: pd.DataFrame, calls, implementation: str) -> pd.D
     return ranges_table
 
 
-def _label_ranges(ranges: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Phase, layer, head and level (phase/layer/head/other) of each range, and its step."""
-    parsed = [parse_path(p) for p in ranges["path"]]
-    out = ranges.copy()
-    out["phase"] = [p.phase for p in parsed]
-    out["layer_name"] = [p.layer_name for p in parsed]
-    out["layer"] = pd.array([p.layer for p in parsed], dtype="Int64")
-    out["head"] = pd.array([p.head for p in parsed], dtype="Int64")
-    name = out["name"].astype(object)  # names may be Arrow-backed (nsys) and null
-    level = np.where(
-        _true(name == out["phase"]), "phase",
-        np.where(_true(name == out["layer_name"]), "layer",
-                 np.where(_true(out["head"].notna() & name.str.startswith("head.")), "head", "other")),
-    )
-    # a range directly under a phase that the naming scheme does not know is a
-    # manual layer name (tag_attention(layer="my_block"))
-    parent_is_phase = out["parent_range_id"].map(dict(zip(out["range_id"], name.isin(["fwd", "bwd", "recompute"])))).fillna(False)
-    manual = (level == "other") & parent_is_phase.to_numpy(dtype=bool)
-    out.loc[manual, "layer_name"] = out.loc[manual, "name"]
-    level = np.where(manual, "layer", level)
-    out["level"] = level
-    out["step"] = _step_of(out["start_ns"].to_numpy(), steps)
-    return out
-
-
-def _true(mask) -> np.ndarray:
-    """A boolean mask with missing values as False."""
-    return pd.Series(mask).fillna(False).to_numpy(dtype=bool)
-
-
-def _step_index(name: str | None) -> int | None:
-    if name and name.startswith("step."):
-        try:
-            return int(name[5:])
-        except ValueError:
-            return None
-    return None
-
-
 def _top_level_op_time(cpu: pd.DataFrame, inner: np.ndarray, ranges: pd.DataFrame) -> np.ndarray:
     """Per range id: summed duration of the operators inside it that are not
     nested in another operator inside it (so nested aten calls count once).
@@ -225,7 +189,7 @@ def _top_level_op_time(cpu: pd.DataFrame, inner: np.ndarray, ranges: pd.DataFram
     if not len(cpu) or not n:
         return total
     op_rows = cpu.reset_index(drop=True).assign(domain="op", _row=np.arange(len(cpu)))
-    nested = attribution.nest_ranges(op_rows[["pid", "tid", "domain", "name", "start_ns", "end_ns", "_row"]])
+    nested = attribution.nest_ranges(op_rows[["pid", "tid", "domain", "name", "start_ns", "end_ns", "_row"]], with_paths=False)
     rows = nested["_row"].to_numpy()
     parent_nested = nested["parent_range_id"].to_numpy()
     parent_row = np.full(len(op_rows), -1, dtype=np.int64)
@@ -240,28 +204,11 @@ def _top_level_op_time(cpu: pd.DataFrame, inner: np.ndarray, ranges: pd.DataFram
     return total
 
 
-def _step_of(times: np.ndarray, steps: pd.DataFrame) -> pd.arrays.IntegerArray:
-    """Step index (from ``step.N`` ranges) whose time span contains each time.
-
-    Steps are matched by time, not thread: backward work on GPU runs on
-    autograd's device thread, outside the main thread's step range.
-    """
-    result = np.full(len(times), -1, dtype=np.int64)
-    if len(steps) and len(times):
-        order = steps.sort_values("start_ns")
-        starts = order["start_ns"].to_numpy()
-        ends = order["end_ns"].to_numpy()
-        index = np.array([_step_index(n) if _step_index(n) is not None else -1 for n in order["name"]], dtype=np.int64)
-        pos = np.searchsorted(starts, times, side="right") - 1
-        ok = (pos >= 0) & (times <= ends[np.maximum(pos, 0)])
-        result = np.where(ok, index[np.maximum(pos, 0)], -1)
-    return pd.array([v if v >= 0 else None for v in result.tolist()], dtype="Int64")
-
-
 def _gpu_rows(work: pd.DataFrame, inner: np.ndarray) -> pd.DataFrame:
     """GPU operations as kernels-table rows: named by their launching process and thread."""
     g = work.reset_index(drop=True).copy()
-    g["device"] = "cuda:" + g["device"].astype(str)
+    device = pd.Categorical(g["device"])  # a few GPUs for a million operations: named once each
+    g["device"] = device.rename_categories([f"cuda:{int(d)}" for d in device.categories])
     g["range_id"] = inner
     g["pid"] = g["launch_pid"].fillna(g["pid"])
     g["tid"] = g["launch_tid"]
@@ -285,14 +232,9 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
         k["launch_latency_ns"] = (k["start_ns"] - k["api_start_ns"]).astype("Float64")
         k["cpu_launch_cost_ns"] = (k["api_end_ns"] - k["api_start_ns"]).astype("Float64")
         step_time = k["api_start_ns"].fillna(k["start_ns"])
-    paths = dict(zip(ranges["range_id"], ranges["path"]))
-    k["nvtx_path"] = [paths.get(r) for r in k["range_id"]]
-    parsed = [parse_path(p) if isinstance(p, str) else None for p in k["nvtx_path"]]
-    k["phase"] = [p.phase if p else None for p in parsed]
-    k["layer_name"] = [p.layer_name if p else None for p in parsed]
-    k["layer"] = pd.array([p.layer if p else None for p in parsed], dtype="Int64")
-    k["head"] = pd.array([p.head if p else None for p in parsed], dtype="Int64")
-    k["step"] = _step_of(step_time.to_numpy(np.int64), steps)
+    for col, values in labels.label_ops(k["range_id"].to_numpy(np.int64), ranges).items():
+        k[col] = values
+    k["step"] = labels.step_of(step_time.to_numpy(np.int64), steps)
     k["range_id"] = k["range_id"].where(k["range_id"] >= 0).astype("Int64")
     return k
 
@@ -420,7 +362,23 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
 
 def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: str = "unknown",
                      device: dict | None = None) -> dict[str, pd.DataFrame]:
-    """Build headcount's tables from an nsys export (:func:`headcount.parsers.nsys_sqlite.read_export`).
+    """Build headcount's tables from an nsys export held in memory
+    (:func:`headcount.parsers.nsys_sqlite.read_export`): :func:`nsys_pieces`
+    of the one timeline, gathered into whole tables with their ``run_id``."""
+    tables: dict[str, list[pd.DataFrame]] = {}
+    for name, frame in nsys_pieces([export], calls=calls, implementation=implementation, device=device,
+                                   devices=export.devices, gpu_metrics=export.gpu_metrics):
+        tables.setdefault(name, []).append(frame)
+    whole = {name: frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True) for name, frames in tables.items()}
+    for table in whole.values():
+        labels.plain(table)  # held in memory by the caller (headcount run, the tests): plain strings
+        table.insert(0, "run_id", run_id)
+    return whole
+
+
+def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: dict | None = None,
+                devices: pd.DataFrame | None = None, gpu_metrics: pd.DataFrame | None = None):
+    """Headcount's tables from an nsys export, one process at a time.
 
     Ranges are projected onto the GPU exactly as nsys's ``nvtx_gpu_proj_trace``
     (all domains of a thread nest together). Ranges named by headcount's
@@ -430,44 +388,64 @@ def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: 
     :func:`headcount.reports.query.range_summary`). Without the tagger's call log (``calls``: given by
     ``headcount run``, absent for a parsed file) analytic FLOPs and bytes are null.
     ``roofline_class`` uses ``device``, else the GPU the export describes.
+
+    Args:
+        parts: :class:`~headcount.tables.Timeline` s, one per process (NVTX
+            ranges, launches and GPU work never cross processes, so each part
+            is attributed alone and memory follows the largest process).
+        devices, gpu_metrics: the export's GPUs and GPU-metrics samples (whole file).
+
+    Yields:
+        ``(table name, DataFrame)``: ``ranges`` and ``kernels`` once per part,
+        then ``layers`` and ``heads`` (from every part's attention ranges).
     """
-    projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu)
-    steps = projected[projected["domain"] == STEP_DOMAIN]
-    ranges_table = _label_ranges(projected, steps)
-    ours = (ranges_table["domain"] == DOMAIN).to_numpy()
+    attention, used = [], set()
+    for export in parts:
+        ranges_table, kernels = _nsys_process(export, calls, implementation, devices, gpu_metrics)
+        attention.append(ranges_table[(ranges_table["level"] != "other").to_numpy()].astype({"level": object}))
+        if len(export.gpu):
+            used.update(int(d) for d in export.gpu["device"].dropna().unique())
+        yield "ranges", ranges_table
+        yield "kernels", kernels
+    ranges_table = pd.concat(attention, ignore_index=True) if len(attention) > 1 else attention[0]
     for col in ("phase", "layer_name"):
-        ranges_table.loc[~ours, col] = None
-    ranges_table.loc[~ours, ["layer", "head"]] = pd.NA
-    ranges_table.loc[~ours, "level"] = "other"
+        ranges_table[col] = ranges_table[col].astype(object)
+    layers = aggregate.layers_table(ranges_table)
+    heads = aggregate.heads_table(ranges_table, layers)
+    # the GPU the work ran on: the program's (headcount run), else the one the export describes
+    add_roofline({"layers": layers, "heads": heads}, device or nsys_sqlite.describe_device(devices, sorted(used)), calls)
+    yield "layers", layers
+    yield "heads", heads
+
+
+def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_metrics) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One process's ranges and kernels tables (see :func:`nsys_pieces`)."""
+    projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu)
+    steps = projected[(projected["domain"] == STEP_DOMAIN).to_numpy(dtype=bool, na_value=False)]
+    ranges_table = labels.label_ranges(projected, steps, ours=(projected["domain"] == DOMAIN).to_numpy(dtype=bool, na_value=False))
     if len(work):
         ranges_table["duration_ns"] = (ranges_table["gpu_end_ns"] - ranges_table["gpu_start_ns"]).astype("float64")
-        ranges_table["duration_basis"] = "gpu_projected"
+        basis = "gpu_projected"
     else:  # a capture with no GPU work at all (a CPU-only program): the ranges' own time
         ranges_table["duration_ns"] = (ranges_table["end_ns"] - ranges_table["start_ns"]).astype("float64")
-        ranges_table["duration_basis"] = "cpu_range"
+        basis = "cpu_range"
+    n = len(ranges_table)
+    ranges_table["duration_basis"] = pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[basis])
     ranges_table["op_count"] = ranges_table["gpu_op_count"]
     if calls is not None and len(calls):
         ranges_table["implementation"] = None
         ranges_table = _with_shapes(ranges_table, calls, implementation)
     else:
-        ranges_table["implementation"] = implementation
+        ranges_table["implementation"] = pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[implementation])
         for col in ("flop", "analytic_min_bytes"):
-            ranges_table[col] = np.nan
-        ranges_table["kv_head"] = pd.array([pd.NA] * len(ranges_table), dtype="Int64")  # GQA mapping needs the call log
-
-    layers = aggregate.layers_table(ranges_table)
-    heads = aggregate.heads_table(ranges_table, layers)
+            ranges_table[col] = np.full(n, np.nan)
+        ranges_table["kv_head"] = pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, dtype=bool))  # GQA mapping needs the call log
     if len(work):  # with the limits of the GPU each kernel ran on, as the recording describes it
-        work = work.assign(theoretical_occupancy_pct=occupancy.device_occupancy(work, export.devices).to_numpy())
+        work = work.assign(theoretical_occupancy_pct=occupancy.device_occupancy(work, devices).to_numpy())
     k = _kernels_table([_gpu_rows(work, work["range_id"].to_numpy())], projected, steps, "nsys", implementation)
-    samples = export.gpu_metrics
-    if samples is not None and len(samples):
-        k = sampling.apportion(k, samples)
-    tables = {"kernels": k, "ranges": ranges_table, "layers": layers, "heads": heads}
-    for table in tables.values():
-        table.insert(0, "run_id", run_id)
-    # the GPU the work ran on: the program's (headcount run), else the one the export describes
-    return add_roofline(tables, device or nsys_sqlite.run_device(export), calls)
+    if gpu_metrics is not None and len(gpu_metrics):
+        k = sampling.apportion(k, gpu_metrics)
+    return ranges_table, k
 
 
 def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: dict | None = None) -> dict[str, pd.DataFrame]:
@@ -544,8 +522,10 @@ class Parsed:
         tables: ``kernels``, ``ranges``, ``layers``, ``heads`` (and whatever else the build gives).
         device: the recording's device (``None``: the file does not say).
         version: the recording tool's version, where the file says.
-        lines: one-line facts for the progress output.
+        lines: one-line facts for the progress output (complete once :meth:`pieces` is consumed).
         notices: what the reader should know (printed as notices, kept in the metadata).
+        stream: instead of ``tables``, the tables in pieces (``(name, DataFrame)``),
+            built while they are consumed (large recordings, one process at a time).
     """
 
     tables: dict[str, pd.DataFrame]
@@ -553,28 +533,59 @@ class Parsed:
     version: str | None = None
     lines: list[str] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
+    stream: Iterator[tuple[str, pd.DataFrame]] | None = None
+
+    def pieces(self) -> Iterator[tuple[str, pd.DataFrame]]:
+        """``(table name, rows)`` to write, in order; consumed once."""
+        if self.stream is not None:
+            yield from self.stream
+        else:
+            yield from self.tables.items()
 
 
-def _nsys_file(path: Path, run_id: str, options: dict, read) -> Parsed:
-    export = read(path)
-    tables = tables_from_nsys(export, run_id)
-    device = nsys_sqlite.run_device(export)
-    lines = [f"{path}: {len(tables['kernels'])} GPU operations, {len(tables['ranges'])} NVTX ranges"]
-    if not (tables["ranges"]["gpu_op_count"] > 0).any():
-        lines.insert(0, f"{path}: no GPU operation was launched inside an NVTX range")
-    return Parsed(tables, device, export.meta.get("EXPORT_PRODUCT_VERSION"), lines)
+def _nsys_file(path: Path, export: AbstractContextManager) -> Parsed:
+    """An nsys export (``export`` yields its path, and cleans up when the pieces are consumed)."""
+    stack = ExitStack()
+    try:
+        sqlite = stack.enter_context(export)
+        plan = nsys_sqlite.plan_export(sqlite)
+    except BaseException:
+        stack.close()
+        raise
+    if plan.empty:
+        stack.close()
+        raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
+    parsed = Parsed({}, nsys_sqlite.describe_device(plan.devices, plan.gpu_devices), plan.meta.get("EXPORT_PRODUCT_VERSION"))
+    parsed.stream = _nsys_stream(path, sqlite, plan, parsed.lines, stack)
+    return parsed
+
+
+def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitStack):
+    counts = {"kernels": 0, "ranges": 0, "attributed": 0}
+    with stack:
+        if plan.processes is None:  # one read, then one process at a time
+            parts = nsys_sqlite.by_process(nsys_sqlite.read_export(sqlite, plan=plan))
+        else:  # a large export: one read per process
+            parts = (nsys_sqlite.read_export(sqlite, process=p, plan=plan) for p in plan.processes)
+        for name, frame in nsys_pieces(parts, devices=plan.devices, gpu_metrics=plan.gpu_metrics):
+            if name in counts:
+                counts[name] += len(frame)
+            if name == "ranges":
+                counts["attributed"] += int((frame["gpu_op_count"] > 0).sum())
+            yield name, frame
+    if not counts["attributed"]:
+        lines.append(f"{path}: no GPU operation was launched inside an NVTX range")
+    lines.append(f"{path}: {counts['kernels']} GPU operations, {counts['ranges']} NVTX ranges")
 
 
 def from_nsys_export(path: Path, run_id: str, options: dict) -> Parsed:
-    from headcount.parsers.nsys_sqlite import read_export
-
-    return _nsys_file(path, run_id, options, read_export)
+    return _nsys_file(path, nullcontext(path))
 
 
 def from_nsys_rep(path: Path, run_id: str, options: dict) -> Parsed:
-    from headcount.parsers.nsys_rep import read_report
+    from headcount.parsers.nsys_rep import exported
 
-    return _nsys_file(path, run_id, options, read_report)
+    return _nsys_file(path, exported(path))
 
 
 def _ncu_file(path: Path, run_id: str, options: dict, read) -> Parsed:

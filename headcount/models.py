@@ -12,16 +12,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from headcount.errors import HeadcountError
 
 DEFAULT_MODEL = "default"
 
 IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+# the --dtype spellings → torch dtype names (looked up on torch when a model is loaded)
+DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+          "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -151,6 +150,8 @@ def check_options(choice: ModelChoice, implementations, seq: int, device) -> Non
         if impl not in IMPLEMENTATIONS:
             raise HeadcountError(f"--impl {impl}: unknown attention implementation", hint=f"choose from {', '.join(IMPLEMENTATIONS)}")
         if impl.startswith("flash_attention"):
+            import torch
+
             if torch.device(device).type != "cuda":
                 raise HeadcountError(f"--impl {impl} runs on a CUDA GPU only and --device is {device}",
                                      hint="use --impl eager,sdpa,flex_attention here, or --device cuda on a GPU machine")
@@ -183,7 +184,9 @@ def load_model(spec: "str | ModelChoice | None", dtype: str = "float32", seed: i
     """
     if dtype not in DTYPES:
         raise HeadcountError(f"unknown dtype {dtype!r}", hint=f"choose one of {', '.join(sorted(set(DTYPES)))}")
-    torch_dtype = DTYPES[dtype]
+    import torch
+
+    torch_dtype = getattr(torch, DTYPES[dtype])
     choice = spec if isinstance(spec, ModelChoice) else choose_model(spec)
     torch.manual_seed(seed)
     description = choice.description
@@ -230,6 +233,8 @@ def make_inputs(model, batch: int, seq: int, seed: int = 0) -> dict:
     if max_pos and seq > max_pos:
         raise HeadcountError(f"--seq {seq} exceeds the model's {max_pos} positions", hint=f"use --seq {max_pos} or less")
     device = next(model.parameters()).device
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
     inputs = {"input_ids": ids, "labels": ids.clone()}

@@ -96,15 +96,15 @@ def test_crash_mid_write_leaves_the_previous_report(tmp_path, two_profiles, monk
     two_profiles[0].save(out)
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
     calls = {"n": 0}
-    real = pq.write_table
+    real = pq.ParquetWriter.write_table
 
-    def failing(table, where, *a, **k):
+    def failing(self, table, *a, **k):
         calls["n"] += 1
         if calls["n"] == 3:
             raise OSError(28, "No space left on device")
-        return real(table, where, *a, **k)
+        return real(self, table, *a, **k)
 
-    monkeypatch.setattr(pq, "write_table", failing)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", failing)
     with pytest.raises(HeadcountError, match="No space left"):
         two_profiles[1].save(out, append=True)
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before

@@ -49,12 +49,7 @@ def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS, with_paths: 
     if improper.any():  # ranges that overlap without nesting: nsys's tightest-container rule
         parent, depth = _nest_by_tightest(group_ids, starts, ends, parent, improper)
     if with_paths:
-        names = out["name"].to_numpy(dtype=object)
-        paths = names.copy()
-        for d in range(1, int(depth.max()) + 1 if n else 0):
-            rows = np.flatnonzero(depth == d)
-            paths[rows] = paths[parent[rows]] + "/" + names[rows]
-        out["path"] = paths
+        out["path"] = path_categories(out["name"], parent, depth)
     if "range_id" not in out.columns:
         out["range_id"] = np.arange(n, dtype=np.int64)
     ids = out["range_id"].to_numpy(dtype=np.int64)
@@ -62,6 +57,41 @@ def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS, with_paths: 
     out["depth"] = depth
     out["nested"] = ~improper[group_ids] if n else np.zeros(0, dtype=bool)  # False: group with partial overlaps
     return out
+
+
+def path_categories(names: pd.Series, parent: np.ndarray, depth: np.ndarray) -> pd.Categorical:
+    """Each range's path (names joined with ``/``, outermost first) as a
+    Categorical: a path is numbered by (its parent's path number, its own
+    name's code), level by level, so only the distinct paths (hundreds, where
+    ranges are millions) ever become strings.
+
+    Args:
+        names: range names (null names count as empty).
+        parent: row of each range's parent (-1: none); depth: 0 = outermost.
+    """
+    n = len(names)
+    if n == 0:
+        return pd.Categorical([], categories=pd.Index([], dtype=object))
+    name_codes, name_values = pd.factorize(names.array if hasattr(names, "array") else names)
+    name_codes = name_codes.astype(np.int64)
+    width = len(name_values) + 1
+    path = np.full(n, -1, dtype=np.int64)
+    parent_path, path_name = [], []
+    for d in range(int(depth.max()) + 1):
+        rows = np.flatnonzero(depth == d)
+        above = path[parent[rows]] if d else np.full(len(rows), -1, dtype=np.int64)
+        keys, inverse = np.unique((above + 1) * width + (name_codes[rows] + 1), return_inverse=True)
+        path[rows] = len(parent_path) + inverse.reshape(-1)
+        parent_path.extend((keys // width - 1).tolist())
+        path_name.extend((keys % width - 1).tolist())
+    labels = [str(v) for v in name_values]
+    strings: list[str] = []
+    for up, name in zip(parent_path, path_name):
+        own = labels[name] if name >= 0 else ""
+        strings.append(own if up < 0 else strings[up] + "/" + own)
+    # two (parent, name) pairs can spell one string (a name holding '/'): one category each
+    codes, categories = pd.factorize(np.array(strings, dtype=object))
+    return pd.Categorical.from_codes(codes[path], categories=pd.Index(categories, dtype=object))
 
 
 def _nest_by_counting(group_ids, starts, ends):

@@ -2,8 +2,9 @@
 
 The formats are those of :data:`headcount.sources.FILE_SOURCES` (nsys SQLite
 and parquetdir exports, ``.nsys-rep``, ncu CSV and ``.ncu-rep``, torch.profiler
-traces). Every file is read and attributed before anything is written; each
-file becomes one run of the report.
+traces). Each file becomes one run of the report, staged on its own (in parallel
+with ``--jobs``, or on Ray) and committed together with the others: a
+failure writes nothing, unless ``--keep-going``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from headcount import sources
-from headcount.errors import notice
+from headcount import batch, sources
+from headcount.errors import HeadcountError, notice
 from headcount.reports import dataset
-from headcount.reports.metadata import new_run_id, run_metadata, runs_row
+from headcount.reports.metadata import new_run_id
 
 EXAMPLES = """\
 examples:
@@ -26,7 +27,8 @@ examples:
   headcount parse run.nsys-rep -o report/        exported with the nsys on PATH ($HEADCOUNT_NSYS to choose one)
   headcount parse kernels.ncu-rep -o report/      per-kernel counters, read with ncu_report
   ncu --import kernels.ncu-rep --csv --page raw --print-units base > raw.csv && headcount parse raw.csv -o report/
-  headcount parse rank0.sqlite rank1.sqlite -o report/ --append
+  headcount parse rank*.sqlite -o report/ --jobs 4        one run per rank, four files at a time
+  headcount parse /shared/rank*.sqlite -o /shared/report --executor ray   one Ray task per file ($RAY_ADDRESS)
   headcount parse trace.json.gz -o report/       a torch.profiler trace (headcount's ranges, or nn.Module ranges + SDPA shapes)
 """
 
@@ -36,12 +38,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "parse", help="turn existing profiles (nsys, ncu) into the Parquet report",
         description=f"Read existing profiles into headcount's tables, attributing each GPU operation to the NVTX ranges "
-        f"that launched it (the rule of nsys's nvtx_gpu_proj_trace). Supported: {sources.supported()}.",
+        f"that launched it (the rule of nsys's nvtx_gpu_proj_trace). Each file becomes one run; all are written "
+        f"together, or none. Supported: {sources.supported()}.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("files", nargs="+", help="profile files")
     p.add_argument("-o", "--out", required=True, help="output directory")
     p.add_argument("--locale", default=None, help="locale of the machine that exported an ncu CSV (C, en_US, de_DE, …); inferred when omitted")
+    p.add_argument("--jobs", "-j", type=int, default=None,
+                   help="files parsed at once, in separate processes (default: one per core, as many as memory holds at 2 GiB each)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="ray: one task per file on the Ray cluster at $RAY_ADDRESS (else a local Ray); -o must be shared storage")
+    p.add_argument("--keep-going", action="store_true", help="write the files that parsed even if others failed (exit status still 1)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--append", action="store_true", help="add to an existing report")
     group.add_argument("--force", action="store_true", help="replace an existing report")
@@ -51,26 +59,64 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     console = Console(stderr=True)
-    dataset.check_output(args.out, append=args.append, force=args.force)
-    parsed = []
-    for name in args.files:
+    if args.jobs is not None and args.jobs < 1:
+        raise HeadcountError(f"--jobs {args.jobs}: must be 1 or more", hint="e.g. --jobs 4")
+    out = dataset.check_output(args.out, append=args.append, force=args.force)
+    created = not out.exists()
+    for name in args.files:  # every input is checked before any work starts
         path = Path(name)
-        source = sources.for_path(path)
-        run_id = new_run_id()
-        with console.status(f"reading {path}…"):
-            result = source.parse(path, run_id, {"locale": args.locale})
+        if not path.exists():
+            raise HeadcountError(f"{path}: no such file", hint="check the path")
+        sources.for_path(path)
+    files = [(name, new_run_id()) for name in args.files]
+    jobs = args.jobs or batch.default_jobs(len(files))
+    finished = []
+
+    def done(result: batch.FileResult) -> None:
+        finished.append(result)
         for line in result.notices:
-            notice(f"{path}: {line}")
-        # the device and program versions the recording names (null where it does not), never this machine's
-        meta = run_metadata(run_id, source.name, result.version, "parse",
-                            {"input": str(path), "implementation": "unknown", "notices": result.notices},
-                            device=result.device or {"kind": "cuda", "name": None}, program={})
-        tables = {k: v for k, v in result.tables.items() if k in ("kernels", "ranges", "layers", "heads")}
-        tables["runs"] = runs_row(meta)
+            notice(f"{result.path}: {line}")
         for line in result.lines:
             console.print(line, soft_wrap=True)
-        parsed.append((run_id, tables, meta))
-    for i, (run_id, tables, meta) in enumerate(parsed):
-        dataset.write_run(args.out, run_id, tables, meta, append=args.append or i > 0, force=args.force and i == 0)
-    Console().print(f"Report: {args.out}/ ({len(parsed)} run{'s' if len(parsed) > 1 else ''})")
+        if len(files) > 1:
+            state = "failed" if result.error else "staged"
+            console.print(f"[{len(finished)}/{len(files)}] {result.path}: {state}", soft_wrap=True, highlight=False)
+
+    how = f"{len(files)} files, {jobs} at a time" if len(files) > 1 and args.executor == "local" and jobs > 1 else \
+        f"{len(files)} files on Ray" if args.executor == "ray" else f"{args.files[0]}" if len(files) == 1 else f"{len(files)} files"
+    try:
+        with console.status(f"reading {how}…"):
+            results = batch.run_files(files, str(out), {"locale": args.locale}, jobs=jobs, executor=args.executor, done=done)
+    except BaseException:
+        _discard(out, files, created)
+        raise
+    failed = [r for r in results if r.error]
+    good = [r.run_id for r in results if not r.error]
+    if failed and not args.keep_going:
+        _discard(out, files, created)
+        first = failed[0]
+        others = f"; {len(failed) - 1} more file(s) failed" if len(failed) > 1 else ""
+        raise HeadcountError(f"{first.error}{others}; nothing was written", hint=first.hint, exit_code=first.exit_code or 2)
+    if good:
+        dataset.commit(out, good, append=args.append, force=args.force)
+        Console().print(f"Report: {args.out}/ ({len(good)} run{'s' if len(good) > 1 else ''})")
+    for r in failed:
+        Console(stderr=True).print(f"headcount: error: {r.error}" + (f" ({r.hint})" if r.hint else ""), soft_wrap=True, highlight=False)
+    if failed:
+        Console(stderr=True).print(f"headcount: {len(failed)} of {len(files)} files failed; "
+                                   f"{'the others were written' if good else 'nothing was written'}", highlight=False)
+        return 1
     return 0
+
+
+def _discard(out: Path, files, created: bool) -> None:
+    """Remove the staged runs (and ``out`` itself when this command created it)."""
+    import shutil
+
+    for _, run_id in files:
+        shutil.rmtree(out / f".staging-{run_id}", ignore_errors=True)
+    if created:
+        try:
+            out.rmdir()
+        except OSError:
+            pass

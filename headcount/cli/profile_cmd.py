@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from headcount import env, sources
-from headcount.api import AttentionProfiler, resolve_backend
 from headcount.collector import cupti_source
 from headcount.errors import HeadcountError
 from headcount.models import DTYPES, IMPLEMENTATIONS, check_options, choose_model, config_dict, load_model, make_inputs, set_implementation
@@ -125,6 +124,8 @@ def _warm_up(model, inputs, backward: bool, impl: str) -> None:
 
 
 def run(args) -> int:
+    from headcount.api import AttentionProfiler, resolve_backend  # torch: imported only when a model is profiled
+
     console = Console(stderr=True)
     impls, choice, device = _validate(args)
     if device.type == "cpu" and args.backend == "auto":  # CUPTI would see no work of a model on the CPU

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from headcount.collector import nvidia_tools
@@ -16,8 +17,10 @@ from headcount.errors import HeadcountError
 from headcount.parsers.nsys_sqlite import read_export
 
 
-def read_report(path: str | Path, timeout_s: int = 1800) -> dict:
-    """Export ``path`` to SQLite in a temporary directory and read it.
+@contextmanager
+def exported(path: str | Path, timeout_s: int = 1800):
+    """Export ``path`` to SQLite in a temporary directory; yields the SQLite file's path
+    (removed on exit).
 
     Raises:
         HeadcountError: no nsys (exit 3), the file is missing, or nsys cannot
@@ -42,4 +45,15 @@ def read_report(path: str | Path, timeout_s: int = 1800) -> dict:
                 f"{path}: nsys could not export the report ({detail})",
                 hint="a report from a newer nsys needs that nsys: export it to SQLite where it was recorded",
             )
+        yield out
+
+
+def read_report(path: str | Path, timeout_s: int = 1800):
+    """Export ``path`` to SQLite (:func:`exported`) and read it whole
+    (:func:`~headcount.parsers.nsys_sqlite.read_export`).
+
+    Raises:
+        HeadcountError: see :func:`exported` and :func:`~headcount.parsers.nsys_sqlite.read_export`.
+    """
+    with exported(path, timeout_s) as out:
         return read_export(out)

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from pandas.api.types import union_categoricals
 
 from headcount.errors import HeadcountError
 from headcount.tables import Timeline
@@ -77,16 +79,14 @@ class _SqliteSource:
     def rows(self, sql: str) -> list[tuple]:
         return self.con.execute(sql).fetchall()
 
-    def arrow(self, sql: str) -> pa.Table:
-        try:
-            import adbc_driver_sqlite.dbapi as adbc
-        except ImportError:  # pragma: no cover - adbc-driver-sqlite is a dependency
-            cur = self.con.execute(sql)
-            names = [d[0] for d in cur.description]
-            return pa.Table.from_pandas(pd.DataFrame(cur.fetchall(), columns=names), preserve_index=False)
+    def batches(self, sql: str):
+        """The result as Arrow record batches, read as they are consumed."""
+        import adbc_driver_sqlite.dbapi as adbc
+
         with adbc.connect(f"file:{self.path.absolute()}?mode=ro") as con, con.cursor() as cur:
+            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})  # the driver's default: 1024
             cur.execute(sql)
-            return cur.fetch_arrow_table()
+            yield from cur.fetch_record_batch()
 
     def close(self) -> None:
         self.con.close()
@@ -134,8 +134,8 @@ class _ParquetDirSource:
     def rows(self, sql: str) -> list[tuple]:
         return self.con.execute(sql).fetchall()
 
-    def arrow(self, sql: str) -> pa.Table:
-        return self.con.cursor().sql(sql).to_arrow_table()
+    def batches(self, sql: str):
+        yield from self.con.cursor().sql(sql).to_arrow_reader(BATCH_ROWS)
 
     def close(self) -> None:
         self.con.close()
@@ -166,29 +166,70 @@ def _query(src, sql: str | list[str], types: dict[str, str]) -> pd.DataFrame:
     try:
         if len(selects) > 1:
             with ThreadPoolExecutor(max_workers=2) as pool:
-                table = pa.concat_tables(list(pool.map(src.arrow, selects)))
+                parts = list(pool.map(lambda one: _compact(src.batches(one), types), selects))
         else:
-            table = src.arrow(selects[0])
+            parts = [_compact(src.batches(selects[0]), types)]
     except Exception as exc:  # noqa: BLE001 - sqlite3, ADBC and DuckDB raise different types for a damaged file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HeadcountError(f"{src.path}: damaged or truncated export ({first})", hint="export the report again") from exc
     columns = {}
     for col, kind in types.items():
-        values = table.column(col)
         if kind == "text":
-            # stays Arrow-backed: millions of names never become Python strings
-            values = values.cast(pa.string())  # an empty result can come back typed as integers
-            values = pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
-            columns[col] = pd.arrays.ArrowExtensionArray(values)
+            # one dictionary for all parts: the first part's, extended by the others' new strings
+            words: dict[str, int] = {}
+            codes = []
+            for part in parts:
+                own, local = part[col]
+                remap = np.array([words.setdefault(w, len(words)) for w in local] + [-1], dtype=np.int64)
+                codes.append(remap[own])  # own == -1 picks the trailing -1
+            codes = np.concatenate(codes) if codes else np.zeros(0, np.int64)
+            empty = words.get("")  # '' stands for NULL (see above)
+            if empty is not None:
+                codes = np.where(codes == empty, -1, codes)
+            columns[col] = pd.Categorical.from_codes(codes, categories=pd.Index(list(words), dtype=object))
             continue
-        values = values.to_numpy().astype(np.int64, copy=False)
+        values = np.concatenate([part[col] for part in parts]) if parts else np.zeros(0, np.int64)
         if kind == "int":
             null = values == NULL_INT
             if null.any():
-                columns[col] = pd.array(values, dtype="Int64").copy()
-                columns[col][null] = pd.NA
+                columns[col] = pd.arrays.IntegerArray(np.where(null, 0, values), null)
                 continue
         columns[col] = values
+    return pd.DataFrame(columns)
+
+
+BATCH_ROWS = 262_144  # rows per Arrow batch from the database: what is held in Arrow form at a time
+
+
+def _compact(batches, types: dict[str, str]) -> dict:
+    """Record batches → per column an int64 array (``int``), or ``(codes, words)``
+    (``text``: dictionary-encoded batch by batch; codes index ``words``, -1 for null)."""
+    ints = {col: [] for col, kind in types.items() if kind != "text"}
+    texts = {col: ([], {}) for col, kind in types.items() if kind == "text"}
+    for batch in batches:
+        for col in ints:
+            ints[col].append(batch.column(col).to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+        for col, (codes, words) in texts.items():
+            encoded = pc.dictionary_encode(batch.column(col).cast(pa.string()))  # an empty batch can come typed as integers
+            remap = np.array([words.setdefault(w, len(words)) for w in encoded.dictionary.to_pylist()] + [-1], dtype=np.int64)
+            codes.append(remap[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)])
+    out = {col: np.concatenate(parts) if parts else np.zeros(0, np.int64) for col, parts in ints.items()}
+    for col, (codes, words) in texts.items():
+        out[col] = (np.concatenate(codes) if codes else np.zeros(0, np.int64), list(words))
+    return out
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Row-wise concatenation that keeps categorical columns categorical (their categories united)."""
+    if len(frames) == 1:
+        return frames[0].reset_index(drop=True)
+    columns = {}
+    for col in frames[0].columns:
+        parts = [f[col] for f in frames]
+        if all(isinstance(p.dtype, pd.CategoricalDtype) for p in parts):
+            columns[col] = union_categoricals([p.array for p in parts])
+        else:
+            columns[col] = pd.concat(parts, ignore_index=True)
     return pd.DataFrame(columns)
 
 
@@ -203,7 +244,8 @@ SPLIT_ROWS = 100_000  # tables larger than this are read in two halves, on two t
 
 def _halves(src, table: str, id_col: str) -> list[str]:
     """Two WHERE conditions on ``id_col`` (the table's rowid) splitting it in half."""
-    lo, hi = src.rows(f"SELECT min(rowid), max(rowid) FROM {table}")[0]
+    # two queries: SQLite answers a lone min() or max() of the rowid from the b-tree, both together by a scan
+    lo, hi = src.rows(f"SELECT min(rowid) FROM {table}")[0][0], src.rows(f"SELECT max(rowid) FROM {table}")[0][0]
     if lo is None or hi - lo < SPLIT_ROWS:
         return []
     mid = (lo + hi) // 2
@@ -213,8 +255,8 @@ def _halves(src, table: str, id_col: str) -> list[str]:
 def _ids_as_text(ids: np.ndarray) -> pd.Categorical:
     """Process/thread ids as text (the tables' type for them), built once per
     distinct id: a handful of threads carry millions of rows."""
-    unique, codes = np.unique(ids, return_inverse=True)
-    return pd.Categorical.from_codes(codes, categories=unique.astype(str).tolist())
+    codes, unique = pd.factorize(ids, sort=True)
+    return pd.Categorical.from_codes(codes, categories=pd.Index(unique.astype(str).tolist(), dtype=object))
 
 
 def _split_tid(global_tid: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -222,8 +264,138 @@ def _split_tid(global_tid: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return (g >> 24) & 0xFFFFFF, g & 0xFFFFFF
 
 
-def read_export(path: str | Path) -> Timeline:
-    """Read an nsys SQLite export (a file) or ``parquetdir`` export (a directory).
+STREAM_ROWS = 8_000_000  # NVTX rows above which an export is read one process at a time (~0.4 GB read at once below)
+
+
+def _open(path: Path):
+    return _ParquetDirSource(path) if path.is_dir() else _SqliteSource(path)
+
+
+def _pid_of(col: str) -> str:
+    return f"(({col} >> 24) & 16777215)"
+
+
+@dataclass
+class ExportPlan:
+    """What :func:`plan_export` learns from an export before reading it in bulk.
+
+    Attributes:
+        processes: the process ids holding NVTX ranges, launch calls or GPU work, ascending,
+            each to be read on its own; ``None``: read the export in one pass.
+        empty: the export holds no NVTX range, launch call or GPU work at all.
+        nvtx_rows: NVTX range rows per process (listed processes only).
+        last_nvtx_ns: the export's last NVTX timestamp (where ranges left open end, as nsys has it).
+        meta, devices, gpu_metrics: as in :class:`~headcount.tables.Timeline` (whole export).
+        gpu_devices: the device ids that ran GPU work.
+    """
+
+    processes: list[int] | None
+    empty: bool
+    nvtx_rows: dict[int, int]
+    last_nvtx_ns: int | None
+    meta: dict
+    devices: pd.DataFrame
+    gpu_metrics: pd.DataFrame
+    gpu_devices: list[int]
+
+
+def plan_export(path: str | Path) -> ExportPlan:
+    """Read an export's small tables and, when it is large (more than
+    :data:`STREAM_ROWS` NVTX rows), list its processes (one pass over each
+    bulk table) so that it is read one process at a time; a smaller export
+    is read in one pass (``processes`` empty when it holds nothing at all).
+
+    Raises:
+        HeadcountError: as :func:`read_export`.
+    """
+    path = Path(path)
+    src = _open(path)
+    try:
+        tables = src.tables()
+        meta = _read_meta(src, tables)
+        if _size(src, tables) <= STREAM_ROWS:
+            metrics, devices = _read_gpu_metrics(src, tables), _read_devices(src, tables)
+            used = set()
+            for table in GPU_TABLES:
+                if table in tables and "deviceId" in src.columns(table):
+                    used.update(int(d) for (d,) in _rows(src, f"SELECT DISTINCT deviceId FROM {table}") if d is not None)
+            bulk = ("NVTX_EVENTS", *API_TABLES, *GPU_TABLES)
+            anything = any(_rows(src, f"SELECT 1 FROM {t} LIMIT 1") for t in bulk if t in tables)
+            return ExportPlan(None, not anything, {}, None, meta, devices, metrics, sorted(used))
+        nvtx_rows, last, pids = {}, None, set()
+        if "NVTX_EVENTS" in tables:
+            types = ",".join(str(t) for t in RANGE_EVENT_TYPES)
+            rows = _rows(src, f"SELECT {_pid_of('globalTid')} AS pid, count(*), max(start), max(end) FROM NVTX_EVENTS "
+                              f"WHERE eventType IN ({types}) GROUP BY 1")
+            nvtx_rows = {int(p): int(n) for p, n, _, _ in rows if p is not None}
+            stamps = [int(v) for _, _, a, b in rows for v in (a, b) if v is not None]
+            last = max(stamps) if stamps else None
+            pids.update(nvtx_rows)
+        for table in API_TABLES:
+            if table in tables:
+                pids.update(int(p) for (p,) in _rows(src, f"SELECT DISTINCT {_pid_of('globalTid')} FROM {table}") if p is not None)
+        used = set()
+        for table in GPU_TABLES:
+            if table in tables:
+                device = "deviceId" if "deviceId" in src.columns(table) else "NULL"
+                for p, d in _rows(src, f"SELECT DISTINCT {_pid_of('globalPid')}, {device} FROM {table}"):
+                    pids.update([int(p)] if p is not None else [])
+                    used.update([int(d)] if d is not None else [])
+        metrics = _read_gpu_metrics(src, tables)
+        devices = _read_devices(src, tables)
+    finally:
+        src.close()
+    return ExportPlan(sorted(pids), not pids, nvtx_rows, last, meta, devices, metrics, sorted(used))
+
+
+def by_process(export: Timeline):
+    """The export's processes one at a time (NVTX ranges, launches and GPU work
+    never cross processes), each a :class:`~headcount.tables.Timeline` of its rows."""
+    names = ("ranges", "runtime", "gpu")
+    pids = [pd.Categorical(getattr(export, name)["pid"]) for name in names]
+    every = sorted({str(c) for p in pids for c in p.categories})
+    if len(every) <= 1:
+        yield export
+        return
+    for pid in every:
+        parts = {}
+        for name, p in zip(names, pids):
+            frame = getattr(export, name)
+            code = [str(c) for c in p.categories].index(pid) if pid in {str(c) for c in p.categories} else -2
+            parts[name] = frame.iloc[np.flatnonzero(p.codes == code)].reset_index(drop=True)
+        yield Timeline(**parts, gpu_metrics=export.gpu_metrics, meta=export.meta, devices=export.devices)
+
+
+def _size(src, tables) -> int:
+    """NVTX rows of the export, from the largest rowid (no scan)."""
+    if "NVTX_EVENTS" not in tables:
+        return 0
+    return int(_rows(src, "SELECT max(rowid) FROM NVTX_EVENTS")[0][0] or 0)
+
+
+def _rows(src, sql: str) -> list[tuple]:
+    try:
+        return src.rows(sql)
+    except Exception as exc:  # noqa: BLE001 - sqlite3 and DuckDB raise their own types for a damaged file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HeadcountError(f"{src.path}: damaged or truncated export ({first})", hint="export the report again") from exc
+
+
+def _read_meta(src, tables) -> dict:
+    meta = {}
+    for meta_table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+        if meta_table in tables:
+            meta.update(dict(src.rows(f"SELECT name, value FROM {meta_table}")))
+    return meta
+
+
+def read_export(path: str | Path, process: int | None = None, plan: ExportPlan | None = None) -> Timeline:
+    """Read an nsys SQLite export (a file) or ``parquetdir`` export (a directory),
+    or one process of it.
+
+    Args:
+        process: read only this process's ranges, launch calls and GPU work.
+        plan: the export's :func:`plan_export` (its small tables are then not read again).
 
     Returns:
         A :class:`~headcount.tables.Timeline`: ``ranges`` (range_id = NVTX_EVENTS rowid, pid, tid, domain, name,
@@ -233,29 +405,29 @@ def read_export(path: str | Path) -> Timeline:
         device, stream, correlation_id, start_ns, end_ns, grid, block,
         registers_per_thread, shared_memory_bytes), ``gpu_metrics`` (device-wide
         samples: device, metric, timestamp_ns, value; empty without
-        ``--gpu-metrics-devices``), ``meta`` (export metadata).
+        ``--gpu-metrics-devices``), ``meta`` (export metadata). Names and
+        other text are pandas Categoricals.
 
     Raises:
         HeadcountError: not an SQLite file / not a parquetdir export, damaged,
-            or holding neither NVTX ranges nor GPU activity.
+            or (whole export) holding neither NVTX ranges nor GPU activity.
     """
     path = Path(path)
-    src = _ParquetDirSource(path) if path.is_dir() else _SqliteSource(path)
+    src = _open(path)
     try:
         tables = src.tables()
-        meta = {}
-        for meta_table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
-            if meta_table in tables:
-                meta.update(dict(src.rows(f"SELECT name, value FROM {meta_table}")))
         strings = "StringIds" in tables
-        ranges = _read_ranges(src, tables, strings)
-        runtime = _read_runtime(src, tables, strings)
-        gpu = _read_gpu(src, tables, strings)
-        metrics = _read_gpu_metrics(src, tables)
-        devices = _read_devices(src, tables)
+        only = (lambda col: f"{_pid_of(col)} = {int(process)}") if process is not None else None
+        ranges = _read_ranges(src, tables, strings, only, plan.last_nvtx_ns if plan else None)
+        runtime = _read_runtime(src, tables, strings, only)
+        gpu = _read_gpu(src, tables, strings, only)
+        if plan is None:
+            meta, metrics, devices = _read_meta(src, tables), _read_gpu_metrics(src, tables), _read_devices(src, tables)
+        else:
+            meta, metrics, devices = plan.meta, plan.gpu_metrics, plan.devices
     finally:
         src.close()
-    if ranges.empty and gpu.empty:
+    if ranges.empty and gpu.empty and process is None:
         raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     return Timeline(ranges=ranges, runtime=runtime, gpu=gpu, gpu_metrics=metrics, meta=meta, devices=devices)
 
@@ -288,7 +460,7 @@ def _read_devices(src, tables) -> pd.DataFrame:
     return frame.drop_duplicates("device").reset_index(drop=True)[columns]
 
 
-def _read_ranges(src, tables, strings) -> pd.DataFrame:
+def _read_ranges(src, tables, strings, only=None, last_ns: int | None = None) -> pd.DataFrame:
     cols = ["range_id", "pid", "tid", "domain", "name", "style", "start_ns", "end_ns", "end_missing"]
     if "NVTX_EVENTS" not in tables:
         return pd.DataFrame(columns=cols)
@@ -303,7 +475,7 @@ def _read_ranges(src, tables, strings) -> pd.DataFrame:
                e.globalTid AS global_tid, {end_tid} AS end_global_tid, {domain_id} AS domain_id,
                {text_id} AS text_id, e.text AS text
         FROM NVTX_EVENTS e
-        WHERE e.eventType IN ({types})"""
+        WHERE e.eventType IN ({types}){f" AND (e.eventType = {DOMAIN_CREATE} OR {only('e.globalTid')})" if only else ""}"""
     frame = _query(src, [f"{sql} AND {half}" for half in _halves(src, "NVTX_EVENTS", "e.rowid")] or sql, {
         "range_id": "int!", "start_ns": "int!", "end_ns": "int", "event_type": "int!", "global_tid": "int",
         "end_global_tid": "int", "domain_id": "int", "text_id": "int", "text": "text"})
@@ -313,44 +485,61 @@ def _read_ranges(src, tables, strings) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame(columns=cols)
     pid, tid = _split_tid(frame["global_tid"])
-    out = pd.DataFrame({"range_id": frame["range_id"].to_numpy(np.int64), "pid": pid, "tid": tid})
-    # domains are per process: (domainId, pid) -> name
-    dpid, _ = _split_tid(domains["global_tid"])
-    names_by_key = pd.Series(domains["name"].to_numpy(dtype=object),
-                             index=pd.MultiIndex.from_arrays([domains["domain_id"].to_numpy(), dpid]))
-    names_by_key = names_by_key[~names_by_key.index.duplicated()]
-    keys = pd.MultiIndex.from_arrays([frame["domain_id"].to_numpy(), pid])
-    out["domain"] = names_by_key.reindex(keys).to_numpy(dtype=object) if len(names_by_key) else None
+    out = pd.DataFrame({"range_id": frame["range_id"].to_numpy(np.int64), "pid": _ids_as_text(pid), "tid": _ids_as_text(tid)})
+    out["domain"] = _domains(frame, domains, pid)
     out["name"] = frame["name"].array
-    out["style"] = frame["event_type"].map(RANGE_EVENT_TYPES).to_numpy()
+    styles = sorted(set(RANGE_EVENT_TYPES.values()))
+    style_code = np.full(max(RANGE_EVENT_TYPES) + 1, -1, dtype=np.int8)
+    for event_type, style in RANGE_EVENT_TYPES.items():
+        style_code[event_type] = styles.index(style)
+    out["style"] = pd.Categorical.from_codes(style_code[frame["event_type"].to_numpy()], categories=styles)
     starts = frame["start_ns"].to_numpy(np.int64)
     ends = frame["end_ns"]
-    last = int(max(starts.max(), ends.max() if ends.notna().any() else starts.max()))  # nsys: the last NVTX timestamp
+    if last_ns is None:  # nsys: the last NVTX timestamp
+        last_ns = int(max(starts.max(), ends.max() if ends.notna().any() else starts.max()))
     out["start_ns"] = starts
     out["end_missing"] = ends.isna().to_numpy()
-    out["end_ns"] = ends.fillna(last).to_numpy(dtype=np.int64)
-    out["pid"] = _ids_as_text(out["pid"].to_numpy())
-    out["tid"] = _ids_as_text(out["tid"].to_numpy())
+    out["end_ns"] = ends.fillna(last_ns).to_numpy(dtype=np.int64)
     return out
 
 
-def _names(frame: pd.DataFrame, registered: list[tuple[int, str]]) -> pd.arrays.ArrowExtensionArray:
+def _domains(frame: pd.DataFrame, domains: pd.DataFrame, pid: np.ndarray) -> pd.Categorical:
+    """Each range's domain name: domains are created per process, so (domainId, pid) → name."""
+    if not len(domains):
+        return pd.Categorical.from_codes(np.full(len(frame), -1), categories=pd.Index([], dtype=object))
+    dpid, _ = _split_tid(domains["global_tid"])
+    dkey = domains["domain_id"].fillna(-1).to_numpy(np.int64) * (1 << 24) + dpid
+    dkey, first = np.unique(dkey, return_index=True)
+    dnames = domains["name"].to_numpy(dtype=object)[first]
+    categories, name_code = np.unique(np.array([str(n) if isinstance(n, str) else "" for n in dnames], dtype=object), return_inverse=True)
+    name_code = np.where([isinstance(n, str) for n in dnames], name_code, -1)
+    key = frame["domain_id"].fillna(-1).to_numpy(np.int64) * (1 << 24) + pid
+    pos = np.minimum(np.searchsorted(dkey, key), len(dkey) - 1)
+    codes = np.where(dkey[pos] == key, name_code[pos], -1)
+    return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=object))
+
+
+def _names(frame: pd.DataFrame, registered: list[tuple[int, str]]) -> pd.Categorical:
     """Range names: the registered string of ``text_id`` (``StringIds``), else ``text``."""
-    # __arrow_array__ hands over the Arrow data as is (pa.array() would rebuild multi-chunk columns)
-    text = frame["text"].array.__arrow_array__() if len(frame) else pa.chunked_array([], pa.string())
-    if not registered:
-        return pd.arrays.ArrowExtensionArray(text)
+    text = frame["text"].array
+    if not registered or not len(frame):
+        return text
     registered = sorted(registered)
     ids = np.array([i for i, _ in registered], dtype=np.int64)
-    values = pa.array([v for _, v in registered], type=pa.string())
     wanted = frame["text_id"].fillna(-1).to_numpy(dtype=np.int64)
     pos = np.minimum(np.searchsorted(ids, wanted), len(ids) - 1)
     hit = (ids[pos] == wanted) & (wanted >= 0)
-    taken = pc.take(values, pa.array(np.where(hit, pos, 0), mask=~hit))
-    return pd.arrays.ArrowExtensionArray(pc.coalesce(taken, text))
+    if not hit.any():
+        return text
+    # registered strings become extra categories: codes past the text's own
+    known = set(text.categories)
+    united = text.add_categories(list(dict.fromkeys(v for _, v in registered if v not in known)))
+    code_of = united.categories.get_indexer([v for _, v in registered])
+    codes = np.where(hit, code_of[pos], united.codes)
+    return pd.Categorical.from_codes(codes, categories=united.categories)
 
 
-def _read_runtime(src, tables, strings) -> pd.DataFrame:
+def _read_runtime(src, tables, strings, only=None) -> pd.DataFrame:
     frames = []
     for table in API_TABLES:
         if table not in tables:
@@ -361,19 +550,19 @@ def _read_runtime(src, tables, strings) -> pd.DataFrame:
         frames.append(_query(src, f"""
             SELECT r.globalTid AS global_tid, r.correlationId AS correlation_id, r.start AS start_ns, r.end AS end_ns,
                    {name} AS name
-            FROM {table} r {join}""", {"global_tid": "int", "correlation_id": "int", "start_ns": "int", "end_ns": "int", "name": "text"}))
+            FROM {table} r {join}{f" WHERE {only('r.globalTid')}" if only else ""}""", {"global_tid": "int", "correlation_id": "int", "start_ns": "int", "end_ns": "int", "name": "text"}))
     if not frames:
         return pd.DataFrame(columns=["pid", "tid", "correlation_id", "start_ns", "end_ns", "name"])
-    frame = pd.concat(frames, ignore_index=True)
+    frame = _concat(frames)
     pid, tid = _split_tid(frame["global_tid"])
     return pd.DataFrame({
         "pid": _ids_as_text(pid), "tid": _ids_as_text(tid), "correlation_id": frame["correlation_id"].to_numpy(np.int64),
         "start_ns": frame["start_ns"].to_numpy(np.int64), "end_ns": frame["end_ns"].to_numpy(np.int64),
-        "name": frame["name"].to_numpy(dtype=object),
+        "name": frame["name"].array,
     })
 
 
-def _read_gpu(src, tables, strings) -> pd.DataFrame:
+def _read_gpu(src, tables, strings, only=None) -> pd.DataFrame:
     frames = []
     for table, kind in GPU_TABLES.items():
         if table not in tables:
@@ -397,14 +586,14 @@ def _read_gpu(src, tables, strings) -> pd.DataFrame:
                    g.correlationId AS correlation_id, g.start AS start_ns, g.end AS end_ns, {grid}, {block},
                    {col('registersPerThread', 'registers_per_thread')}, {shared}, {col('bytes', 'bytes')},
                    {col('sharedMemoryExecuted', 'shared_memory_config_bytes')}
-            FROM {table} g {join}""", {"kind": "text", "name": "text", "global_pid": "int", "device": "int", "stream": "int",
+            FROM {table} g {join}{f" WHERE {only('g.globalPid')}" if only else ""}""", {"kind": "text", "name": "text", "global_pid": "int", "device": "int", "stream": "int",
                                        "correlation_id": "int", "start_ns": "int", "end_ns": "int", "grid": "text", "block": "text",
                                        "registers_per_thread": "int", "shared_memory_bytes": "int", "bytes": "int",
                                        "shared_memory_config_bytes": "int"})
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=["kind", "name", "pid", "device", "stream", "correlation_id", "start_ns", "end_ns"])
-    frame = pd.concat(frames, ignore_index=True)
+    frame = _concat(frames)
     pid, _ = _split_tid(frame["global_pid"])
     frame.insert(2, "pid", _ids_as_text(pid))
     frame = frame.drop(columns=["global_pid"])
@@ -435,10 +624,14 @@ def run_device(export: Timeline) -> dict | None:
     """The run metadata's ``device`` for an export: the GPU its kernels ran on
     (the first, when several; ``count`` says how many distinct devices ran
     work), as ``TARGET_INFO_GPU`` describes it. ``None`` without that table."""
-    devices = export.devices
+    used = export.gpu["device"].dropna().unique() if len(export.gpu) else []
+    return describe_device(export.devices, [int(d) for d in used])
+
+
+def describe_device(devices: pd.DataFrame | None, used: list[int]) -> dict | None:
+    """:func:`run_device` from the export's GPUs (``TARGET_INFO_GPU``) and the device ids that ran work."""
     if devices is None or not len(devices):
         return None
-    used = export.gpu["device"].dropna().unique() if len(export.gpu) else []
     rows = devices[devices["device"].isin(list(used))] if len(used) else devices
     rows = rows if len(rows) else devices
     first = rows.iloc[0]

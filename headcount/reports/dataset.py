@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from headcount.errors import HeadcountError
@@ -36,19 +37,40 @@ from headcount.tables import TABLES
 MARKER = "headcount.json"
 
 
+CHUNK_ROWS = 1_000_000  # rows converted and written at a time (one Parquet row group): bounds the Arrow copy
+
+
+def _strings(values: pd.Series, field: pa.Field) -> pa.Array:
+    """A string column as Arrow without a Python call per value: categoricals
+    and Arrow-backed strings are converted in C++ (a dictionary is expanded
+    here and dictionary-encoded again by the Parquet writer)."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        categories = values.cat.categories
+        if not categories.empty and not all(isinstance(c, str) for c in categories):
+            values = values.cat.rename_categories([str(c) for c in categories])
+        return pc.cast(pa.array(values.array), field.type)
+    if isinstance(values.array, pd.arrays.ArrowExtensionArray) or str(values.dtype) in ("string", "str"):
+        return pc.cast(pa.array(values.array), field.type)
+    try:
+        return pa.array(values, type=field.type, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # objects that are not strings (ints, paths): their str()
+        mixed = values.astype(object).where(values.notna(), None)
+        return pa.array([v if v is None or isinstance(v, str) else str(v) for v in mixed], type=field.type)
+
+
 def _to_arrow(frame: pd.DataFrame, schema: pa.Schema, table: str) -> pa.Table:
     columns = {}
     for field in schema:
         if field.name in frame.columns:
             values = frame[field.name]
-            if pa.types.is_integer(field.type) or pa.types.is_floating(field.type):
-                values = pd.to_numeric(values, errors="raise")
-            elif pa.types.is_string(field.type):
-                values = values.astype(object).where(values.notna(), None)
-                values = values.map(lambda v: v if v is None or isinstance(v, str) else str(v))
             try:
+                if pa.types.is_string(field.type):
+                    columns[field.name] = _strings(values, field)
+                    continue
+                if pa.types.is_integer(field.type) or pa.types.is_floating(field.type):
+                    values = pd.to_numeric(values, errors="raise")
                 columns[field.name] = pa.array(values, type=field.type, from_pandas=True)
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError) as exc:
                 raise HeadcountError(f"table {table}: column {field.name} does not fit its schema ({exc})") from exc
         else:
             columns[field.name] = pa.nulls(len(frame), type=field.type)
@@ -114,6 +136,124 @@ def _write_json_atomic(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
+class StagedRun:
+    """One run's files, written under ``OUT/.staging-<run_id>/`` (hidden from
+    readers) until :func:`commit` moves them into place.
+
+    Tables are appended in pieces (:meth:`write`), each piece converted and
+    written as Parquet row groups, so a run larger than memory never exists
+    as one table. Use as a context manager: an exception removes the staging
+    directory.
+
+    Raises:
+        HeadcountError: a piece does not fit its table's schema; an I/O error.
+    """
+
+    def __init__(self, out: str | Path, run_id: str, metadata: dict):
+        self.out, self.run_id, self.metadata = Path(out), run_id, metadata
+        self.staging = self.out / f".staging-{run_id}"
+        self.rows: dict[str, int] = {}
+        self._writers: dict[str, pq.ParquetWriter] = {}
+        self._meta_json = json.dumps(metadata, sort_keys=True, default=str).encode()
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.staging.mkdir()
+        except OSError as exc:
+            raise HeadcountError(f"{self.out}: cannot write the report ({exc.strerror or exc})",
+                                 hint="check free space and permissions") from exc
+
+    def write(self, name: str, frame: pd.DataFrame) -> None:
+        """Append ``frame``'s rows to table ``name`` (columns outside the schema are dropped, missing ones null)."""
+        schema = TABLES[name].with_metadata({b"headcount": self._meta_json, b"headcount.table": name.encode()})
+        try:
+            writer = self._writers.get(name)
+            if writer is None:
+                part_dir = self.staging / name / f"run_id={self.run_id}"
+                part_dir.mkdir(parents=True)
+                writer = self._writers[name] = pq.ParquetWriter(part_dir / "part-0.parquet", schema)
+            # a table's first piece is written even when empty: every table of a run has its file
+            for lo in range(0, len(frame) if name in self.rows else max(len(frame), 1), CHUNK_ROWS):
+                writer.write_table(_to_arrow(frame.iloc[lo:lo + CHUNK_ROWS], schema, name).replace_schema_metadata(schema.metadata))
+        except OSError as exc:
+            raise HeadcountError(f"{self.out}: cannot write the report ({exc.strerror or exc})",
+                                 hint="check free space and permissions") from exc
+        self.rows[name] = self.rows.get(name, 0) + len(frame)
+
+    def close(self) -> None:
+        """Finish every table file and the run's manifest (the run is then ready to :func:`commit`)."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+        manifest_dir = self.staging / "manifests" / f"run_id={self.run_id}"
+        manifest_dir.mkdir(parents=True, exist_ok=True)
+        (manifest_dir / "run.json").write_text(json.dumps(self.metadata, indent=2, sort_keys=True, default=str))
+
+    def discard(self) -> None:
+        for writer in self._writers.values():
+            try:
+                writer.close()
+            except (OSError, pa.ArrowException):
+                pass
+        self._writers.clear()
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def __enter__(self) -> "StagedRun":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.discard()
+
+
+def commit(out: str | Path, run_ids: list[str], append: bool = False, force: bool = False) -> Path:
+    """Move staged runs (:class:`StagedRun`, closed) into the report at ``out``
+    and list them in ``headcount.json`` (replaced last, atomically).
+
+    Raises:
+        HeadcountError: see :func:`check_output`; a schema-version mismatch on
+            ``append``; an I/O error (runs not yet moved stay staged and are removed).
+    """
+    out = check_output(out, append=append, force=force)
+    if append and not force:
+        existing = read_marker(out).get("schema_version")
+        if existing and existing != SCHEMA_VERSION:
+            raise HeadcountError(f"{out}: holds a report of schema {existing}, this headcount writes {SCHEMA_VERSION}",
+                                 hint="write to a new directory, or --force to replace the old report")
+    try:
+        previous = read_marker(out)
+        trash = None
+        if force and previous:
+            trash = out / f".trash-{run_ids[0]}"
+            trash.mkdir()
+            for entry in out.iterdir():
+                if entry.name in (*TABLES, "manifests", MARKER):
+                    entry.rename(trash / entry.name)
+            previous = {}
+        for run_id in run_ids:
+            staging = out / f".staging-{run_id}"
+            for entry in staging.iterdir():
+                target_parent = out / entry.name
+                target_parent.mkdir(exist_ok=True)
+                for part in entry.iterdir():
+                    part.rename(target_parent / part.name)
+        _write_json_atomic(out / MARKER, {
+            "schema_version": SCHEMA_VERSION,
+            "tool": "headcount",
+            "tables": sorted(TABLES),
+            "runs": [*previous.get("runs", []), *run_ids],
+        })
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+    except OSError as exc:
+        raise HeadcountError(f"{out}: cannot write the report ({exc.strerror or exc})", hint="check free space and permissions") from exc
+    finally:
+        for run_id in run_ids:
+            shutil.rmtree(out / f".staging-{run_id}", ignore_errors=True)
+    return out
+
+
 def write_run(
     out: str | Path,
     run_id: str,
@@ -122,7 +262,7 @@ def write_run(
     append: bool = False,
     force: bool = False,
 ) -> Path:
-    """Write one run's tables into ``out`` (see the module docstring).
+    """Write one run's tables into ``out`` (see the module docstring): staged, then committed.
 
     Args:
         tables: table name → DataFrame; names must be in :data:`~headcount.tables.TABLES`.
@@ -136,53 +276,8 @@ def write_run(
         HeadcountError: see :func:`check_output`; a table that does not fit its schema;
             an I/O error (the report is left as it was).
     """
-    out = check_output(out, append=append, force=force)
-    if append and not force:
-        existing = read_marker(out).get("schema_version")
-        if existing and existing != SCHEMA_VERSION:
-            raise HeadcountError(f"{out}: holds a report of schema {existing}, this headcount writes {SCHEMA_VERSION}",
-                                 hint="write to a new directory, or --force to replace the old report")
-    staging = out / f".staging-{run_id}"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        staging.mkdir()
-        meta_json = json.dumps(metadata, sort_keys=True, default=str).encode()
+    check_output(out, append=append, force=force)
+    with StagedRun(out, run_id, metadata) as staged:
         for name, frame in tables.items():
-            schema = TABLES[name]
-            table = _to_arrow(frame.drop(columns=["run_id"], errors="ignore"), schema, name)
-            table = table.replace_schema_metadata({b"headcount": meta_json, b"headcount.table": name.encode()})
-            part_dir = staging / name / f"run_id={run_id}"
-            part_dir.mkdir(parents=True)
-            pq.write_table(table, part_dir / "part-0.parquet")
-        manifest_dir = staging / "manifests" / f"run_id={run_id}"
-        manifest_dir.mkdir(parents=True)
-        (manifest_dir / "run.json").write_text(json.dumps(metadata, indent=2, sort_keys=True, default=str))
-
-        previous = read_marker(out)
-        trash = None
-        if force and previous:
-            trash = out / f".trash-{run_id}"
-            trash.mkdir()
-            for entry in out.iterdir():
-                if entry.name in (*TABLES, "manifests", MARKER):
-                    entry.rename(trash / entry.name)
-            previous = {}
-        for entry in staging.iterdir():
-            target_parent = out / entry.name
-            target_parent.mkdir(exist_ok=True)
-            for part in entry.iterdir():
-                part.rename(target_parent / part.name)
-        runs = [*previous.get("runs", []), run_id]
-        _write_json_atomic(out / MARKER, {
-            "schema_version": SCHEMA_VERSION,
-            "tool": "headcount",
-            "tables": sorted(TABLES),
-            "runs": runs,
-        })
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
-    except OSError as exc:
-        raise HeadcountError(f"{out}: cannot write the report ({exc.strerror or exc})", hint="check free space and permissions") from exc
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return out
+            staged.write(name, frame)
+    return commit(out, [run_id], append=append, force=force)

@@ -1,0 +1,169 @@
+"""headcount parse at scale: one process at a time, many files at once (worker
+processes, a real local Ray), atomic per run, and the columnar labelling.
+
+Inputs are the real nsys exports of tests/fixtures/nsys (see PROVENANCE.md);
+no timing is asserted (benchmarks/attribution.py prints the figures).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headcount import build
+from headcount.attribute.attribution import nest_ranges
+from headcount.cli.main import main
+from headcount.parsers import nsys_sqlite
+
+FIX = Path(__file__).parent / "fixtures" / "nsys"
+H100 = FIX / "h100x2_pytorch_nsys2026.2.sqlite"  # two processes (pids 111 and 112)
+A100 = FIX / "a100x4_cloverleaf_nsys2024.5.sqlite"
+
+
+def tables(out: Path) -> dict[str, pd.DataFrame]:
+    """Every table of a report, run ids dropped, rows in a canonical order."""
+    result = {}
+    for name in ("ranges", "kernels", "layers", "heads"):
+        frame = ds.dataset(out / name, partitioning="hive").to_table().to_pandas()
+        frame = frame.drop(columns=["run_id"])
+        keys = [c for c in ("start_ns", "range_id", "correlation_id", "phase", "layer", "head") if c in frame.columns]
+        result[name] = frame.sort_values(keys, kind="stable").reset_index(drop=True) if len(frame) else frame
+    return result
+
+
+def inputs(out: Path) -> list[str]:
+    """The input file of each run of a report (its manifests), by name."""
+    return sorted(Path(json.loads(p.read_text())["input"]).name for p in out.glob("manifests/*/run.json"))
+
+
+def assert_same(a: dict, b: dict) -> None:
+    for name in a:
+        pd.testing.assert_frame_equal(a[name], b[name], check_dtype=False, check_categorical=False)
+
+
+def test_one_process_at_a_time_gives_the_one_read_tables(tmp_path, monkeypatch):
+    """A large export is read per process (an SQL filter per process); the
+    tables must equal those of the one-pass read of the same file."""
+    whole = tmp_path / "whole"
+    assert main(["parse", str(H100), "-o", str(whole)]) == 0
+    monkeypatch.setattr(nsys_sqlite, "STREAM_ROWS", 0)  # as if the export were larger than the one-read limit
+    plan = nsys_sqlite.plan_export(H100)
+    assert plan.processes == [111, 112] and plan.nvtx_rows[111] + plan.nvtx_rows[112] > 0
+    per_process = tmp_path / "per-process"
+    assert main(["parse", str(H100), "-o", str(per_process)]) == 0
+    a, b = tables(whole), tables(per_process)
+    assert len(a["ranges"]) > 0 and (a["ranges"]["gpu_op_count"] > 0).any()
+    assert_same(a, b)
+
+
+def test_pieces_of_processes_equal_the_whole_projection():
+    """nsys_pieces over the processes one by one = the projection of the whole timeline."""
+    export = nsys_sqlite.read_export(H100)
+    parts = list(nsys_sqlite.by_process(export))
+    assert len(parts) == 2 and sum(len(p.ranges) for p in parts) == len(export.ranges)
+    from headcount.attribute.attribution import project_gpu
+
+    whole, _ = project_gpu(export.ranges, export.runtime, export.gpu)
+    pieces = pd.concat([frame for name, frame in build.nsys_pieces(parts, devices=export.devices) if name == "ranges"])
+    cols = ["range_id", "gpu_start_ns", "gpu_end_ns", "gpu_op_count", "parent_range_id", "depth"]
+    left = whole[cols].sort_values("range_id").reset_index(drop=True)
+    right = pieces[cols].sort_values("range_id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(left, right, check_dtype=False)
+    assert (whole.set_index("range_id")["path"].astype(str) == pieces.set_index("range_id")["path"].astype(str)
+            .reindex(whole["range_id"])).all()
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ranks")
+    files = []
+    for i, src in enumerate([H100, A100, H100]):
+        files.append(d / f"rank{i}.sqlite")
+        shutil.copy(src, files[-1])
+    return files
+
+
+def test_jobs_2_gives_the_tables_of_jobs_1(tmp_path, three_ranks, capsys):
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["parse", *map(str, three_ranks), "-o", str(one), "--jobs", "1"]) == 0
+    assert main(["parse", *map(str, three_ranks), "-o", str(two), "--jobs", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "[3/3]" in err
+    a, b = tables(one), tables(two)
+    assert len(a["kernels"]) > 0
+    assert_same(a, b)
+    assert inputs(two) == ["rank0.sqlite", "rank1.sqlite", "rank2.sqlite"]
+
+
+def test_a_failed_file_in_a_parallel_parse_writes_nothing(tmp_path, three_ranks, capsys):
+    bad = tmp_path / "rank9.sqlite"
+    bad.write_bytes(b"SQLite format 3\x00" + b"\x00" * 100)  # an SQLite header and nothing after it
+    out = tmp_path / "out"
+    assert main(["parse", str(three_ranks[0]), str(bad), str(three_ranks[1]), "-o", str(out), "--jobs", "2"]) == 2
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if line.startswith("headcount: error:"))
+    assert str(bad) in line and "nothing was written" in line
+    assert not out.exists()
+
+
+def test_keep_going_commits_the_others_and_names_the_failed_file(tmp_path, three_ranks, capsys):
+    bad = tmp_path / "rank9.sqlite"
+    bad.write_bytes(b"not sqlite at all")
+    out = tmp_path / "out"
+    assert main(["parse", str(three_ranks[0]), str(bad), str(three_ranks[1]), "-o", str(out), "--jobs", "2", "--keep-going"]) == 1
+    err = capsys.readouterr().err
+    assert any(str(bad) in line and line.startswith("headcount: error:") for line in err.splitlines())
+    assert "1 of 3 files failed" in err
+    assert inputs(out) == ["rank0.sqlite", "rank1.sqlite"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".staging-")]
+
+
+def test_ray_executor_gives_the_tables_of_a_local_parse(tmp_path, three_ranks, monkeypatch):
+    """A real Ray started on this machine (no RAY_ADDRESS): one task per file."""
+    pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    files = list(map(str, three_ranks[:2]))
+    assert main(["parse", *files, "-o", str(local), "--jobs", "1"]) == 0
+    assert main(["parse", *files, "-o", str(on_ray), "--executor", "ray"]) == 0
+    assert_same(tables(local), tables(on_ray))
+
+
+def test_jobs_must_be_positive(tmp_path, capsys):
+    assert main(["parse", str(H100), "-o", str(tmp_path / "o"), "--jobs", "0"]) == 2
+    assert "--jobs 0" in capsys.readouterr().err
+
+
+def _naive_paths(ranges: pd.DataFrame) -> list[str]:
+    """The path of each range by walking its parents: the definition."""
+    by_id = ranges.set_index("range_id")
+    out = []
+    for rid in ranges["range_id"]:
+        names = []
+        while rid >= 0:
+            names.append(str(by_id.at[rid, "name"]))
+            rid = by_id.at[rid, "parent_range_id"]
+        out.append("/".join(reversed(names)))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(1, 30), st.sampled_from(["a", "b", "a/b", "fwd", "layer.0"])),
+                min_size=1, max_size=40))
+def test_paths_by_code_equal_the_joined_names(spans):
+    """Paths numbered by (parent path, name) spell the same strings as joining
+    the names of the ancestors, also where a name holds '/'."""
+    ranges = pd.DataFrame({"pid": "1", "tid": "1", "domain": None,
+                           "name": [n for _, _, n in spans],
+                           "start_ns": [s for s, _, _ in spans],
+                           "end_ns": [s + d for s, d, _ in spans]})
+    nested = nest_ranges(ranges)
+    assert list(nested["path"].astype(str)) == _naive_paths(nested)
+    assert nested["path"].cat.categories.is_unique
