@@ -21,14 +21,16 @@ also ``--executor ray``), checking that the tables are identical.
 Goals (issue 12): identical answers, ≥ 16× nsys's report, faster than
 nsys-ai, ≤ 2 GB peak.
 
-Run: python benchmarks/attribution.py [--copies N] [--keep DIR] [--nsys-timeout S] [--detail] [--ranks N [--ray]]
+``--widen 4`` repeats the export's processes 4 times (20 M NVTX ranges,
+2.4 GB, 8 processes): the peak must not grow with the file.
+
+Run: python benchmarks/attribution.py [--copies N] [--keep DIR] [--nsys-timeout S] [--detail] [--ranks N [--ray]] [--widen N]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
 import multiprocessing as mp
 import os
 import resource
@@ -83,6 +85,28 @@ def build(path: Path, copies: int) -> dict:
     return counts
 
 
+def widen(source: Path, path: Path, factor: int) -> dict:
+    """``source`` with its processes repeated ``factor`` times as new processes
+    (process ids shifted by 1000·k in ``globalTid``/``globalPid``): a recording
+    of ``factor``× as many ranks, each the size of the original's."""
+    shutil.copy(source, path)
+    con = sqlite3.connect(path)
+    shifted = {"NVTX_EVENTS": ("globalTid", "endGlobalTid"), "CUPTI_ACTIVITY_KIND_RUNTIME": ("globalTid",),
+               "CUPTI_ACTIVITY_KIND_KERNEL": ("globalPid",), "CUPTI_ACTIVITY_KIND_MEMCPY": ("globalPid",),
+               "CUPTI_ACTIVITY_KIND_MEMSET": ("globalPid",)}
+    for table, columns in shifted.items():
+        cols = [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
+        last = con.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0] or 0
+        for k in range(1, factor):
+            offset = k * 1000 * (1 << 24)
+            select = [f"{c} + {offset}" if c in columns else c for c in cols]
+            con.execute(f"INSERT INTO {table} ({', '.join(cols)}) SELECT {', '.join(select)} FROM {table} WHERE rowid <= {last}")
+    con.commit()
+    counts = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in shifted}
+    con.close()
+    return counts
+
+
 def _stages(path: str, queue) -> None:
     from headcount.attribute.attribution import project_gpu
     from headcount.parsers.nsys_sqlite import read_export
@@ -94,28 +118,48 @@ def _stages(path: str, queue) -> None:
     queue.put((t1 - t0, time.perf_counter() - t1, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20))
 
 
-def timed(cmd: list[str], timeout: float | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
-    """Run ``cmd`` in a fresh process: (wall seconds, peak RSS GiB of the whole process, result).
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and all its descendants now (from /proc)."""
+    total, todo = 0, [pid]
+    page = os.sysconf("SC_PAGE_SIZE")
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/statm") as fh:
+                total += int(fh.read().split()[1]) * page
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
 
-    Peak RSS is read in a forked watcher so that earlier children of this script do not count."""
+
+def timed(cmd: list[str], timeout: float | None = None) -> tuple[float, float, float, subprocess.CompletedProcess]:
+    """Run ``cmd`` in a fresh process: (wall s, peak RSS GiB of its largest process as the kernel
+    counts it, peak RSS GiB of its whole process tree sampled every 20 ms, result)."""
     with tempfile.TemporaryDirectory() as tmp:
-        result, stdout = Path(tmp) / "result.json", Path(tmp) / "stdout"
-        pid = os.fork()
-        if pid == 0:  # the watcher: runs cmd, reports its own children's peak (only cmd's tree)
+        stdout, stderr = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        with stdout.open("w") as out, stderr.open("w") as err:
             t = time.perf_counter()
-            with stdout.open("w") as fh:
-                try:
-                    done = subprocess.run(cmd, stdout=fh, stderr=subprocess.PIPE, text=True, timeout=timeout)
-                    rc, err = done.returncode, done.stderr
-                except subprocess.TimeoutExpired:
-                    rc, err = -9, "timeout"
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+            tree_peak, rc = 0, None
+            while rc is None:
+                tree_peak = max(tree_peak, _tree_rss(proc.pid))
+                waited, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if waited:
+                    rc = os.waitstatus_to_exitcode(status)
+                    break
+                if timeout and time.perf_counter() - t > timeout:
+                    proc.kill()
+                    os.wait4(proc.pid, 0)
+                    rc, usage = -9, None
+                    break
+                time.sleep(0.02)
             wall = time.perf_counter() - t
-            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-            result.write_text(json.dumps([wall, peak, rc, err[-4000:]]))
-            os._exit(0)
-        os.waitpid(pid, 0)
-        wall, peak, rc, err = json.loads(result.read_text())
-        return wall, peak, subprocess.CompletedProcess(cmd, rc, stdout.read_text(), err)
+        proc.returncode = rc  # reaped above
+        peak = usage.ru_maxrss / 2**20 if usage else float("nan")
+        return wall, peak, tree_peak / 2**30, subprocess.CompletedProcess(cmd, rc, stdout.read_text(), stderr.read_text()[-4000:])
 
 
 def headcount_cmd() -> list[str]:
@@ -164,11 +208,12 @@ def ranks(args, workdir: Path) -> None:
                          *([("--executor ray", ["--executor", "ray"])] if args.ray else [])]:
         out = workdir / f"out-{label.replace(' ', '').replace('-', '')}"
         shutil.rmtree(out, ignore_errors=True)
-        wall, peak, done = timed([*headcount_cmd(), "parse", *map(str, files), "-o", str(out), *extra])
+        wall, peak, tree, done = timed([*headcount_cmd(), "parse", *map(str, files), "-o", str(out), *extra])
         if done.returncode != 0:
             print(f"{label}: failed ({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode})")
             continue
-        print(f"headcount parse {args.ranks} files {label}: {wall:.1f} s wall, peak RSS {peak:.2f} GiB (largest process)")
+        print(f"headcount parse {args.ranks} files {label}: {wall:.1f} s wall, peak RSS {peak:.2f} GiB (largest process), "
+              f"{tree:.2f} GiB (all its processes together)")
         tables[label] = {name: ds.dataset(out / name, partitioning="hive").to_table().drop_columns(["run_id"]).to_pandas()
                          .sort_values(["start_ns"] if name in ("ranges", "kernels") else list(ds.dataset(out / name).schema.names)[:3])
                          .reset_index(drop=True) for name in ("ranges", "kernels", "layers", "heads")}
@@ -186,6 +231,8 @@ def main() -> None:
     parser.add_argument("--detail", action="store_true", help="also time read and attribute alone")
     parser.add_argument("--ranks", type=int, default=0, help="time N copies with --jobs 1 and 2 instead")
     parser.add_argument("--ray", action="store_true", help="with --ranks: also --executor ray")
+    parser.add_argument("--widen", type=int, default=1,
+                        help="repeat the built export's processes N times as new processes (N× the file, same size per process)")
     args = parser.parse_args()
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="headcount-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -198,10 +245,17 @@ def main() -> None:
             t = time.perf_counter()
             counts = build(path, args.copies)
             print(f"built {path.name} in {time.perf_counter() - t:.1f} s: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+        if args.widen > 1:
+            wide = workdir / f"h100x2_x{args.copies}_w{args.widen}.sqlite"
+            if not wide.exists():
+                t = time.perf_counter()
+                counts = widen(path, wide, args.widen)
+                print(f"built {wide.name} in {time.perf_counter() - t:.1f} s: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+            path = wide
         print(f"{path.name}: {path.stat().st_size / 1e6:.0f} MB; {load()}")
         out = workdir / "out"
         shutil.rmtree(out, ignore_errors=True)
-        ours, peak, done = timed([*headcount_cmd(), "parse", str(path), "-o", str(out)])
+        ours, peak, tree, done = timed([*headcount_cmd(), "parse", str(path), "-o", str(out)])
         if done.returncode != 0:
             sys.exit(f"headcount parse failed: {done.stderr.strip()}")
         print(f"headcount parse: {ours:.1f} s wall, peak RSS {peak:.2f} GiB (whole process)")
@@ -215,7 +269,7 @@ def main() -> None:
 
         report = shutil.which("nsys-report") or str(Path.home() / ".cache/headcount/nsight/bin/nsys-report")
         if Path(report).exists():
-            theirs, their_peak, done = timed([report, "nvtx_gpu_proj_trace", str(path)], timeout=args.nsys_timeout)
+            theirs, their_peak, _, done = timed([report, "nvtx_gpu_proj_trace", str(path)], timeout=args.nsys_timeout)
             if done.returncode == -9:
                 print(f"nsys nvtx_gpu_proj_trace did not finish in {args.nsys_timeout} s: ratio ≥ {args.nsys_timeout / ours:.0f}×")
             else:
@@ -228,7 +282,7 @@ def main() -> None:
         if nsys_ai:
             for cache in path.parent.glob(path.name + "*.duckdb"):
                 cache.unlink()  # warm builds a cache beside the file: time a cold build
-            theirs, their_peak, done = timed([nsys_ai, "warm", str(path)])
+            theirs, their_peak, _, done = timed([nsys_ai, "warm", str(path)])
             state = "" if done.returncode == 0 else f" (exit {done.returncode}: {done.stderr.strip()[-200:]})"
             print(f"nsys-ai warm: {theirs:.1f} s, peak RSS {their_peak:.2f} GiB{state}; headcount is {theirs / ours:.2f}× faster")
         else:

@@ -110,16 +110,33 @@ def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int =
             done(results[-1])
         return results
     import multiprocessing as mp
+    import threading
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    # spawn: a forked child would inherit the parent's threads' locks (the progress spinner, Arrow's pools)
-    with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=mp.get_context("spawn")) as pool:
+    from headcount import sources  # noqa: F401 - imported once here, inherited by forked workers
+
+    if threading.active_count() == 1:  # no thread whose locks a fork could inherit held: fork (starts in ms)
+        context = mp.get_context("fork")
+    else:  # a fresh single-threaded server forks the workers, with the heavy imports done once
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(["headcount.batch", "headcount.sources", "headcount.build", "headcount.reports.dataset"])
+    workers = min(jobs, len(files))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_share_cores,
+                             initargs=(max(1, cores // workers),)) as pool:
         futures = {pool.submit(stage_file, path, out, run_id, options): i for i, (path, run_id) in enumerate(files)}
         results: list[FileResult | None] = [None] * len(files)
         for future in as_completed(futures):
             results[futures[future]] = future.result()
             done(results[futures[future]])
     return results
+
+
+def _share_cores(threads: int) -> None:
+    """In a worker process: read with ``threads`` threads (the workers share the cores)."""
+    from headcount.parsers import nsys_sqlite
+
+    nsys_sqlite.READ_THREADS = threads
 
 
 def _on_ray(files, out, options, done) -> list[FileResult]:

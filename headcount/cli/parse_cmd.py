@@ -10,6 +10,7 @@ failure writes nothing, unless ``--keep-going``.
 from __future__ import annotations
 
 import argparse
+from contextlib import nullcontext
 from pathlib import Path
 
 from rich.console import Console
@@ -84,8 +85,12 @@ def run(args) -> int:
 
     how = f"{len(files)} files, {jobs} at a time" if len(files) > 1 and args.executor == "local" and jobs > 1 else \
         f"{len(files)} files on Ray" if args.executor == "ray" else f"{args.files[0]}" if len(files) == 1 else f"{len(files)} files"
+    # a spinner is a thread: only around work done here (worker processes are forked from a thread-free parent)
+    parallel = args.executor == "ray" or (jobs > 1 and len(files) > 1)
     try:
-        with console.status(f"reading {how}…"):
+        with nullcontext() if parallel else console.status(f"reading {how}…"):
+            if parallel:
+                console.print(f"reading {how}…", highlight=False)
             results = batch.run_files(files, str(out), {"locale": args.locale}, jobs=jobs, executor=args.executor, done=done)
     except BaseException:
         _discard(out, files, created)

@@ -70,6 +70,9 @@ class _SqliteSource:
     def int_expr(self, col: str) -> str:
         return f"IFNULL({col}, {NULL_INT})"  # a CAST would cost a third of the read
 
+    def least(self, expr: str, bound: int) -> str:
+        return f"MIN({expr}, {bound})"
+
     def tables(self) -> set[str]:
         return {r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
 
@@ -125,6 +128,9 @@ class _ParquetDirSource:
     def int_expr(self, col: str) -> str:
         return f"IFNULL(CAST({col} AS BIGINT), {NULL_INT})"  # Parquet ids are unsigned
 
+    def least(self, expr: str, bound: int) -> str:  # MIN(a, b) is DuckDB's top-n aggregate
+        return f"LEAST(CAST({expr} AS BIGINT), {bound})"
+
     def tables(self) -> set[str]:
         return set(self._tables)
 
@@ -146,8 +152,9 @@ NULL_INT = -1  # no timestamp, id, count or size in an nsys export is negative
 
 def _query(src, sql: str | list[str], types: dict[str, str]) -> pd.DataFrame:
     """Run ``sql`` and return the columns of ``types``: ``int`` (NULL comes
-    back as ``<NA>``), ``int!`` (a column the schema declares NOT NULL, read
-    as is) or ``text`` (NULL or empty comes back as ``None``).
+    back as ``<NA>``), ``int?`` (NULL comes back as -1, a plain int64 column),
+    ``int!`` (a column the schema declares NOT NULL, read as is) or ``text``
+    (NULL or empty comes back as ``None``; a Categorical).
 
     SQLite columns have no fixed type and the ADBC driver infers one from the
     first rows, so NULLs are replaced in SQL (integers by -1, which no nsys
@@ -158,7 +165,7 @@ def _query(src, sql: str | list[str], types: dict[str, str]) -> pd.DataFrame:
     for col, kind in types.items():
         if kind == "int!":
             cols.append(col)
-        elif kind == "int":
+        elif kind in ("int", "int?"):
             cols.append(f"{src.int_expr(col)} AS {col}")
         else:
             cols.append(f"CAST(IFNULL({col}, '') AS TEXT) AS {col}")
@@ -227,7 +234,9 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     for col in frames[0].columns:
         parts = [f[col] for f in frames]
         if all(isinstance(p.dtype, pd.CategoricalDtype) for p in parts):
-            columns[col] = union_categoricals([p.array for p in parts])
+            # categories as objects: an inferred 'str' index and an object one cannot be united
+            columns[col] = union_categoricals([pd.Categorical.from_codes(p.cat.codes, categories=pd.Index(
+                p.cat.categories.astype(object), dtype=object)) for p in parts])
         else:
             columns[col] = pd.concat(parts, ignore_index=True)
     return pd.DataFrame(columns)
@@ -240,13 +249,14 @@ def nsys_name(ranges: pd.DataFrame) -> pd.Series:
 
 
 SPLIT_ROWS = 100_000  # tables larger than this are read in two halves, on two threads
+READ_THREADS = 2  # 1 in headcount parse's worker processes when they share the cores (headcount.batch)
 
 
 def _halves(src, table: str, id_col: str) -> list[str]:
     """Two WHERE conditions on ``id_col`` (the table's rowid) splitting it in half."""
     # two queries: SQLite answers a lone min() or max() of the rowid from the b-tree, both together by a scan
     lo, hi = src.rows(f"SELECT min(rowid) FROM {table}")[0][0], src.rows(f"SELECT max(rowid) FROM {table}")[0][0]
-    if lo is None or hi - lo < SPLIT_ROWS:
+    if lo is None or hi - lo < SPLIT_ROWS or READ_THREADS < 2:
         return []
     mid = (lo + hi) // 2
     return [f"{id_col} <= {mid}", f"{id_col} > {mid}"]
@@ -259,8 +269,8 @@ def _ids_as_text(ids: np.ndarray) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(unique.astype(str).tolist(), dtype=object))
 
 
-def _split_tid(global_tid: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    g = global_tid.to_numpy(dtype=np.int64)
+def _split_tid(global_tid) -> tuple[np.ndarray, np.ndarray]:
+    g = np.asarray(global_tid, dtype=np.int64)
     return (g >> 24) & 0xFFFFFF, g & 0xFFFFFF
 
 
@@ -460,75 +470,87 @@ def _read_devices(src, tables) -> pd.DataFrame:
     return frame.drop_duplicates("device").reset_index(drop=True)[columns]
 
 
+# NVTX_EVENTS' small columns travel packed in one integer (each column costs the
+# driver ~0.4 s per 5 M rows): eventType (7 bits) | domainId + 1 (20 bits) |
+# textId + 1 (31 bits) | ends on another thread (1 bit). Domain and string ids
+# are small sequential numbers; larger ones are clamped and named in a notice-free way
+_DOMAIN_BITS, _TEXT_BITS = 20, 31
+
+
 def _read_ranges(src, tables, strings, only=None, last_ns: int | None = None) -> pd.DataFrame:
     cols = ["range_id", "pid", "tid", "domain", "name", "style", "start_ns", "end_ns", "end_missing"]
     if "NVTX_EVENTS" not in tables:
         return pd.DataFrame(columns=cols)
     have = src.columns("NVTX_EVENTS")
-    domain_id = "e.domainId" if "domainId" in have else "NULL"
-    end_tid = "e.endGlobalTid" if "endGlobalTid" in have else "NULL"
-    text_id = "e.textId" if "textId" in have else "NULL"
+    domain_id = src.least("IFNULL(e.domainId + 1, 0)", (1 << _DOMAIN_BITS) - 1) if "domainId" in have else "0"
+    text_id = src.least("IFNULL(e.textId + 1, 0)", (1 << _TEXT_BITS) - 1) if "textId" in have else "0"
+    crossed = "CAST(e.endGlobalTid IS NOT NULL AS INTEGER)" if "endGlobalTid" in have else "0"
     types = ",".join(str(t) for t in (*RANGE_EVENT_TYPES, DOMAIN_CREATE))
-    # registered names (textId) are looked up in pandas: a join per row costs more than the read
+    # registered names (textId) are looked up in numpy: a join per row costs more than the read
     sql = f"""
-        SELECT e.rowid AS range_id, e.start AS start_ns, e.end AS end_ns, e.eventType AS event_type,
-               e.globalTid AS global_tid, {end_tid} AS end_global_tid, {domain_id} AS domain_id,
-               {text_id} AS text_id, e.text AS text
+        SELECT e.rowid AS range_id, e.start AS start_ns, e.end AS end_ns, e.globalTid AS global_tid,
+               ((CAST(e.eventType AS BIGINT) * {1 << _DOMAIN_BITS} + {domain_id}) * {1 << _TEXT_BITS} + {text_id}) * 2 + {crossed} AS packed,
+               e.text AS text
         FROM NVTX_EVENTS e
         WHERE e.eventType IN ({types}){f" AND (e.eventType = {DOMAIN_CREATE} OR {only('e.globalTid')})" if only else ""}"""
     frame = _query(src, [f"{sql} AND {half}" for half in _halves(src, "NVTX_EVENTS", "e.rowid")] or sql, {
-        "range_id": "int!", "start_ns": "int!", "end_ns": "int", "event_type": "int!", "global_tid": "int",
-        "end_global_tid": "int", "domain_id": "int", "text_id": "int", "text": "text"})
-    frame["name"] = _names(frame, src.rows("SELECT id, value FROM StringIds") if strings and "textId" in have else [])
-    domains = frame[frame["event_type"] == DOMAIN_CREATE]
-    frame = frame[(frame["event_type"] != DOMAIN_CREATE) & frame["end_global_tid"].isna()]
-    if frame.empty:
+        "range_id": "int!", "start_ns": "int!", "end_ns": "int?", "global_tid": "int?", "packed": "int!", "text": "text"})
+    packed = frame["packed"].to_numpy(np.int64)
+    event_type = packed >> (1 + _TEXT_BITS + _DOMAIN_BITS)
+    domain_id = ((packed >> (1 + _TEXT_BITS)) & ((1 << _DOMAIN_BITS) - 1)) - 1
+    text_id = ((packed >> 1) & ((1 << _TEXT_BITS) - 1)) - 1
+    ids, values = _string_ids(src, tables) if "textId" in have else (np.zeros(0, np.int64), [])
+    names = _names(frame["text"].array, text_id, list(zip(ids.tolist(), values)))
+    is_domain = event_type == DOMAIN_CREATE
+    keep = np.flatnonzero(~is_domain & ((packed & 1) == 0))
+    if not len(keep):
         return pd.DataFrame(columns=cols)
-    pid, tid = _split_tid(frame["global_tid"])
-    out = pd.DataFrame({"range_id": frame["range_id"].to_numpy(np.int64), "pid": _ids_as_text(pid), "tid": _ids_as_text(tid)})
-    out["domain"] = _domains(frame, domains, pid)
-    out["name"] = frame["name"].array
+    global_tid = frame["global_tid"].to_numpy(np.int64)
+    pid, tid = _split_tid(global_tid[keep])
+    dpid, _ = _split_tid(global_tid[is_domain])
+    out = pd.DataFrame({"range_id": frame["range_id"].to_numpy(np.int64)[keep], "pid": _ids_as_text(pid), "tid": _ids_as_text(tid)})
+    out["domain"] = _domains(domain_id[keep], pid, domain_id[is_domain], dpid, names[is_domain])
+    out["name"] = names[keep]
     styles = sorted(set(RANGE_EVENT_TYPES.values()))
     style_code = np.full(max(RANGE_EVENT_TYPES) + 1, -1, dtype=np.int8)
-    for event_type, style in RANGE_EVENT_TYPES.items():
-        style_code[event_type] = styles.index(style)
-    out["style"] = pd.Categorical.from_codes(style_code[frame["event_type"].to_numpy()], categories=styles)
-    starts = frame["start_ns"].to_numpy(np.int64)
-    ends = frame["end_ns"]
+    for event_type_id, style in RANGE_EVENT_TYPES.items():
+        style_code[event_type_id] = styles.index(style)
+    out["style"] = pd.Categorical.from_codes(style_code[event_type[keep]], categories=styles)
+    starts = frame["start_ns"].to_numpy(np.int64)[keep]
+    ends = frame["end_ns"].to_numpy(np.int64)[keep]
+    missing = ends == NULL_INT
     if last_ns is None:  # nsys: the last NVTX timestamp
-        last_ns = int(max(starts.max(), ends.max() if ends.notna().any() else starts.max()))
+        last_ns = int(max(starts.max(), ends.max()))
     out["start_ns"] = starts
-    out["end_missing"] = ends.isna().to_numpy()
-    out["end_ns"] = ends.fillna(last_ns).to_numpy(dtype=np.int64)
+    out["end_missing"] = missing
+    out["end_ns"] = np.where(missing, last_ns, ends)
     return out
 
 
-def _domains(frame: pd.DataFrame, domains: pd.DataFrame, pid: np.ndarray) -> pd.Categorical:
+def _domains(domain_id: np.ndarray, pid: np.ndarray, created_id: np.ndarray, created_pid: np.ndarray,
+             created_name: pd.Categorical) -> pd.Categorical:
     """Each range's domain name: domains are created per process, so (domainId, pid) → name."""
-    if not len(domains):
-        return pd.Categorical.from_codes(np.full(len(frame), -1), categories=pd.Index([], dtype=object))
-    dpid, _ = _split_tid(domains["global_tid"])
-    dkey = domains["domain_id"].fillna(-1).to_numpy(np.int64) * (1 << 24) + dpid
+    if not len(created_id):
+        return pd.Categorical.from_codes(np.full(len(domain_id), -1), categories=pd.Index([], dtype=object))
+    dkey = created_id * (1 << 24) + created_pid
     dkey, first = np.unique(dkey, return_index=True)
-    dnames = domains["name"].to_numpy(dtype=object)[first]
+    dnames = np.asarray(created_name, dtype=object)[first]
     categories, name_code = np.unique(np.array([str(n) if isinstance(n, str) else "" for n in dnames], dtype=object), return_inverse=True)
     name_code = np.where([isinstance(n, str) for n in dnames], name_code, -1)
-    key = frame["domain_id"].fillna(-1).to_numpy(np.int64) * (1 << 24) + pid
+    key = domain_id * (1 << 24) + pid
     pos = np.minimum(np.searchsorted(dkey, key), len(dkey) - 1)
-    codes = np.where(dkey[pos] == key, name_code[pos], -1)
+    codes = np.where((dkey[pos] == key) & (domain_id >= 0), name_code[pos], -1)
     return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=object))
 
 
-def _names(frame: pd.DataFrame, registered: list[tuple[int, str]]) -> pd.Categorical:
+def _names(text: pd.Categorical, text_id: np.ndarray, registered: list[tuple[int, str]]) -> pd.Categorical:
     """Range names: the registered string of ``text_id`` (``StringIds``), else ``text``."""
-    text = frame["text"].array
-    if not registered or not len(frame):
+    if not registered or not len(text):
         return text
     registered = sorted(registered)
     ids = np.array([i for i, _ in registered], dtype=np.int64)
-    wanted = frame["text_id"].fillna(-1).to_numpy(dtype=np.int64)
-    pos = np.minimum(np.searchsorted(ids, wanted), len(ids) - 1)
-    hit = (ids[pos] == wanted) & (wanted >= 0)
+    pos = np.minimum(np.searchsorted(ids, text_id), len(ids) - 1)
+    hit = (ids[pos] == text_id) & (text_id >= 0)
     if not hit.any():
         return text
     # registered strings become extra categories: codes past the text's own
@@ -539,18 +561,41 @@ def _names(frame: pd.DataFrame, registered: list[tuple[int, str]]) -> pd.Categor
     return pd.Categorical.from_codes(codes, categories=united.categories)
 
 
+def _string_ids(src, tables) -> tuple[np.ndarray, list[str]]:
+    """``StringIds`` (id → string), sorted by id, read once per export."""
+    if not hasattr(src, "_strings"):
+        rows = sorted(src.rows("SELECT id, value FROM StringIds")) if "StringIds" in tables else []
+        src._strings = (np.array([i for i, _ in rows], dtype=np.int64), [v for _, v in rows])
+    return src._strings
+
+
+def _by_string_id(ids: np.ndarray, strings: tuple[np.ndarray, list[str]]) -> pd.Categorical:
+    """String ids (-1: none) as a Categorical of their strings (only the strings used)."""
+    known, values = strings
+    if not len(known):
+        return pd.Categorical.from_codes(np.full(len(ids), -1), categories=pd.Index([], dtype=object))
+    pos = np.minimum(np.searchsorted(known, ids), len(known) - 1)
+    codes = np.where((known[pos] == ids) & (ids >= 0), pos, -1)
+    used, codes = np.unique(codes, return_inverse=True)
+    categories = [values[u] for u in used if u >= 0]
+    codes = codes.reshape(-1) - (1 if len(used) and used[0] < 0 else 0)
+    return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=object))
+
+
 def _read_runtime(src, tables, strings, only=None) -> pd.DataFrame:
     frames = []
     for table in API_TABLES:
         if table not in tables:
             continue
         have = src.columns(table)
-        name = "s.value" if strings and "nameId" in have else "NULL"
-        join = "LEFT JOIN StringIds s ON s.id = r.nameId" if strings and "nameId" in have else ""
-        frames.append(_query(src, f"""
+        name_id = "r.nameId" if strings and "nameId" in have else "NULL"
+        frame = _query(src, f"""
             SELECT r.globalTid AS global_tid, r.correlationId AS correlation_id, r.start AS start_ns, r.end AS end_ns,
-                   {name} AS name
-            FROM {table} r {join}{f" WHERE {only('r.globalTid')}" if only else ""}""", {"global_tid": "int", "correlation_id": "int", "start_ns": "int", "end_ns": "int", "name": "text"}))
+                   {name_id} AS name_id
+            FROM {table} r{f" WHERE {only('r.globalTid')}" if only else ""}""",
+                       {"global_tid": "int?", "correlation_id": "int", "start_ns": "int", "end_ns": "int", "name_id": "int?"})
+        frame["name"] = _by_string_id(frame.pop("name_id").to_numpy(np.int64), _string_ids(src, tables))
+        frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=["pid", "tid", "correlation_id", "start_ns", "end_ns", "name"])
     frame = _concat(frames)
@@ -560,6 +605,14 @@ def _read_runtime(src, tables, strings, only=None) -> pd.DataFrame:
         "start_ns": frame["start_ns"].to_numpy(np.int64), "end_ns": frame["end_ns"].to_numpy(np.int64),
         "name": frame["name"].array,
     })
+
+
+def _dims(packed: np.ndarray) -> pd.Categorical:
+    """Grid or block sizes packed as x·2³² + y·2¹⁶ + z (-1: none) as ``(x, y, z)`` text, built once per distinct size."""
+    used, codes = np.unique(packed, return_inverse=True)
+    text = [f"({u >> 32}, {(u >> 16) & 0xFFFF}, {u & 0xFFFF})" for u in used.tolist() if u >= 0]
+    codes = codes.reshape(-1) - (1 if len(used) and used[0] < 0 else 0)
+    return pd.Categorical.from_codes(codes, categories=pd.Index(text, dtype=object))
 
 
 def _read_gpu(src, tables, strings, only=None) -> pd.DataFrame:
@@ -572,34 +625,41 @@ def _read_gpu(src, tables, strings, only=None) -> pd.DataFrame:
         def col(name, alias, default="NULL"):
             return f"g.{name} AS {alias}" if name in have else f"{default} AS {alias}"
 
-        name_col = next((c for c in ("shortName", "demangledName") if c in have), None)
-        if kind == "kernel" and strings and name_col:
-            name, join = "s.value AS name", f"LEFT JOIN StringIds s ON s.id = g.{name_col}"
-        else:
-            name, join = f"'{kind}' AS name", ""
-        grid = "'(' || g.gridX || ', ' || g.gridY || ', ' || g.gridZ || ')' AS grid" if {"gridX", "gridY", "gridZ"} <= have else "NULL AS grid"
-        block = "'(' || g.blockX || ', ' || g.blockY || ', ' || g.blockZ || ')' AS block" if {"blockX", "blockY", "blockZ"} <= have else "NULL AS block"
+        def dims(prefix):  # y and z of a grid or block are at most 65535 (CUDA's limits)
+            if {f"{prefix}X", f"{prefix}Y", f"{prefix}Z"} <= have:
+                return f"CAST(g.{prefix}X AS BIGINT) * 4294967296 + g.{prefix}Y * 65536 + g.{prefix}Z"
+            return "NULL"
+
+        name_col = next((c for c in ("shortName", "demangledName") if c in have), None) if kind == "kernel" and strings else None
         shared = ("g.staticSharedMemory + g.dynamicSharedMemory AS shared_memory_bytes"
                   if {"staticSharedMemory", "dynamicSharedMemory"} <= have else "NULL AS shared_memory_bytes")
         frame = _query(src, f"""
-            SELECT '{kind}' AS kind, {name}, g.globalPid AS global_pid, {col('deviceId', 'device')}, {col('streamId', 'stream')},
-                   g.correlationId AS correlation_id, g.start AS start_ns, g.end AS end_ns, {grid}, {block},
+            SELECT {f"g.{name_col}" if name_col else "NULL"} AS name_id, g.globalPid AS global_pid, {col('deviceId', 'device')},
+                   {col('streamId', 'stream')}, g.correlationId AS correlation_id, g.start AS start_ns, g.end AS end_ns,
+                   {dims('grid')} AS grid, {dims('block')} AS block,
                    {col('registersPerThread', 'registers_per_thread')}, {shared}, {col('bytes', 'bytes')},
                    {col('sharedMemoryExecuted', 'shared_memory_config_bytes')}
-            FROM {table} g {join}{f" WHERE {only('g.globalPid')}" if only else ""}""", {"kind": "text", "name": "text", "global_pid": "int", "device": "int", "stream": "int",
-                                       "correlation_id": "int", "start_ns": "int", "end_ns": "int", "grid": "text", "block": "text",
-                                       "registers_per_thread": "int", "shared_memory_bytes": "int", "bytes": "int",
-                                       "shared_memory_config_bytes": "int"})
+            FROM {table} g{f" WHERE {only('g.globalPid')}" if only else ""}""", {
+            "name_id": "int?", "global_pid": "int?", "device": "int", "stream": "int", "correlation_id": "int?",
+            "start_ns": "int?", "end_ns": "int?", "grid": "int?", "block": "int?", "registers_per_thread": "int",
+            "shared_memory_bytes": "int", "bytes": "int", "shared_memory_config_bytes": "int"})
+        n = len(frame)
+        if name_col:
+            names = _by_string_id(frame.pop("name_id").to_numpy(np.int64), _string_ids(src, tables))
+        else:  # memcpy, memset: named by their kind
+            frame.pop("name_id")
+            names = pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[kind])
+        frame.insert(0, "kind", pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[kind]))
+        frame.insert(1, "name", names)
+        frame["grid"] = _dims(frame["grid"].to_numpy(np.int64))
+        frame["block"] = _dims(frame["block"].to_numpy(np.int64))
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=["kind", "name", "pid", "device", "stream", "correlation_id", "start_ns", "end_ns"])
     frame = _concat(frames)
     pid, _ = _split_tid(frame["global_pid"])
     frame.insert(2, "pid", _ids_as_text(pid))
-    frame = frame.drop(columns=["global_pid"])
-    for c in ("start_ns", "end_ns", "correlation_id"):
-        frame[c] = frame[c].astype(np.int64)
-    return frame
+    return frame.drop(columns=["global_pid"])
 
 
 def _read_gpu_metrics(src, tables) -> pd.DataFrame:

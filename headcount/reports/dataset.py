@@ -25,6 +25,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,36 +39,52 @@ MARKER = "headcount.json"
 
 
 CHUNK_ROWS = 1_000_000  # rows converted and written at a time (one Parquet row group): bounds the Arrow copy
+TEXT = pa.dictionary(pa.int32(), pa.string())  # how text columns travel to the Parquet writer
 
 
-def _strings(values: pd.Series, field: pa.Field) -> pa.Array:
-    """A string column as Arrow without a Python call per value: categoricals
-    and Arrow-backed strings are converted in C++ (a dictionary is expanded
-    here and dictionary-encoded again by the Parquet writer)."""
+def file_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema a table's pieces are converted to: text columns dictionary-encoded.
+
+    The files are written without Arrow's own schema (``store_schema=False``),
+    so every reader sees plain Parquet strings (pandas ``str``, DuckDB
+    ``VARCHAR``) whatever the encoding on the way; a name that repeats on
+    millions of rows is never expanded in memory."""
+    return pa.schema([pa.field(f.name, TEXT) if pa.types.is_string(f.type) else f for f in schema])
+
+
+def _text(values: pd.Series) -> pa.DictionaryArray:
+    """A text column as an Arrow dictionary array, without a Python call per value."""
     if isinstance(values.dtype, pd.CategoricalDtype):
         categories = values.cat.categories
-        if not categories.empty and not all(isinstance(c, str) for c in categories):
-            values = values.cat.rename_categories([str(c) for c in categories])
-        return pc.cast(pa.array(values.array), field.type)
+        words = pa.array([c if isinstance(c, str) else str(c) for c in categories], type=pa.string())
+        codes = values.cat.codes.to_numpy()
+        return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), mask=codes < 0), words)
     if isinstance(values.array, pd.arrays.ArrowExtensionArray) or str(values.dtype) in ("string", "str"):
-        return pc.cast(pa.array(values.array), field.type)
+        return pc.dictionary_encode(pc.cast(pa.array(values.array), pa.string()))
     try:
-        return pa.array(values, type=field.type, from_pandas=True)
+        plain = pa.array(values, type=pa.string(), from_pandas=True)
     except (pa.ArrowInvalid, pa.ArrowTypeError):  # objects that are not strings (ints, paths): their str()
         mixed = values.astype(object).where(values.notna(), None)
-        return pa.array([v if v is None or isinstance(v, str) else str(v) for v in mixed], type=field.type)
+        plain = pa.array([v if v is None or isinstance(v, str) else str(v) for v in mixed], type=pa.string())
+    return pc.dictionary_encode(plain)
 
 
 def _to_arrow(frame: pd.DataFrame, schema: pa.Schema, table: str) -> pa.Table:
+    """``frame`` as an Arrow table of ``schema`` (:func:`file_schema`); missing columns null.
+
+    Raises:
+        HeadcountError: a column's values do not fit its type.
+    """
     columns = {}
     for field in schema:
         if field.name in frame.columns:
             values = frame[field.name]
             try:
-                if pa.types.is_string(field.type):
-                    columns[field.name] = _strings(values, field)
+                if pa.types.is_dictionary(field.type):
+                    columns[field.name] = _text(values)
                     continue
-                if pa.types.is_integer(field.type) or pa.types.is_floating(field.type):
+                numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type)
+                if numeric and not pd.api.types.is_numeric_dtype(values.dtype):
                     values = pd.to_numeric(values, errors="raise")
                 columns[field.name] = pa.array(values, type=field.type, from_pandas=True)
             except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError) as exc:
@@ -164,16 +181,17 @@ class StagedRun:
 
     def write(self, name: str, frame: pd.DataFrame) -> None:
         """Append ``frame``'s rows to table ``name`` (columns outside the schema are dropped, missing ones null)."""
-        schema = TABLES[name].with_metadata({b"headcount": self._meta_json, b"headcount.table": name.encode()})
+        schema = file_schema(TABLES[name])
         try:
             writer = self._writers.get(name)
             if writer is None:
                 part_dir = self.staging / name / f"run_id={self.run_id}"
                 part_dir.mkdir(parents=True)
-                writer = self._writers[name] = pq.ParquetWriter(part_dir / "part-0.parquet", schema)
+                writer = self._writers[name] = pq.ParquetWriter(part_dir / "part-0.parquet", schema, store_schema=False)
+                writer.add_key_value_metadata({"headcount": self._meta_json.decode(), "headcount.table": name})
             # a table's first piece is written even when empty: every table of a run has its file
             for lo in range(0, len(frame) if name in self.rows else max(len(frame), 1), CHUNK_ROWS):
-                writer.write_table(_to_arrow(frame.iloc[lo:lo + CHUNK_ROWS], schema, name).replace_schema_metadata(schema.metadata))
+                writer.write_table(_to_arrow(frame.iloc[lo:lo + CHUNK_ROWS], schema, name))
         except OSError as exc:
             raise HeadcountError(f"{self.out}: cannot write the report ({exc.strerror or exc})",
                                  hint="check free space and permissions") from exc
