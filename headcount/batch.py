@@ -62,6 +62,7 @@ def stage_file(path: str, out: str, run_id: str, options: dict) -> FileResult:
             for name, frame in result.pieces():
                 if name in WRITTEN:
                     staged.write(name, frame)
+                del frame  # not held while the next piece is built
             staged.write("runs", runs_row(meta))
     except HeadcountError as exc:
         message = exc.message if exc.message.startswith(str(path)) else f"{path}: {exc.message}"

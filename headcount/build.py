@@ -407,6 +407,7 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: dict
             used.update(int(d) for d in export.gpu["device"].dropna().unique())
         yield "ranges", ranges_table
         yield "kernels", kernels
+        del ranges_table, kernels, export  # written by now: freed before the next process is built
     ranges_table = pd.concat(attention, ignore_index=True) if len(attention) > 1 else attention[0]
     for col in ("phase", "layer_name"):
         ranges_table[col] = ranges_table[col].astype(object)
@@ -573,6 +574,7 @@ def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitSt
             if name == "ranges":
                 counts["attributed"] += int((frame["gpu_op_count"] > 0).sum())
             yield name, frame
+            del frame  # the consumer is done with it: not held while the next process is built
     if not counts["attributed"]:
         lines.append(f"{path}: no GPU operation was launched inside an NVTX range")
     lines.append(f"{path}: {counts['kernels']} GPU operations, {counts['ranges']} NVTX ranges")

@@ -9,6 +9,7 @@ share one run id and are written in one atomic report.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -147,7 +148,7 @@ def run(args) -> int:
                   f"{'forward+backward' if backward else 'forward only'}, {args.mode} mode")
     run_id = new_run_id()
     collected: dict[str, list[pd.DataFrame]] = {}
-    metadata = None
+    metadata, timing = None, {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         for impl in impls:
@@ -163,13 +164,22 @@ def run(args) -> int:
             prof = AttentionProfiler(model, mode=args.mode, backend=backend, run_id=run_id, metadata=extra, trace_dir=trace_dir,
                                      strict=True, pm_sampling=not args.no_pm_sampling, pm_interval_ns=int(args.pm_interval_us * 1000))
             progress.update(task, description=f"{impl}: profiling")
+            steps_s = 0.0
             with prof:
                 for i in range(args.steps):
+                    t = time.perf_counter()
                     with prof.step(i):
                         _step(model, inputs, backward)
+                    steps_s += time.perf_counter() - t
                     progress.advance(task)
+                after_steps = time.perf_counter()
             progress.update(task, description=f"{impl}: attributing")
             stats = prof.get_stats()
+            # what the user waits for beyond the steps: stopping the recorder, reading and attributing its trace
+            post_s = time.perf_counter() - after_steps
+            timing[impl] = {"profiled_steps_s": round(steps_s, 4), "postprocess_s": round(post_s, 4)}
+            console.print(f"{impl}: {args.steps} profiled steps {steps_s:.2f} s; stop, read and attribute {post_s:.2f} s "
+                          f"({100 * post_s / steps_s:.0f} % of the steps)", highlight=False, soft_wrap=True)
             for name in ("kernels", "ranges", "layers", "heads"):
                 collected.setdefault(name, []).append(stats[name])
             meta = prof.run_metadata()
@@ -177,7 +187,7 @@ def run(args) -> int:
             metadata = metadata or meta
             progress.update(task, description=f"{impl}: done")
     tables = {name: pd.concat(frames, ignore_index=True) for name, frames in collected.items()}
-    metadata = {**metadata, "implementations": impls}
+    metadata = {**metadata, "implementations": impls, "timing": timing}
     metadata.pop("implementation", None)
     out = dataset.write_run(args.out, run_id, tables, metadata, append=args.append, force=args.force)
     console_report.print_summary(tables["layers"], tables["heads"], out, console=Console(), kernels=tables["kernels"])

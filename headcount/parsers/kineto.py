@@ -66,6 +66,28 @@ def _ns(value) -> int:
     return int(Decimal(str(value)) * 1000)
 
 
+def _ns_array(values: list) -> np.ndarray:
+    """:func:`_ns` of many values: plain decimals (``"1733212345678901.123"``, the
+    form Kineto writes) split on the point in bulk, anything else one by one.
+
+    Raises:
+        InvalidOperation: a value that is no number.
+    """
+    text = pd.Series(values, dtype=object).astype(str)
+    parts = text.str.partition(".")
+    whole, frac = parts[0], parts[2]
+    plain = (whole.str.fullmatch(r"\d{1,16}") & frac.str.fullmatch(r"\d{0,3}")).to_numpy(dtype=bool).copy()
+    out = np.zeros(len(text), dtype=np.int64)
+    if plain.any():
+        micro = whole[plain].astype(np.int64).to_numpy()
+        fits = micro <= np.iinfo(np.int64).max // 1000 - 1
+        plain[np.flatnonzero(plain)[~fits]] = False
+        out[plain] = micro[fits] * 1000 + frac[plain].str.ljust(3, "0").astype(np.int64).to_numpy()
+    for i in np.flatnonzero(~plain):  # exponents, more than 3 decimals, huge values: exactly, one by one
+        out[i] = _ns(values[i])
+    return out
+
+
 def _launch_dims(value) -> str | None:
     if value is None:
         return None
@@ -80,7 +102,7 @@ def _document(path: Path) -> dict:
             gz = raw.read(2) == b"\x1f\x8b"
         opener = gzip.open if gz else open
         with opener(path, "rb") as fh:
-            doc = json.load(fh, parse_float=Decimal)
+            doc = json.load(fh, parse_float=str)  # exact: microsecond decimals are split, never rounded
     except FileNotFoundError as exc:
         raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
     except (json.JSONDecodeError, UnicodeDecodeError, EOFError, OSError) as exc:
@@ -129,6 +151,11 @@ def run_device(devices: list[dict]) -> dict | None:
 
     def num(key):
         v = d.get(key)
+        if isinstance(v, str):  # floats are read as text (exact timestamps)
+            try:
+                return int(float(v))
+            except ValueError:
+                return None
         return int(v) if isinstance(v, (int, float, Decimal)) else None
 
     major, minor = num("computeMajor"), num("computeMinor")
@@ -141,8 +168,12 @@ def run_device(devices: list[dict]) -> dict | None:
 
 
 def events_frame(events: list[dict], source: str = "trace") -> pd.DataFrame:
-    """Turn a list of Chrome-trace event dicts into the events table."""
-    rows = []
+    """Turn a list of Chrome-trace event dicts into the events table.
+
+    Raises:
+        HeadcountError: an event without a valid ``ts``/``dur``.
+    """
+    rows, stamps = [], []
     for ev in events:
         if ev.get("ph") != "X":
             continue
@@ -152,14 +183,9 @@ def events_frame(events: list[dict], source: str = "trace") -> pd.DataFrame:
             kind = "module"
         if kind is None:
             continue
-        try:
-            start = _ns(ev["ts"])
-            end = start + _ns(ev.get("dur", 0))
-        except (KeyError, InvalidOperation, ValueError) as exc:
-            raise HeadcountError(
-                f"{source}: event {ev.get('name')!r} has no valid ts/dur",
-                hint="the trace is damaged; record it again",
-            ) from exc
+        if "ts" not in ev:
+            raise HeadcountError(f"{source}: event {ev.get('name')!r} has no valid ts/dur", hint="the trace is damaged; record it again")
+        stamps.append((ev["ts"], ev.get("dur", 0)))
         args = ev.get("args") or {}
         rows.append(
             (
@@ -167,8 +193,8 @@ def events_frame(events: list[dict], source: str = "trace") -> pd.DataFrame:
                 str(ev.get("name", "")),
                 ev.get("pid"),
                 ev.get("tid"),
-                start,
-                end,
+                0,
+                0,
                 args.get("correlation"),
                 args.get("device"),
                 args.get("stream"),
@@ -181,6 +207,13 @@ def events_frame(events: list[dict], source: str = "trace") -> pd.DataFrame:
             )
         )
     frame = pd.DataFrame.from_records(rows, columns=COLUMNS)
+    try:
+        start = _ns_array([ts for ts, _ in stamps])
+        frame["start_ns"] = start
+        frame["end_ns"] = start + _ns_array([dur for _, dur in stamps])
+    except (InvalidOperation, ValueError, TypeError) as exc:
+        bad = next((rows[i][1] for i, (ts, dur) in enumerate(stamps) if not _valid(ts) or not _valid(dur)), None)
+        raise HeadcountError(f"{source}: event {bad!r} has no valid ts/dur", hint="the trace is damaged; record it again") from exc
     for col in ("start_ns", "end_ns"):
         frame[col] = frame[col].astype(np.int64)
     for col in ("correlation_id", "device", "stream", "registers_per_thread", "shared_memory_bytes"):
@@ -190,3 +223,11 @@ def events_frame(events: list[dict], source: str = "trace") -> pd.DataFrame:
     frame["pid"] = frame["pid"].astype(str)
     frame["tid"] = frame["tid"].astype(str)
     return frame
+
+
+def _valid(value) -> bool:
+    try:
+        _ns(value)
+    except (InvalidOperation, ValueError, TypeError):
+        return False
+    return True

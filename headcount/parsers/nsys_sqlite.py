@@ -374,6 +374,7 @@ def by_process(export: Timeline):
             code = [str(c) for c in p.categories].index(pid) if pid in {str(c) for c in p.categories} else -2
             parts[name] = frame.iloc[np.flatnonzero(p.codes == code)].reset_index(drop=True)
         yield Timeline(**parts, gpu_metrics=export.gpu_metrics, meta=export.meta, devices=export.devices)
+        del parts  # this process is done with: not held while the next one is cut out
 
 
 def _size(src, tables) -> int:
