@@ -109,16 +109,7 @@ def _nest_by_counting(group_ids, starts, ends):
     n_groups = int(group_ids.max()) + 1 if n else 0
     if n == 0:
         return parent, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
-    rows = np.arange(n)
-    ev_group = np.concatenate([group_ids, group_ids])
-    ev_time = np.concatenate([starts, ends])
-    ev_kind = np.concatenate([np.ones(n, np.int8), np.zeros(n, np.int8)])  # at equal times, ends first
-    ev_row = np.concatenate([rows, rows])
-    order = np.lexsort((ev_row, ev_kind, ev_time, ev_group))
-    open_after = np.cumsum(np.where(ev_kind[order] == 1, 1, -1))
-    is_start = ev_kind[order] == 1
-    depth = np.empty(n, dtype=np.int64)
-    depth[ev_row[order][is_start]] = open_after[is_start] - 1
+    depth = _depths(group_ids, starts, ends)
     for d in range(1, int(depth.max()) + 1):
         children = np.flatnonzero(depth == d)
         candidates = np.flatnonzero(depth == d - 1)
@@ -130,6 +121,40 @@ def _nest_by_counting(group_ids, starts, ends):
     improper = np.zeros(n_groups, dtype=bool)
     improper[group_ids[bad]] = True
     return parent, depth, improper
+
+
+def _depths(group_ids, starts, ends) -> np.ndarray:
+    """Ranges open at each range's start, for ranges sorted by (group, start, -end)
+    (group ids ascending): the ranges of its group sorted before it, less those
+    that ended at or before its start (at equal times an end comes first)."""
+    n = len(starts)
+    lo = int(min(starts.min(), ends.min()))
+    span = int(max(starts.max(), ends.max())) - lo + 1
+    rows = np.arange(n, dtype=np.int64)
+    sizes = np.bincount(group_ids)
+    group_first = np.repeat(np.cumsum(sizes) - sizes, sizes)  # also where the group's ends begin once sorted
+    if (int(group_ids.max()) + 1) * span < 2**62:  # one sort of int64 keys: (group, end)
+        base = group_ids.astype(np.int64) * span
+        ended_keys = np.sort(base + (ends - lo))
+        ended = np.searchsorted(ended_keys, base + (starts - lo), side="right") - group_first
+        return rows - group_first - ended
+    return _depths_by_events(group_ids, starts, ends)  # keys too wide for one integer
+
+
+def _depths_by_events(group_ids, starts, ends) -> np.ndarray:
+    """:func:`_depths` by sorting start and end events (any key width)."""
+    n = len(starts)
+    rows = np.arange(n, dtype=np.int64)
+    ev_group = np.concatenate([group_ids, group_ids])
+    ev_time = np.concatenate([starts, ends])
+    ev_kind = np.concatenate([np.ones(n, np.int8), np.zeros(n, np.int8)])  # at equal times, ends first
+    ev_row = np.concatenate([rows, rows])
+    order = np.lexsort((ev_row, ev_kind, ev_time, ev_group))
+    open_after = np.cumsum(np.where(ev_kind[order] == 1, 1, -1))
+    is_start = ev_kind[order] == 1
+    depth = np.empty(n, dtype=np.int64)
+    depth[ev_row[order][is_start]] = open_after[is_start] - 1
+    return depth
 
 
 def _nest_by_tightest(group_ids, starts, ends, parent, improper, block: int = 2048):

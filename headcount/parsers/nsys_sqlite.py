@@ -616,6 +616,17 @@ def _dims(packed: np.ndarray) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(text, dtype=object))
 
 
+# small GPU-activity columns travel packed in pairs, each value + 1 (0: NULL): device | stream (40 bits);
+# registers per thread | shared memory bytes (24 bits) | shared memory configured (24 bits)
+_STREAM_BITS, _SHARED_BITS = 40, 24
+
+
+def _unpacked(plus_one: np.ndarray) -> pd.arrays.IntegerArray:
+    """Values stored + 1 (0 for NULL) as a nullable integer array."""
+    missing = plus_one == 0
+    return pd.arrays.IntegerArray(np.where(missing, 0, plus_one - 1), missing)
+
+
 def _read_gpu(src, tables, strings, only=None) -> pd.DataFrame:
     frames = []
     for table, kind in GPU_TABLES.items():
@@ -632,18 +643,30 @@ def _read_gpu(src, tables, strings, only=None) -> pd.DataFrame:
             return "NULL"
 
         name_col = next((c for c in ("shortName", "demangledName") if c in have), None) if kind == "kernel" and strings else None
-        shared = ("g.staticSharedMemory + g.dynamicSharedMemory AS shared_memory_bytes"
-                  if {"staticSharedMemory", "dynamicSharedMemory"} <= have else "NULL AS shared_memory_bytes")
+
+        def plus_one(name):  # a column + 1, 0 for NULL or absent (packed below)
+            return f"(IFNULL(CAST(g.{name} AS BIGINT), -1) + 1)" if name in have else "0"
+
+        shared = ("(IFNULL(CAST(g.staticSharedMemory + g.dynamicSharedMemory AS BIGINT), -1) + 1)"
+                  if {"staticSharedMemory", "dynamicSharedMemory"} <= have else "0")
         frame = _query(src, f"""
-            SELECT {f"g.{name_col}" if name_col else "NULL"} AS name_id, g.globalPid AS global_pid, {col('deviceId', 'device')},
-                   {col('streamId', 'stream')}, g.correlationId AS correlation_id, g.start AS start_ns, g.end AS end_ns,
+            SELECT {f"g.{name_col}" if name_col else "NULL"} AS name_id, g.globalPid AS global_pid,
+                   {plus_one('deviceId')} * {1 << _STREAM_BITS} + {plus_one('streamId')} AS device_stream,
+                   g.correlationId AS correlation_id, g.start AS start_ns, g.end AS end_ns,
                    {dims('grid')} AS grid, {dims('block')} AS block,
-                   {col('registersPerThread', 'registers_per_thread')}, {shared}, {col('bytes', 'bytes')},
-                   {col('sharedMemoryExecuted', 'shared_memory_config_bytes')}
+                   ({plus_one('registersPerThread')} * {1 << _SHARED_BITS} + {shared}) * {1 << _SHARED_BITS}
+                       + {plus_one('sharedMemoryExecuted')} AS resources,
+                   {col('bytes', 'bytes')}
             FROM {table} g{f" WHERE {only('g.globalPid')}" if only else ""}""", {
-            "name_id": "int?", "global_pid": "int?", "device": "int", "stream": "int", "correlation_id": "int?",
-            "start_ns": "int?", "end_ns": "int?", "grid": "int?", "block": "int?", "registers_per_thread": "int",
-            "shared_memory_bytes": "int", "bytes": "int", "shared_memory_config_bytes": "int"})
+            "name_id": "int?", "global_pid": "int?", "device_stream": "int!", "correlation_id": "int?",
+            "start_ns": "int?", "end_ns": "int?", "grid": "int?", "block": "int?", "resources": "int!", "bytes": "int"})
+        packed = frame.pop("device_stream").to_numpy(np.int64)
+        resources = frame.pop("resources").to_numpy(np.int64)
+        frame["device"] = _unpacked(packed >> _STREAM_BITS)
+        frame["stream"] = _unpacked(packed & ((1 << _STREAM_BITS) - 1))
+        frame["registers_per_thread"] = _unpacked(resources >> (2 * _SHARED_BITS))
+        frame["shared_memory_bytes"] = _unpacked((resources >> _SHARED_BITS) & ((1 << _SHARED_BITS) - 1))
+        frame["shared_memory_config_bytes"] = _unpacked(resources & ((1 << _SHARED_BITS) - 1))
         n = len(frame)
         if name_col:
             names = _by_string_id(frame.pop("name_id").to_numpy(np.int64), _string_ids(src, tables))
@@ -659,8 +682,9 @@ def _read_gpu(src, tables, strings, only=None) -> pd.DataFrame:
         return pd.DataFrame(columns=["kind", "name", "pid", "device", "stream", "correlation_id", "start_ns", "end_ns"])
     frame = _concat(frames)
     pid, _ = _split_tid(frame["global_pid"])
-    frame.insert(2, "pid", _ids_as_text(pid))
-    return frame.drop(columns=["global_pid"])
+    frame["pid"] = _ids_as_text(pid)
+    return frame[["kind", "name", "pid", "device", "stream", "correlation_id", "start_ns", "end_ns", "grid", "block",
+                  "registers_per_thread", "shared_memory_bytes", "bytes", "shared_memory_config_bytes"]]
 
 
 def _read_gpu_metrics(src, tables) -> pd.DataFrame:
