@@ -280,8 +280,9 @@ def main() -> None:
             print("nsys-report not found (run ../shared/tools/install-nsight.sh): no comparison with nsys")
         nsys_ai = os.environ.get("NSYS_AI") or shutil.which("nsys-ai")
         if nsys_ai:
-            for cache in path.parent.glob(path.name + "*.duckdb"):
-                cache.unlink()  # warm builds a cache beside the file: time a cold build
+            # warm builds its cache beside the file (<stem>.nsys-cache/): time a cold build
+            shutil.rmtree(path.with_suffix(".nsys-cache"), ignore_errors=True)
+            path.with_suffix(".nsys-cache.build.lock").unlink(missing_ok=True)
             theirs, their_peak, _, done = timed([nsys_ai, "warm", str(path)])
             state = "" if done.returncode == 0 else f" (exit {done.returncode}: {done.stderr.strip()[-200:]})"
             print(f"nsys-ai warm: {theirs:.1f} s, peak RSS {their_peak:.2f} GiB{state}; headcount is {theirs / ours:.2f}× faster")

@@ -49,15 +49,12 @@ def stage_file(path: str, out: str, run_id: str, options: dict) -> FileResult:
     """
     from headcount import sources
     from headcount.reports import dataset
-    from headcount.reports.metadata import run_metadata, runs_row
+    from headcount.reports.metadata import runs_row
 
     try:
         source = sources.for_path(Path(path))
         result = source.parse(Path(path), run_id, options)
-        # the device and program versions the recording names (null where it does not), never this machine's
-        meta = run_metadata(run_id, source.name, result.version, "parse",
-                            {"input": str(path), "implementation": "unknown", "notices": result.notices},
-                            device=result.device or {"kind": "cuda", "name": None}, program={})
+        meta = _metadata(path, run_id, source.name, result.version, result.device, result.notices)
         with dataset.StagedRun(out, run_id, meta) as staged:
             for name, frame in result.pieces():
                 if name in WRITTEN:
@@ -70,9 +67,98 @@ def stage_file(path: str, out: str, run_id: str, options: dict) -> FileResult:
     return FileResult(str(path), run_id, result.lines, result.notices)
 
 
+SHARD_ROWS = 1_000_000  # NVTX rows from which one nsys export is split across the worker processes
+
+
+@dataclass
+class ShardResult:
+    """What a worker made of one shard of a large export: its attention ranges and row counts, or an error."""
+
+    attention: object = None
+    counts: dict = field(default_factory=dict)
+    error: str | None = None
+    hint: str | None = None
+    exit_code: int = 0
+
+
+def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards: int, plan) -> ShardResult:
+    """Attribute and stage one shard of a large nsys export (:func:`headcount.build.nsys_shard`)
+    as the pieces ``part-s<shard>`` of run ``run_id``; the parent finishes the run."""
+    from headcount import build
+    from headcount.reports import dataset
+
+    counts: dict = {}
+    attention = None
+    try:
+        with dataset.StagedRun(out, run_id, meta, part=f"s{shard}", manifest=False) as staged:
+            for name, frame in build.nsys_shard(Path(path), plan, shard, shards, counts):
+                if name == "attention":
+                    attention = frame
+                else:
+                    staged.write(name, frame)
+                del frame
+    except HeadcountError as exc:
+        message = exc.message if exc.message.startswith(str(path)) else f"{path}: {exc.message}"
+        return ShardResult(error=message, hint=exc.hint, exit_code=exc.exit_code)
+    return ShardResult(attention, counts)
+
+
+def _shards(path: str, jobs: int):
+    """``(shards, plan)``: the worker processes one file is split across (``jobs`` for
+    a large nsys export, whose processes never span two shards, else 1) and its plan."""
+    from headcount import sources
+    from headcount.parsers import nsys_sqlite
+
+    if jobs <= 1:
+        return 1, None
+    try:
+        source = sources.for_path(Path(path))
+        if source.parse.__name__ != "from_nsys_export" or nsys_sqlite.size_of(path) < SHARD_ROWS:
+            return 1, None
+        plan = nsys_sqlite.plan_export(path)
+        if plan.empty:
+            return 1, None
+        plan.last_nvtx_ns = nsys_sqlite.last_nvtx(path)
+    except HeadcountError:
+        return 1, None  # the file's own task reports the error
+    return jobs, plan
+
+
+def _metadata(path: str, run_id: str, source: str, version, device, notices: list[str]) -> dict:
+    """The run metadata of a parsed file: the device and versions the recording names, never this machine's."""
+    from headcount.reports.metadata import run_metadata
+
+    return run_metadata(run_id, source, version, "parse", {"input": str(path), "implementation": "unknown", "notices": notices},
+                        device=device or {"kind": "cuda", "name": None}, program={})
+
+
+def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResult]) -> FileResult:
+    """The shards of one file are staged: add its layers, heads and runs rows (or report the first error)."""
+    from headcount import build
+    from headcount.reports import dataset
+    from headcount.reports.metadata import runs_row
+
+    failed = next((r for r in parts if r.error), None)
+    if failed:
+        return FileResult(path, run_id, error=failed.error, hint=failed.hint, exit_code=failed.exit_code)
+    try:
+        layers, heads = build.nsys_aggregates([r.attention for r in parts], None, meta.get("device"))
+        with dataset.StagedRun(out, run_id, meta) as staged:
+            staged.write("layers", layers)
+            staged.write("heads", heads)
+            staged.write("runs", runs_row(meta))
+    except HeadcountError as exc:
+        return FileResult(path, run_id, error=f"{path}: {exc.message}", hint=exc.hint, exit_code=exc.exit_code)
+    counts = {k: sum(r.counts.get(k, 0) for r in parts) for k in ("kernels", "ranges", "attributed")}
+    lines = [] if counts["attributed"] else [f"{path}: no GPU operation was launched inside an NVTX range"]
+    lines.append(f"{path}: {counts['kernels']} GPU operations, {counts['ranges']} NVTX ranges "
+                 f"({len(parts)} shards in parallel)")
+    return FileResult(path, run_id, lines)
+
+
 def default_jobs(files: int) -> int:
     """Parallel parses by default: one per core, as many as memory holds
-    (:data:`PER_JOB_BYTES` each, from ``MemAvailable``), at most one per file."""
+    (:data:`PER_JOB_BYTES` each, from ``MemAvailable``)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     by_memory = cores
     try:
@@ -81,7 +167,7 @@ def default_jobs(files: int) -> int:
         by_memory = max(1, available // PER_JOB_BYTES)
     except (OSError, StopIteration, ValueError):
         pass
-    return max(1, min(files, cores, by_memory))
+    return max(1, min(cores, by_memory))  # not capped by the files: a large export is split across workers
 
 
 def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int = 1, executor: str = "local",
@@ -104,7 +190,8 @@ def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int =
     done = done or (lambda result: None)
     if executor == "ray":
         return _on_ray(files, out, options, done)
-    if jobs <= 1 or len(files) == 1:
+    shards = [_shards(path, jobs) for path, _ in files]
+    if jobs <= 1 or (len(files) == 1 and shards[0][0] == 1):
         results = []
         for path, run_id in files:
             results.append(stage_file(path, out, run_id, options))
@@ -121,15 +208,33 @@ def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int =
     else:  # a fresh single-threaded server forks the workers, with the heavy imports done once
         context = mp.get_context("forkserver")
         context.set_forkserver_preload(["headcount.batch", "headcount.sources", "headcount.build", "headcount.reports.dataset"])
-    workers = min(jobs, len(files))
+    from headcount.parsers import nsys_sqlite
+
+    workers = min(jobs, sum(m for m, _ in shards))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    results: list[FileResult | None] = [None] * len(files)
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_share_cores,
                              initargs=(max(1, cores // workers),)) as pool:
-        futures = {pool.submit(stage_file, path, out, run_id, options): i for i, (path, run_id) in enumerate(files)}
-        results: list[FileResult | None] = [None] * len(files)
+        futures, metas, parts = {}, {}, {}
+        for i, ((path, run_id), (m, plan)) in enumerate(zip(files, shards)):
+            if m == 1:
+                futures[pool.submit(stage_file, path, out, run_id, options)] = (i, None)
+                continue
+            device = nsys_sqlite.describe_device(plan.devices, plan.gpu_devices)
+            metas[i] = _metadata(path, run_id, "nsys", plan.meta.get("EXPORT_PRODUCT_VERSION"), device, [])
+            parts[i] = []
+            for k in range(m):
+                futures[pool.submit(stage_shard, path, out, run_id, metas[i], k, m, plan)] = (i, k)
         for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            done(results[futures[future]])
+            i, k = futures[future]
+            if k is None:
+                results[i] = future.result()
+            else:
+                parts[i].append(future.result())
+                if len(parts[i]) < shards[i][0]:
+                    continue
+                results[i] = _finish(files[i][0], files[i][1], out, metas[i], parts[i])
+            done(results[i])
     return results
 
 

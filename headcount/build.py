@@ -400,6 +400,15 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: dict
         then ``layers`` and ``heads`` (from every part's attention ranges).
     """
     attention, used = [], set()
+    yield from _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention, used)
+    # the GPU the work ran on: the program's (headcount run), else the one the export describes
+    layers, heads = nsys_aggregates(attention, calls, device or nsys_sqlite.describe_device(devices, sorted(used)))
+    yield "layers", layers
+    yield "heads", heads
+
+
+def _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention: list, used: set):
+    """``ranges`` and ``kernels`` of each part; its attention ranges go to ``attention``, its GPUs to ``used``."""
     for export in parts:
         ranges_table, kernels = _nsys_process(export, calls, implementation, devices, gpu_metrics)
         attention.append(ranges_table[(ranges_table["level"] != "other").to_numpy()].astype({"level": object}))
@@ -408,15 +417,39 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: dict
         yield "ranges", ranges_table
         yield "kernels", kernels
         del ranges_table, kernels, export  # written by now: freed before the next process is built
+
+
+def nsys_aggregates(attention: list[pd.DataFrame], calls=None, device: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``layers`` and ``heads`` from the attention ranges of every process, with ``roofline_class`` for ``device``."""
+    attention = [a for a in attention if len(a.columns)] or attention[:1]
     ranges_table = pd.concat(attention, ignore_index=True) if len(attention) > 1 else attention[0]
     for col in ("phase", "layer_name"):
         ranges_table[col] = ranges_table[col].astype(object)
     layers = aggregate.layers_table(ranges_table)
     heads = aggregate.heads_table(ranges_table, layers)
-    # the GPU the work ran on: the program's (headcount run), else the one the export describes
-    add_roofline({"layers": layers, "heads": heads}, device or nsys_sqlite.describe_device(devices, sorted(used)), calls)
-    yield "layers", layers
-    yield "heads", heads
+    add_roofline({"layers": layers, "heads": heads}, device, calls)
+    return layers, heads
+
+
+def nsys_shard(path: Path, plan, shard: int, shards: int, counts: dict):
+    """One shard of a large export (the processes whose id is ``shard`` modulo
+    ``shards``), for a worker process: ``ranges`` and ``kernels`` pieces, then
+    ``("attention", its attention ranges)`` for :func:`nsys_aggregates` in the
+    parent. ``counts`` gets the rows (kernels, ranges, ranges with GPU work)."""
+    attention: list[pd.DataFrame] = []
+    export = nsys_sqlite.read_export(path, plan=plan, shard=(shard, shards))
+    if export.ranges.empty and export.gpu.empty:  # no process id falls in this shard
+        yield "attention", pd.DataFrame()
+        return
+    parts = nsys_sqlite.by_process(export)
+    del export
+    for name, frame in _process_pieces(parts, None, "unknown", plan.devices, plan.gpu_metrics, attention, set()):
+        counts[name] = counts.get(name, 0) + len(frame)
+        if name == "ranges":
+            counts["attributed"] = counts.get("attributed", 0) + int((frame["gpu_op_count"] > 0).sum())
+        yield name, frame
+        del frame
+    yield "attention", pd.concat(attention, ignore_index=True) if len(attention) > 1 else attention[0]
 
 
 def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_metrics) -> tuple[pd.DataFrame, pd.DataFrame]:

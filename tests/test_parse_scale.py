@@ -103,6 +103,21 @@ def test_jobs_2_gives_the_tables_of_jobs_1(tmp_path, three_ranks, capsys):
     assert inputs(two) == ["rank0.sqlite", "rank1.sqlite", "rank2.sqlite"]
 
 
+def test_one_export_split_across_workers_gives_the_tables_of_one_worker(tmp_path, monkeypatch, capsys):
+    """A large export is sharded by process id across the workers; each shard
+    writes its own pieces of the run, the parent its layers, heads and runs."""
+    from headcount import batch
+
+    one, split = tmp_path / "one", tmp_path / "split"
+    assert main(["parse", str(H100), "-o", str(one), "--jobs", "1"]) == 0
+    monkeypatch.setattr(batch, "SHARD_ROWS", 1)  # as if the export were large
+    assert main(["parse", str(H100), "-o", str(split), "--jobs", "2"]) == 0
+    assert "2 shards in parallel" in capsys.readouterr().err
+    assert sorted(p.name for p in (split / "ranges").glob("*/*.parquet")) == ["part-s0.parquet", "part-s1.parquet"]
+    assert_same(tables(one), tables(split))
+    assert inputs(split) == [H100.name]
+
+
 def test_a_failed_file_in_a_parallel_parse_writes_nothing(tmp_path, three_ranks, capsys):
     bad = tmp_path / "rank9.sqlite"
     bad.write_bytes(b"SQLite format 3\x00" + b"\x00" * 100)  # an SQLite header and nothing after it

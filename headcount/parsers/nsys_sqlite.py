@@ -377,6 +377,15 @@ def by_process(export: Timeline):
         del parts  # this process is done with: not held while the next one is cut out
 
 
+def size_of(path: str | Path) -> int:
+    """NVTX rows of an export (its largest rowid: no scan)."""
+    src = _open(Path(path))
+    try:
+        return _size(src, src.tables())
+    finally:
+        src.close()
+
+
 def _size(src, tables) -> int:
     """NVTX rows of the export, from the largest rowid (no scan)."""
     if "NVTX_EVENTS" not in tables:
@@ -400,12 +409,31 @@ def _read_meta(src, tables) -> dict:
     return meta
 
 
-def read_export(path: str | Path, process: int | None = None, plan: ExportPlan | None = None) -> Timeline:
+def last_nvtx(path: str | Path) -> int | None:
+    """The export's last NVTX timestamp (ns), where ranges left open end (one scan)."""
+    src = _open(Path(path))
+    try:
+        if "NVTX_EVENTS" not in src.tables():
+            return None
+        types = ",".join(str(t) for t in RANGE_EVENT_TYPES)
+        a, b = _rows(src, f"SELECT max(start), max(end) FROM NVTX_EVENTS WHERE eventType IN ({types})")[0]
+    finally:
+        src.close()
+    stamps = [int(v) for v in (a, b) if v is not None]
+    return max(stamps) if stamps else None
+
+
+def read_export(path: str | Path, process: int | None = None, plan: ExportPlan | None = None,
+                shard: tuple[int, int] | None = None) -> Timeline:
     """Read an nsys SQLite export (a file) or ``parquetdir`` export (a directory),
-    or one process of it.
+    or one process of it, or one shard of its processes.
 
     Args:
         process: read only this process's ranges, launch calls and GPU work.
+        shard: ``(k, m)``: read only the processes whose id is k modulo m (each
+            process whole, so shards are attributed independently); give the
+            ``plan`` with its ``last_nvtx_ns`` (:func:`last_nvtx`) so that open
+            ranges end where they would in a whole read.
         plan: the export's :func:`plan_export` (its small tables are then not read again).
 
     Returns:
@@ -428,7 +456,12 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
     try:
         tables = src.tables()
         strings = "StringIds" in tables
-        only = (lambda col: f"{_pid_of(col)} = {int(process)}") if process is not None else None
+        if process is not None:
+            only = lambda col: f"{_pid_of(col)} = {int(process)}"  # noqa: E731
+        elif shard is not None:
+            only = lambda col: f"{_pid_of(col)} % {int(shard[1])} = {int(shard[0])}"  # noqa: E731
+        else:
+            only = None
         ranges = _read_ranges(src, tables, strings, only, plan.last_nvtx_ns if plan else None)
         runtime = _read_runtime(src, tables, strings, only)
         gpu = _read_gpu(src, tables, strings, only)
@@ -438,7 +471,7 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
             meta, metrics, devices = plan.meta, plan.gpu_metrics, plan.devices
     finally:
         src.close()
-    if ranges.empty and gpu.empty and process is None:
+    if ranges.empty and gpu.empty and process is None and shard is None:
         raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     return Timeline(ranges=ranges, runtime=runtime, gpu=gpu, gpu_metrics=metrics, meta=meta, devices=devices)
 

@@ -166,15 +166,19 @@ class StagedRun:
         HeadcountError: a piece does not fit its table's schema; an I/O error.
     """
 
-    def __init__(self, out: str | Path, run_id: str, metadata: dict):
+    def __init__(self, out: str | Path, run_id: str, metadata: dict, part: str = "0", manifest: bool = True):
+        """``part``: this writer's file name (``part-<part>.parquet``); several
+        writers (worker processes) stage pieces of one run side by side, and the
+        one with ``manifest`` writes ``run.json``."""
         self.out, self.run_id, self.metadata = Path(out), run_id, metadata
+        self.part, self.manifest = part, manifest
         self.staging = self.out / f".staging-{run_id}"
         self.rows: dict[str, int] = {}
         self._writers: dict[str, pq.ParquetWriter] = {}
         self._meta_json = json.dumps(metadata, sort_keys=True, default=str).encode()
         try:
             self.out.mkdir(parents=True, exist_ok=True)
-            self.staging.mkdir()
+            self.staging.mkdir(exist_ok=True)  # other writers of this run (worker processes) may be first
         except OSError as exc:
             raise HeadcountError(f"{self.out}: cannot write the report ({exc.strerror or exc})",
                                  hint="check free space and permissions") from exc
@@ -186,8 +190,8 @@ class StagedRun:
             writer = self._writers.get(name)
             if writer is None:
                 part_dir = self.staging / name / f"run_id={self.run_id}"
-                part_dir.mkdir(parents=True)
-                writer = self._writers[name] = pq.ParquetWriter(part_dir / "part-0.parquet", schema, store_schema=False)
+                part_dir.mkdir(parents=True, exist_ok=True)
+                writer = self._writers[name] = pq.ParquetWriter(part_dir / f"part-{self.part}.parquet", schema, store_schema=False)
                 writer.add_key_value_metadata({"headcount": self._meta_json.decode(), "headcount.table": name})
             # a table's first piece is written even when empty: every table of a run has its file
             for lo in range(0, len(frame) if name in self.rows else max(len(frame), 1), CHUNK_ROWS):
@@ -202,11 +206,14 @@ class StagedRun:
         for writer in self._writers.values():
             writer.close()
         self._writers.clear()
+        if not self.manifest:
+            return
         manifest_dir = self.staging / "manifests" / f"run_id={self.run_id}"
         manifest_dir.mkdir(parents=True, exist_ok=True)
         (manifest_dir / "run.json").write_text(json.dumps(self.metadata, indent=2, sort_keys=True, default=str))
 
     def discard(self) -> None:
+        """Drop everything staged for this run (every writer's pieces)."""
         for writer in self._writers.values():
             try:
                 writer.close()
