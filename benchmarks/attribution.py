@@ -258,7 +258,8 @@ def main() -> None:
         ours, peak, tree, done = timed([*headcount_cmd(), "parse", str(path), "-o", str(out)])
         if done.returncode != 0:
             sys.exit(f"headcount parse failed: {done.stderr.strip()}")
-        print(f"headcount parse: {ours:.1f} s wall, peak RSS {peak:.2f} GiB (whole process)")
+        print(f"headcount parse: {ours:.1f} s wall, peak RSS {tree:.2f} GiB (all its processes together, sampled), "
+              f"{peak:.2f} GiB (its main process)")
         if args.detail:
             queue = mp.get_context("spawn").Queue()
             proc = mp.get_context("spawn").Process(target=_stages, args=(str(path), queue))

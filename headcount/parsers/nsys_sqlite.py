@@ -151,7 +151,12 @@ NULL_INT = -1  # no timestamp, id, count or size in an nsys export is negative
 
 
 def _query(src, sql: str | list[str], types: dict[str, str]) -> pd.DataFrame:
-    """Run ``sql`` and return the columns of ``types``: ``int`` (NULL comes
+    """:func:`_columns` as a DataFrame."""
+    return pd.DataFrame(_columns(src, sql, types))
+
+
+def _columns(src, sql: str | list[str], types: dict[str, str]) -> dict:
+    """Run ``sql`` and return the columns of ``types`` (a dict of arrays): ``int`` (NULL comes
     back as ``<NA>``), ``int?`` (NULL comes back as -1, a plain int64 column),
     ``int!`` (a column the schema declares NOT NULL, read as is) or ``text``
     (NULL or empty comes back as ``None``; a Categorical).
@@ -195,14 +200,16 @@ def _query(src, sql: str | list[str], types: dict[str, str]) -> pd.DataFrame:
                 codes = np.where(codes == empty, -1, codes)
             columns[col] = pd.Categorical.from_codes(codes, categories=pd.Index(list(words), dtype=object))
             continue
-        values = np.concatenate([part[col] for part in parts]) if parts else np.zeros(0, np.int64)
+        pieces = [part.pop(col) for part in parts]  # each part's column is let go once joined
+        values = pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+        del pieces
         if kind == "int":
             null = values == NULL_INT
             if null.any():
                 columns[col] = pd.arrays.IntegerArray(np.where(null, 0, values), null)
                 continue
         columns[col] = values
-    return pd.DataFrame(columns)
+    return columns
 
 
 BATCH_ROWS = 262_144  # rows per Arrow batch from the database: what is held in Arrow form at a time
@@ -219,10 +226,14 @@ def _compact(batches, types: dict[str, str]) -> dict:
         for col, (codes, words) in texts.items():
             encoded = pc.dictionary_encode(batch.column(col).cast(pa.string()))  # an empty batch can come typed as integers
             remap = np.array([words.setdefault(w, len(words)) for w in encoded.dictionary.to_pylist()] + [-1], dtype=np.int64)
-            codes.append(remap[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)])
-    out = {col: np.concatenate(parts) if parts else np.zeros(0, np.int64) for col, parts in ints.items()}
+            codes.append(remap[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)].astype(np.int32))
+    out = {}
+    for col in list(ints):  # column by column, each list let go once joined: never two copies of every column
+        parts = ints.pop(col)
+        out[col] = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        del parts
     for col, (codes, words) in texts.items():
-        out[col] = (np.concatenate(codes) if codes else np.zeros(0, np.int64), list(words))
+        out[col] = (np.concatenate(codes) if codes else np.zeros(0, np.int32), list(words))
     return out
 
 
@@ -527,22 +538,22 @@ def _read_ranges(src, tables, strings, only=None, last_ns: int | None = None) ->
                e.text AS text
         FROM NVTX_EVENTS e
         WHERE e.eventType IN ({types}){f" AND (e.eventType = {DOMAIN_CREATE} OR {only('e.globalTid')})" if only else ""}"""
-    frame = _query(src, [f"{sql} AND {half}" for half in _halves(src, "NVTX_EVENTS", "e.rowid")] or sql, {
+    frame = _columns(src, [f"{sql} AND {half}" for half in _halves(src, "NVTX_EVENTS", "e.rowid")] or sql, {
         "range_id": "int!", "start_ns": "int!", "end_ns": "int?", "global_tid": "int?", "packed": "int!", "text": "text"})
-    packed = frame["packed"].to_numpy(np.int64)
+    packed = frame.pop("packed")
     event_type = packed >> (1 + _TEXT_BITS + _DOMAIN_BITS)
     domain_id = ((packed >> (1 + _TEXT_BITS)) & ((1 << _DOMAIN_BITS) - 1)) - 1
     text_id = ((packed >> 1) & ((1 << _TEXT_BITS) - 1)) - 1
     ids, values = _string_ids(src, tables) if "textId" in have else (np.zeros(0, np.int64), [])
-    names = _names(frame["text"].array, text_id, list(zip(ids.tolist(), values)))
+    names = _names(frame.pop("text"), text_id, list(zip(ids.tolist(), values)))
     is_domain = event_type == DOMAIN_CREATE
     keep = np.flatnonzero(~is_domain & ((packed & 1) == 0))
     if not len(keep):
         return pd.DataFrame(columns=cols)
-    global_tid = frame["global_tid"].to_numpy(np.int64)
+    global_tid = frame.pop("global_tid")
     pid, tid = _split_tid(global_tid[keep])
     dpid, _ = _split_tid(global_tid[is_domain])
-    out = pd.DataFrame({"range_id": frame["range_id"].to_numpy(np.int64)[keep], "pid": _ids_as_text(pid), "tid": _ids_as_text(tid)})
+    out = pd.DataFrame({"range_id": frame.pop("range_id")[keep], "pid": _ids_as_text(pid), "tid": _ids_as_text(tid)})
     out["domain"] = _domains(domain_id[keep], pid, domain_id[is_domain], dpid, names[is_domain])
     out["name"] = names[keep]
     styles = sorted(set(RANGE_EVENT_TYPES.values()))
@@ -550,8 +561,8 @@ def _read_ranges(src, tables, strings, only=None, last_ns: int | None = None) ->
     for event_type_id, style in RANGE_EVENT_TYPES.items():
         style_code[event_type_id] = styles.index(style)
     out["style"] = pd.Categorical.from_codes(style_code[event_type[keep]], categories=styles)
-    starts = frame["start_ns"].to_numpy(np.int64)[keep]
-    ends = frame["end_ns"].to_numpy(np.int64)[keep]
+    starts = frame.pop("start_ns")[keep]
+    ends = frame.pop("end_ns")[keep]
     missing = ends == NULL_INT
     if last_ns is None:  # nsys: the last NVTX timestamp
         last_ns = int(max(starts.max(), ends.max()))

@@ -38,7 +38,7 @@ from headcount.tables import TABLES
 MARKER = "headcount.json"
 
 
-CHUNK_ROWS = 1_000_000  # rows converted and written at a time (one Parquet row group): bounds the Arrow copy
+CHUNK_ROWS = 262_144  # rows converted and written at a time (one Parquet row group): bounds the Arrow copy
 TEXT = pa.dictionary(pa.int32(), pa.string())  # how text columns travel to the Parquet writer
 
 
