@@ -260,6 +260,12 @@ def main() -> None:
             sys.exit(f"headcount parse failed: {done.stderr.strip()}")
         print(f"headcount parse: {ours:.1f} s wall, peak RSS {tree:.2f} GiB (all its processes together, sampled), "
               f"{peak:.2f} GiB (its main process)")
+        one = workdir / "out-jobs1"
+        shutil.rmtree(one, ignore_errors=True)
+        wall1, peak1, tree1, done1 = timed([*headcount_cmd(), "parse", str(path), "-o", str(one), "--jobs", "1"])
+        print(f"headcount parse --jobs 1 (one process): {wall1:.1f} s wall, peak RSS {max(peak1, tree1):.2f} GiB"
+              + ("" if done1.returncode == 0 else f" (failed: exit {done1.returncode})"))
+        shutil.rmtree(one, ignore_errors=True)
         if args.detail:
             queue = mp.get_context("spawn").Queue()
             proc = mp.get_context("spawn").Process(target=_stages, args=(str(path), queue))

@@ -437,18 +437,22 @@ def nsys_shard(path: Path, plan, shard: int, shards: int, counts: dict):
     ``("attention", its attention ranges)`` for :func:`nsys_aggregates` in the
     parent. ``counts`` gets the rows (kernels, ranges, ranges with GPU work)."""
     attention: list[pd.DataFrame] = []
-    export = nsys_sqlite.read_export(path, plan=plan, shard=(shard, shards))
-    if export.ranges.empty and export.gpu.empty:  # no process id falls in this shard
-        yield "attention", pd.DataFrame()
-        return
-    parts = nsys_sqlite.by_process(export)
-    del export
+    if plan.processes is not None:  # a large export: this shard's processes read one at a time
+        mine = [p for p in plan.processes if p % shards == shard]
+        parts = (nsys_sqlite.read_export(path, process=p, plan=plan) for p in mine)
+    else:  # the shard in one read, then one process at a time
+        export = nsys_sqlite.read_export(path, plan=plan, shard=(shard, shards))
+        parts = nsys_sqlite.by_process(export) if len(export.ranges) or len(export.gpu) else iter(())
+        del export
     for name, frame in _process_pieces(parts, None, "unknown", plan.devices, plan.gpu_metrics, attention, set()):
         counts[name] = counts.get(name, 0) + len(frame)
         if name == "ranges":
             counts["attributed"] = counts.get("attributed", 0) + int((frame["gpu_op_count"] > 0).sum())
         yield name, frame
         del frame
+    if not attention:  # no process id falls in this shard
+        yield "attention", pd.DataFrame()
+        return
     yield "attention", pd.concat(attention, ignore_index=True) if len(attention) > 1 else attention[0]
 
 

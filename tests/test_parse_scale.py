@@ -103,14 +103,18 @@ def test_jobs_2_gives_the_tables_of_jobs_1(tmp_path, three_ranks, capsys):
     assert inputs(two) == ["rank0.sqlite", "rank1.sqlite", "rank2.sqlite"]
 
 
-def test_one_export_split_across_workers_gives_the_tables_of_one_worker(tmp_path, monkeypatch, capsys):
-    """A large export is sharded by process id across the workers; each shard
-    writes its own pieces of the run, the parent its layers, heads and runs."""
+@pytest.mark.parametrize("per_process_reads", [False, True])
+def test_one_export_split_across_workers_gives_the_tables_of_one_worker(tmp_path, monkeypatch, capsys, per_process_reads):
+    """A large export is sharded by process id across the workers (each shard
+    read at once, or, for a very large export, one process at a time); each
+    shard writes its own pieces of the run, the parent its layers, heads and runs."""
     from headcount import batch
 
     one, split = tmp_path / "one", tmp_path / "split"
     assert main(["parse", str(H100), "-o", str(one), "--jobs", "1"]) == 0
     monkeypatch.setattr(batch, "SHARD_ROWS", 1)  # as if the export were large
+    if per_process_reads:
+        monkeypatch.setattr(nsys_sqlite, "STREAM_ROWS", 0)
     assert main(["parse", str(H100), "-o", str(split), "--jobs", "2"]) == 0
     assert "2 shards in parallel" in capsys.readouterr().err
     assert sorted(p.name for p in (split / "ranges").glob("*/*.parquet")) == ["part-s0.parquet", "part-s1.parquet"]
