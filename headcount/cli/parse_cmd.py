@@ -83,10 +83,10 @@ def run(args) -> int:
             state = "failed" if result.error else "staged"
             console.print(f"[{len(finished)}/{len(files)}] {result.path}: {state}", soft_wrap=True, highlight=False)
 
-    how = f"{len(files)} files, {jobs} at a time" if len(files) > 1 and args.executor == "local" and jobs > 1 else \
-        f"{len(files)} files on Ray" if args.executor == "ray" else f"{args.files[0]}" if len(files) == 1 else f"{len(files)} files"
-    # a spinner is a thread: only around work done here (worker processes are forked from a thread-free parent)
-    parallel = args.executor == "ray" or (jobs > 1 and len(files) > 1)
+    what = args.files[0] if len(files) == 1 else f"{len(files)} files"
+    how = {"ray": f"{what} on Ray", "local": f"{what}, {jobs} worker processes" if jobs > 1 else what}[args.executor]
+    # a spinner is a thread: none while worker processes may be forked (a fork would inherit its locks)
+    parallel = args.executor == "ray" or jobs > 1
     try:
         with nullcontext() if parallel else console.status(f"reading {how}…"):
             if parallel:
