@@ -134,21 +134,29 @@ def run(args) -> int:
             console.print(f"headcount: error: {err.one_line()}")
             return status
         raise err
-    written = 0
-    for r in runs:
-        if assemble.empty(r.tables):
-            console.print(f"{r.run_id}: nothing recorded ({'; '.join(r.info.get('notices', []))})")
-            continue
-        # the program's device and versions, as its own process saw them (never this launcher's)
-        meta = run_metadata(r.run_id, args.backend, tool_info.get("tool_version"), args.mode,
-                            {**r.info, **tool_info, "program_exit_status": status, "steps": r.info.get("steps_seen"),
-                             "complete": bool(r.info.get("complete", True)) and status == 0},
-                            device=r.info.get("device") or {"kind": None, "name": None},
-                            program=r.info.get("program") or {})
-        tables = {name: r.tables[name] for name in ("kernels", "ranges", "layers", "heads")}
-        tables["runs"] = runs_row(meta)
-        dataset.write_run(out, r.run_id, tables, meta, append=args.append or written > 0, force=args.force and written == 0)
-        written += 1
+    staged = []  # every rank's run staged, then all committed together: never a report with some ranks only
+    try:
+        for r in runs:
+            if assemble.empty(r.tables):
+                console.print(f"{r.run_id}: nothing recorded ({'; '.join(r.info.get('notices', []))})")
+                continue
+            # the program's device and versions, as its own process saw them (never this launcher's)
+            meta = run_metadata(r.run_id, args.backend, tool_info.get("tool_version"), args.mode,
+                                {**r.info, **tool_info, "program_exit_status": status, "steps": r.info.get("steps_seen"),
+                                 "complete": bool(r.info.get("complete", True)) and status == 0},
+                                device=r.info.get("device") or {"kind": None, "name": None},
+                                program=r.info.get("program") or {})
+            with dataset.StagedRun(out, r.run_id, meta) as run:
+                staged.append(r.run_id)
+                for name in ("kernels", "ranges", "layers", "heads"):
+                    run.write(name, r.tables[name])
+                run.write("runs", runs_row(meta))
+        dataset.commit(out, staged, append=args.append, force=args.force)
+    except BaseException:
+        for run_id in staged:
+            shutil.rmtree(out / f".staging-{run_id}", ignore_errors=True)
+        raise
+    written = len(staged)
     first = next(r for r in runs if not assemble.empty(r.tables))
     console_report.print_summary(first.tables["layers"], first.tables["heads"], None, console=Console(),
                                  kernels=first.tables["kernels"])
