@@ -3,6 +3,11 @@ staged on its own (:class:`headcount.reports.dataset.StagedRun`), here, in
 parallel processes (``--jobs``) or as Ray tasks (``--executor ray``); the
 caller commits the staged runs together (:func:`headcount.reports.dataset.commit`).
 
+A large export of a source that can be split by process (nsys SQLite and
+parquetdir) is split into shards across the worker processes
+(:func:`stage_shard`); the parent then adds the run's ``layers``, ``heads``
+and ``runs`` from what the shards return (:func:`_finish`).
+
 A file's failure comes back as a value (:class:`FileResult` with ``error``),
 not an exception, so a pool or a cluster reports every file, and the caller
 decides: write nothing, or (``--keep-going``) commit the others.
@@ -112,8 +117,7 @@ def _shards(path: str, jobs: int):
     if jobs <= 1:
         return 1, None
     try:
-        source = sources.for_path(Path(path))
-        if source.parse.__name__ != "from_nsys_export" or nsys_sqlite.size_of(path) < SHARD_ROWS:
+        if not sources.for_path(Path(path)).splits or nsys_sqlite.size_of(path) < SHARD_ROWS:
             return 1, None
         plan = nsys_sqlite.plan_export(path)
         if plan.empty:

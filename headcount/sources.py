@@ -38,6 +38,8 @@ class FileSource:
         label: what the file is, for messages.
         suffixes: lower-case name endings it is chosen by (a directory: ``directory``).
         parse: ``(path, run_id, options) →`` :class:`headcount.build.Parsed`; raises HeadcountError on bad input.
+        directory: the format is a directory.
+        splits: a large file can be split by process across workers (:func:`headcount.build.nsys_shard`).
     """
 
     name: str
@@ -45,11 +47,12 @@ class FileSource:
     suffixes: tuple[str, ...]
     parse: Callable[[Path, str, dict], build.Parsed]
     directory: bool = False
+    splits: bool = False
 
 
 FILE_SOURCES: list[FileSource] = [
-    FileSource("nsys", "nsys SQLite export", (".sqlite", ".sqlite3", ".db"), build.from_nsys_export),
-    FileSource("nsys", "nsys parquetdir export", (), build.from_nsys_export, directory=True),
+    FileSource("nsys", "nsys SQLite export", (".sqlite", ".sqlite3", ".db"), build.from_nsys_export, splits=True),
+    FileSource("nsys", "nsys parquetdir export", (), build.from_nsys_export, directory=True, splits=True),
     FileSource("nsys", ".nsys-rep report (exported by the nsys on PATH)", (".nsys-rep",), build.from_nsys_rep),
     FileSource("ncu", "ncu CSV export (raw or details page)", (".csv",), build.from_ncu_csv),
     FileSource("ncu", ".ncu-rep report (read with ncu_report)", (".ncu-rep",), build.from_ncu_rep),

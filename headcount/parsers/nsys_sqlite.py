@@ -346,7 +346,7 @@ def plan_export(path: str | Path) -> ExportPlan:
         nvtx_rows, last, pids = {}, None, set()
         if "NVTX_EVENTS" in tables:
             types = ",".join(str(t) for t in RANGE_EVENT_TYPES)
-            rows = _rows(src, f"SELECT {_pid_of('globalTid')} AS pid, count(*), max(start), max(end) FROM NVTX_EVENTS "
+            rows = _rows(src, f"SELECT {_pid_of('globalTid')} AS pid, count(*), max(start), max(\"end\") FROM NVTX_EVENTS "
                               f"WHERE eventType IN ({types}) GROUP BY 1")
             nvtx_rows = {int(p): int(n) for p, n, _, _ in rows if p is not None}
             stamps = [int(v) for _, _, a, b in rows for v in (a, b) if v is not None]
@@ -427,7 +427,7 @@ def last_nvtx(path: str | Path) -> int | None:
         if "NVTX_EVENTS" not in src.tables():
             return None
         types = ",".join(str(t) for t in RANGE_EVENT_TYPES)
-        a, b = _rows(src, f"SELECT max(start), max(end) FROM NVTX_EVENTS WHERE eventType IN ({types})")[0]
+        a, b = _rows(src, f"SELECT max(start), max(\"end\") FROM NVTX_EVENTS WHERE eventType IN ({types})")[0]
     finally:
         src.close()
     stamps = [int(v) for v in (a, b) if v is not None]
