@@ -377,7 +377,7 @@ def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: 
 
 
 def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: dict | None = None,
-                devices: pd.DataFrame | None = None, gpu_metrics: pd.DataFrame | None = None):
+                devices: pd.DataFrame | None = None, gpu_metrics: pd.DataFrame | None = None, release: bool = False):
     """Headcount's tables from an nsys export, one process at a time.
 
     Ranges are projected onto the GPU exactly as nsys's ``nvtx_gpu_proj_trace``
@@ -394,26 +394,28 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: dict
             ranges, launches and GPU work never cross processes, so each part
             is attributed alone and memory follows the largest process).
         devices, gpu_metrics: the export's GPUs and GPU-metrics samples (whole file).
+        release: the parts were read for this call: each is emptied once projected.
 
     Yields:
         ``(table name, DataFrame)``: ``ranges`` and ``kernels`` once per part,
         then ``layers`` and ``heads`` (from every part's attention ranges).
     """
     attention, used = [], set()
-    yield from _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention, used)
+    yield from _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention, used, release=release)
     # the GPU the work ran on: the program's (headcount run), else the one the export describes
     layers, heads = nsys_aggregates(attention, calls, device or nsys_sqlite.describe_device(devices, sorted(used)))
     yield "layers", layers
     yield "heads", heads
 
 
-def _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention: list, used: set):
-    """``ranges`` and ``kernels`` of each part; its attention ranges go to ``attention``, its GPUs to ``used``."""
+def _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention: list, used: set, release: bool = False):
+    """``ranges`` and ``kernels`` of each part; its attention ranges go to ``attention``, its GPUs to ``used``.
+    ``release``: the parts are transient (read for this): each is emptied once projected."""
     for export in parts:
-        ranges_table, kernels = _nsys_process(export, calls, implementation, devices, gpu_metrics)
-        attention.append(ranges_table[(ranges_table["level"] != "other").to_numpy()].astype({"level": object}))
         if len(export.gpu):
             used.update(int(d) for d in export.gpu["device"].dropna().unique())
+        ranges_table, kernels = _nsys_process(export, calls, implementation, devices, gpu_metrics, release=release)
+        attention.append(ranges_table[(ranges_table["level"] != "other").to_numpy()].astype({"level": object}))
         yield "ranges", ranges_table
         yield "kernels", kernels
         del ranges_table, kernels, export  # written by now: freed before the next process is built
@@ -444,7 +446,7 @@ def nsys_shard(path: Path, plan, shard: int, shards: int, counts: dict):
         export = nsys_sqlite.read_export(path, plan=plan, shard=(shard, shards))
         parts = nsys_sqlite.by_process(export) if len(export.ranges) or len(export.gpu) else iter(())
         del export
-    for name, frame in _process_pieces(parts, None, "unknown", plan.devices, plan.gpu_metrics, attention, set()):
+    for name, frame in _process_pieces(parts, None, "unknown", plan.devices, plan.gpu_metrics, attention, set(), release=True):
         counts[name] = counts.get(name, 0) + len(frame)
         if name == "ranges":
             counts["attributed"] = counts.get("attributed", 0) + int((frame["gpu_op_count"] > 0).sum())
@@ -456,9 +458,17 @@ def nsys_shard(path: Path, plan, shard: int, shards: int, counts: dict):
     yield "attention", pd.concat(attention, ignore_index=True) if len(attention) > 1 else attention[0]
 
 
-def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_metrics) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One process's ranges and kernels tables (see :func:`nsys_pieces`)."""
+def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_metrics,
+                  release: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One process's ranges and kernels tables (see :func:`nsys_pieces`).
+
+    Args:
+        release: empty ``export``'s ranges, launches and GPU work once projected
+            (a transient part read for this call: its rows are not held twice).
+    """
     projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu)
+    if release:
+        export.ranges, export.runtime, export.gpu = export.ranges.iloc[:0], export.runtime.iloc[:0], export.gpu.iloc[:0]
     steps = projected[(projected["domain"] == STEP_DOMAIN).to_numpy(dtype=bool, na_value=False)]
     ranges_table = labels.label_ranges(projected, steps, ours=(projected["domain"] == DOMAIN).to_numpy(dtype=bool, na_value=False))
     if len(work):
@@ -605,7 +615,7 @@ def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitSt
             parts = nsys_sqlite.by_process(nsys_sqlite.read_export(sqlite, plan=plan))
         else:  # a large export: one read per process
             parts = (nsys_sqlite.read_export(sqlite, process=p, plan=plan) for p in plan.processes)
-        for name, frame in nsys_pieces(parts, devices=plan.devices, gpu_metrics=plan.gpu_metrics):
+        for name, frame in nsys_pieces(parts, devices=plan.devices, gpu_metrics=plan.gpu_metrics, release=True):
             if name in counts:
                 counts[name] += len(frame)
             if name == "ranges":
