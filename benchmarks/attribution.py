@@ -259,7 +259,7 @@ def main() -> None:
         if done.returncode != 0:
             sys.exit(f"headcount parse failed: {done.stderr.strip()}")
         print(f"headcount parse: {ours:.1f} s wall, peak RSS {tree:.2f} GiB (all its processes together, sampled), "
-              f"{peak:.2f} GiB (its main process)")
+              f"{peak:.2f} GiB (its largest single process)")
         one = workdir / "out-jobs1"
         shutil.rmtree(one, ignore_errors=True)
         wall1, peak1, tree1, done1 = timed([*headcount_cmd(), "parse", str(path), "-o", str(one), "--jobs", "1"])
