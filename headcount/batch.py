@@ -67,9 +67,14 @@ def stage_file(path: str, out: str, run_id: str, options: dict) -> FileResult:
                 del frame  # not held while the next piece is built
             staged.write("runs", runs_row(meta))
     except HeadcountError as exc:
-        message = exc.message if exc.message.startswith(str(path)) else f"{path}: {exc.message}"
-        return FileResult(str(path), run_id, error=message, hint=exc.hint, exit_code=exc.exit_code)
+        return FileResult(str(path), run_id, **_failure(path, exc))
     return FileResult(str(path), run_id, result.lines, result.notices)
+
+
+def _failure(path, exc: HeadcountError) -> dict:
+    """A result's error fields from ``exc``, its message naming the file once."""
+    message = exc.message if exc.message.startswith(str(path)) else f"{path}: {exc.message}"
+    return {"error": message, "hint": exc.hint, "exit_code": exc.exit_code}
 
 
 SHARD_ROWS = 1_000_000  # NVTX rows from which one nsys export is split across the worker processes
@@ -103,8 +108,7 @@ def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards
                     staged.write(name, frame)
                 del frame
     except HeadcountError as exc:
-        message = exc.message if exc.message.startswith(str(path)) else f"{path}: {exc.message}"
-        return ShardResult(error=message, hint=exc.hint, exit_code=exc.exit_code)
+        return ShardResult(**_failure(path, exc))
     return ShardResult(attention, counts)
 
 
@@ -152,18 +156,19 @@ def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResul
             staged.write("heads", heads)
             staged.write("runs", runs_row(meta))
     except HeadcountError as exc:
-        return FileResult(path, run_id, error=f"{path}: {exc.message}", hint=exc.hint, exit_code=exc.exit_code)
+        return FileResult(path, run_id, **_failure(path, exc))
     counts = {k: sum(r.counts.get(k, 0) for r in parts) for k in ("kernels", "ranges", "attributed")}
-    lines = [] if counts["attributed"] else [f"{path}: no GPU operation was launched inside an NVTX range"]
-    lines.append(f"{path}: {counts['kernels']} GPU operations, {counts['ranges']} NVTX ranges "
-                 f"({len(parts)} shards in parallel)")
-    return FileResult(path, run_id, lines)
+    return FileResult(path, run_id, build.nsys_lines(path, counts, f" ({len(parts)} shards in parallel)"))
 
 
-def default_jobs(files: int) -> int:
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def default_jobs() -> int:
     """Parallel parses by default: one per core, as many as memory holds
     (:data:`PER_JOB_BYTES` each, from ``MemAvailable``)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = _cores()
     by_memory = cores
     try:
         with open("/proc/meminfo") as fh:
@@ -215,10 +220,9 @@ def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int =
     from headcount.parsers import nsys_sqlite
 
     workers = min(jobs, sum(m for m, _ in shards))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     results: list[FileResult | None] = [None] * len(files)
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_share_cores,
-                             initargs=(max(1, cores // workers),)) as pool:
+                             initargs=(max(1, _cores() // workers),)) as pool:
         futures, metas, parts = {}, {}, {}
         for i, ((path, run_id), (m, plan)) in enumerate(zip(files, shards)):
             if m == 1:

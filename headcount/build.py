@@ -370,8 +370,9 @@ def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: 
                                    devices=export.devices, gpu_metrics=export.gpu_metrics):
         tables.setdefault(name, []).append(frame)
     whole = {name: frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True) for name, frames in tables.items()}
-    for table in whole.values():
-        labels.plain(table)  # held in memory by the caller (headcount run, the tests): plain strings
+    for name, table in whole.items():
+        if name in ("layers", "heads"):  # small, and shown to users: plain strings; ranges and kernels stay coded
+            labels.plain(table)
         table.insert(0, "run_id", run_id)
     return whole
 
@@ -437,25 +438,44 @@ def nsys_shard(path: Path, plan, shard: int, shards: int, counts: dict):
     """One shard of a large export (the processes whose id is ``shard`` modulo
     ``shards``), for a worker process: ``ranges`` and ``kernels`` pieces, then
     ``("attention", its attention ranges)`` for :func:`nsys_aggregates` in the
-    parent. ``counts`` gets the rows (kernels, ranges, ranges with GPU work)."""
+    parent. ``counts`` gets the rows (:func:`tally`)."""
     attention: list[pd.DataFrame] = []
-    if plan.processes is not None:  # a large export: this shard's processes read one at a time
-        mine = [p for p in plan.processes if p % shards == shard]
-        parts = (nsys_sqlite.read_export(path, process=p, plan=plan) for p in mine)
-    else:  # the shard in one read, then one process at a time
-        export = nsys_sqlite.read_export(path, plan=plan, shard=(shard, shards))
-        parts = nsys_sqlite.by_process(export) if len(export.ranges) or len(export.gpu) else iter(())
-        del export
+    parts = _nsys_parts(path, plan, (shard, shards))
     for name, frame in _process_pieces(parts, None, "unknown", plan.devices, plan.gpu_metrics, attention, set(), release=True):
-        counts[name] = counts.get(name, 0) + len(frame)
-        if name == "ranges":
-            counts["attributed"] = counts.get("attributed", 0) + int((frame["gpu_op_count"] > 0).sum())
+        tally(counts, name, frame)
         yield name, frame
         del frame
     if not attention:  # no process id falls in this shard
         yield "attention", pd.DataFrame()
         return
     yield "attention", pd.concat(attention, ignore_index=True) if len(attention) > 1 else attention[0]
+
+
+def _nsys_parts(path: Path, plan, shard: tuple[int, int] | None = None):
+    """The export's processes (those of ``shard``, a ``(k, m)`` pair, when given),
+    one :class:`~headcount.tables.Timeline` at a time: a large export read one
+    process at a time, a smaller one in one read and then cut by process."""
+    if plan.processes is not None:
+        mine = [p for p in plan.processes if shard is None or p % shard[1] == shard[0]]
+        yield from (nsys_sqlite.read_export(path, process=p, plan=plan) for p in mine)
+        return
+    export = nsys_sqlite.read_export(path, plan=plan, shard=shard)
+    if len(export.ranges) or len(export.gpu):
+        yield from nsys_sqlite.by_process(export)
+
+
+def tally(counts: dict, name: str, frame: pd.DataFrame) -> None:
+    """Add a piece's rows to ``counts``: ``kernels``, ``ranges`` and ``attributed`` (ranges with GPU work)."""
+    if name in ("kernels", "ranges"):
+        counts[name] = counts.get(name, 0) + len(frame)
+    if name == "ranges":
+        counts["attributed"] = counts.get("attributed", 0) + int((frame["gpu_op_count"] > 0).sum())
+
+
+def nsys_lines(path, counts: dict, extra: str = "") -> list[str]:
+    """The progress lines of a parsed nsys export from its :func:`tally`."""
+    lines = [] if counts.get("attributed") else [f"{path}: no GPU operation was launched inside an NVTX range"]
+    return [*lines, f"{path}: {counts.get('kernels', 0)} GPU operations, {counts.get('ranges', 0)} NVTX ranges{extra}"]
 
 
 def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_metrics,
@@ -609,22 +629,14 @@ def _nsys_file(path: Path, export: AbstractContextManager) -> Parsed:
 
 
 def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitStack):
-    counts = {"kernels": 0, "ranges": 0, "attributed": 0}
+    counts: dict = {}
     with stack:
-        if plan.processes is None:  # one read, then one process at a time
-            parts = nsys_sqlite.by_process(nsys_sqlite.read_export(sqlite, plan=plan))
-        else:  # a large export: one read per process
-            parts = (nsys_sqlite.read_export(sqlite, process=p, plan=plan) for p in plan.processes)
+        parts = _nsys_parts(sqlite, plan)
         for name, frame in nsys_pieces(parts, devices=plan.devices, gpu_metrics=plan.gpu_metrics, release=True):
-            if name in counts:
-                counts[name] += len(frame)
-            if name == "ranges":
-                counts["attributed"] += int((frame["gpu_op_count"] > 0).sum())
+            tally(counts, name, frame)
             yield name, frame
             del frame  # the consumer is done with it: not held while the next process is built
-    if not counts["attributed"]:
-        lines.append(f"{path}: no GPU operation was launched inside an NVTX range")
-    lines.append(f"{path}: {counts['kernels']} GPU operations, {counts['ranges']} NVTX ranges")
+    lines.extend(nsys_lines(path, counts))
 
 
 def from_nsys_export(path: Path, run_id: str, options: dict) -> Parsed:

@@ -70,7 +70,7 @@ def run(args) -> int:
             raise HeadcountError(f"{path}: no such file", hint="check the path")
         sources.for_path(path)
     files = [(name, new_run_id()) for name in args.files]
-    jobs = args.jobs or batch.default_jobs(len(files))
+    jobs = args.jobs or batch.default_jobs()
     finished = []
 
     def done(result: batch.FileResult) -> None:

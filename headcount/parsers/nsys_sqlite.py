@@ -544,8 +544,7 @@ def _read_ranges(src, tables, strings, only=None, last_ns: int | None = None) ->
     event_type = packed >> (1 + _TEXT_BITS + _DOMAIN_BITS)
     domain_id = ((packed >> (1 + _TEXT_BITS)) & ((1 << _DOMAIN_BITS) - 1)) - 1
     text_id = ((packed >> 1) & ((1 << _TEXT_BITS) - 1)) - 1
-    ids, values = _string_ids(src, tables) if "textId" in have else (np.zeros(0, np.int64), [])
-    names = _names(frame.pop("text"), text_id, list(zip(ids.tolist(), values)))
+    names = _names(frame.pop("text"), text_id, _string_ids(src, tables) if "textId" in have else (np.zeros(0, np.int64), []))
     is_domain = event_type == DOMAIN_CREATE
     keep = np.flatnonzero(~is_domain & ((packed & 1) == 0))
     if not len(keep):
@@ -588,20 +587,19 @@ def _domains(domain_id: np.ndarray, pid: np.ndarray, created_id: np.ndarray, cre
     return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=object))
 
 
-def _names(text: pd.Categorical, text_id: np.ndarray, registered: list[tuple[int, str]]) -> pd.Categorical:
-    """Range names: the registered string of ``text_id`` (``StringIds``), else ``text``."""
-    if not registered or not len(text):
+def _names(text: pd.Categorical, text_id: np.ndarray, strings: tuple[np.ndarray, list[str]]) -> pd.Categorical:
+    """Range names: the registered string of ``text_id`` (``StringIds``, :func:`_string_ids`), else ``text``."""
+    ids, values = strings
+    if not len(ids) or not len(text):
         return text
-    registered = sorted(registered)
-    ids = np.array([i for i, _ in registered], dtype=np.int64)
     pos = np.minimum(np.searchsorted(ids, text_id), len(ids) - 1)
     hit = (ids[pos] == text_id) & (text_id >= 0)
     if not hit.any():
         return text
     # registered strings become extra categories: codes past the text's own
     known = set(text.categories)
-    united = text.add_categories(list(dict.fromkeys(v for _, v in registered if v not in known)))
-    code_of = united.categories.get_indexer([v for _, v in registered])
+    united = text.add_categories(list(dict.fromkeys(v for v in values if v not in known)))
+    code_of = united.categories.get_indexer(values)
     codes = np.where(hit, code_of[pos], united.codes)
     return pd.Categorical.from_codes(codes, categories=united.categories)
 
