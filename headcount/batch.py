@@ -52,10 +52,11 @@ def stage_file(path: str, out: str, run_id: str, options: dict) -> FileResult:
     result are plain values). Errors a user can cause come back in the result;
     anything else (a bug) raises.
     """
-    from headcount import sources
+    from headcount import env, sources
     from headcount.reports import dataset
     from headcount.reports.metadata import runs_row
 
+    env.system_allocator()
     try:
         source = sources.for_path(Path(path))
         result = source.parse(Path(path), run_id, options)
@@ -94,9 +95,10 @@ class ShardResult:
 def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards: int, plan) -> ShardResult:
     """Attribute and stage one shard of a large nsys export (:func:`headcount.build.nsys_shard`)
     as the pieces ``part-s<shard>`` of run ``run_id``; the parent finishes the run."""
-    from headcount import build
+    from headcount import build, env
     from headcount.reports import dataset
 
+    env.system_allocator()
     counts: dict = {}
     attention = None
     try:
@@ -126,7 +128,6 @@ def _shards(path: str, jobs: int):
         plan = nsys_sqlite.plan_export(path)
         if plan.empty:
             return 1, None
-        plan.last_nvtx_ns = nsys_sqlite.last_nvtx(path)
     except HeadcountError:
         return 1, None  # the file's own task reports the error
     return jobs, plan

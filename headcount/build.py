@@ -426,6 +426,11 @@ def nsys_aggregates(attention: list[pd.DataFrame], calls=None, device: dict | No
     """``layers`` and ``heads`` from the attention ranges of every process, with ``roofline_class`` for ``device``."""
     attention = [a for a in attention if len(a.columns)] or attention[:1]
     ranges_table = pd.concat(attention, ignore_index=True) if len(attention) > 1 else attention[0]
+    for col in ("flop", "analytic_min_bytes"):  # no call log: unknown
+        if col not in ranges_table.columns:
+            ranges_table[col] = np.nan
+    if "kv_head" not in ranges_table.columns:
+        ranges_table["kv_head"] = pd.array([pd.NA] * len(ranges_table), dtype="Int64")
     for col in ("phase", "layer_name"):
         ranges_table[col] = ranges_table[col].astype(object)
     layers = aggregate.layers_table(ranges_table)
@@ -505,9 +510,7 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
         ranges_table = _with_shapes(ranges_table, calls, implementation)
     else:
         ranges_table["implementation"] = pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[implementation])
-        for col in ("flop", "analytic_min_bytes"):
-            ranges_table[col] = np.full(n, np.nan)
-        ranges_table["kv_head"] = pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, dtype=bool))  # GQA mapping needs the call log
+        # flop, analytic_min_bytes, kv_head (GQA mapping) need the call log: left out of the frame, null in the files
     if len(work):  # with the limits of the GPU each kernel ran on, as the recording describes it
         work = work.assign(theoretical_occupancy_pct=occupancy.device_occupancy(work, devices).to_numpy())
     k = _kernels_table([_gpu_rows(work, work["range_id"].to_numpy())], projected, steps, "nsys", implementation)

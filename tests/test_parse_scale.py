@@ -122,6 +122,39 @@ def test_one_export_split_across_workers_gives_the_tables_of_one_worker(tmp_path
     assert inputs(split) == [H100.name]
 
 
+def test_ranges_left_open_end_alike_in_a_split_parse(tmp_path, monkeypatch, capsys):
+    """A capture cut mid-step leaves ranges open; nsys ends them at the export's
+    last NVTX timestamp. A shard reads only its processes, so it asks the whole
+    export for that timestamp (only because a range of its own is open): the
+    tables equal one worker's, the open ranges' ends included."""
+    import sqlite3
+
+    from headcount import batch
+
+    cut = tmp_path / "cut.sqlite"
+    shutil.copy(H100, cut)
+    con = sqlite3.connect(cut)
+    # cut only process 111 early: its open ranges must end at process 112's last timestamp
+    pid111 = "((globalTid >> 24) & 16777215) = 111"
+    lo, hi = con.execute(f"SELECT min(start), max(end) FROM NVTX_EVENTS WHERE eventType = 59 AND {pid111}").fetchone()
+    at = lo + (hi - lo) // 2
+    con.execute(f"DELETE FROM NVTX_EVENTS WHERE eventType = 59 AND start > ? AND {pid111}", (at,))
+    opened = con.execute(f"UPDATE NVTX_EVENTS SET end = NULL WHERE eventType = 59 AND end > ? AND {pid111}", (at,)).rowcount
+    con.commit()
+    con.close()
+    assert opened > 0
+    one, split = tmp_path / "one", tmp_path / "split"
+    assert main(["parse", str(cut), "-o", str(one), "--jobs", "1"]) == 0
+    monkeypatch.setattr(batch, "SHARD_ROWS", 1)
+    assert main(["parse", str(cut), "-o", str(split), "--jobs", "2"]) == 0
+    assert "2 shards in parallel" in capsys.readouterr().err
+    a, b = tables(one), tables(split)
+    last = nsys_sqlite.last_nvtx(cut)
+    open_rows = b["ranges"][(b["ranges"]["pid"] == "111") & (b["ranges"]["end_ns"] == last)]
+    assert len(open_rows) >= opened and (open_rows["start_ns"] <= at).all()
+    assert_same(a, b)
+
+
 def test_a_failed_file_in_a_parallel_parse_writes_nothing(tmp_path, three_ranks, capsys):
     bad = tmp_path / "rank9.sqlite"
     bad.write_bytes(b"SQLite format 3\x00" + b"\x00" * 100)  # an SQLite header and nothing after it

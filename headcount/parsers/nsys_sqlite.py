@@ -22,6 +22,7 @@ absent. Facts used (checked on the fixtures and nsys 2023.4.4's own
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -442,9 +443,10 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
     Args:
         process: read only this process's ranges, launch calls and GPU work.
         shard: ``(k, m)``: read only the processes whose id is k modulo m (each
-            process whole, so shards are attributed independently); give the
-            ``plan`` with its ``last_nvtx_ns`` (:func:`last_nvtx`) so that open
-            ranges end where they would in a whole read.
+            process whole, so shards are attributed independently). Ranges
+            left open end where they would in a whole read: at the plan's
+            ``last_nvtx_ns``, else at :func:`last_nvtx` (scanned only when a
+            range of this part is open).
         plan: the export's :func:`plan_export` (its small tables are then not read again).
 
     Returns:
@@ -473,7 +475,10 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
             only = lambda col: f"{_pid_of(col)} % {int(shard[1])} = {int(shard[0])}"  # noqa: E731
         else:
             only = None
-        ranges = _read_ranges(src, tables, strings, only, plan.last_nvtx_ns if plan else None)
+        last = plan.last_nvtx_ns if plan else None
+        if last is None and only is not None:  # a part of the export: open ranges end at the whole export's last timestamp
+            last = lambda: last_nvtx(path)  # noqa: E731 - a scan of its own, only when a range of this part is open
+        ranges = _read_ranges(src, tables, strings, only, last)
         runtime = _read_runtime(src, tables, strings, only)
         gpu = _read_gpu(src, tables, strings, only)
         if plan is None:
@@ -522,7 +527,9 @@ def _read_devices(src, tables) -> pd.DataFrame:
 _DOMAIN_BITS, _TEXT_BITS = 20, 31
 
 
-def _read_ranges(src, tables, strings, only=None, last_ns: int | None = None) -> pd.DataFrame:
+def _read_ranges(src, tables, strings, only=None, last_ns: int | Callable[[], int] | None = None) -> pd.DataFrame:
+    """NVTX ranges; a range left open ends at ``last_ns`` (a callable: asked only
+    when a range is open), by default the last timestamp of the ranges read."""
     cols = ["range_id", "pid", "tid", "domain", "name", "style", "start_ns", "end_ns", "end_missing"]
     if "NVTX_EVENTS" not in tables:
         return pd.DataFrame(columns=cols)
@@ -565,6 +572,8 @@ def _read_ranges(src, tables, strings, only=None, last_ns: int | None = None) ->
     missing = ends == NULL_INT
     if last_ns is None:  # nsys: the last NVTX timestamp
         last_ns = int(max(starts.max(), ends.max()))
+    elif callable(last_ns):
+        last_ns = last_ns() if missing.any() else 0
     out["start_ns"] = starts
     out["end_missing"] = missing
     out["end_ns"] = np.where(missing, last_ns, ends)

@@ -38,7 +38,8 @@ from headcount.tables import TABLES
 MARKER = "headcount.json"
 
 
-CHUNK_ROWS = 262_144  # rows converted and written at a time (one Parquet row group): bounds the Arrow copy
+CHUNK_BYTES = 48 << 20  # Arrow bytes converted and written at a time (one Parquet row group): bounds the copy
+CHUNK_ROWS = 262_144  # at most this many rows per row group
 TEXT = pa.dictionary(pa.int32(), pa.string())  # how text columns travel to the Parquet writer
 
 
@@ -50,6 +51,27 @@ def file_schema(schema: pa.Schema) -> pa.Schema:
     ``VARCHAR``) whatever the encoding on the way; a name that repeats on
     millions of rows is never expanded in memory."""
     return pa.schema([pa.field(f.name, TEXT) if pa.types.is_string(f.type) else f for f in schema])
+
+
+# columns readers filter on: min/max statistics let DuckDB, polars and pyarrow skip row groups
+STATISTICS = ("run_id", "step", "layer", "head", "phase", "level", "layer_name", "name", "kind", "device",
+              "start_ns", "end_ns", "range_id", "implementation")
+
+
+def chunk_rows(schema: pa.Schema) -> int:
+    """Rows per row group of a table: :data:`CHUNK_BYTES` of its columns (8 bytes
+    a number, 4 a text code), at most :data:`CHUNK_ROWS`."""
+    width = sum(4 if pa.types.is_dictionary(f.type) else 8 for f in schema) or 8
+    return max(1 << 14, min(CHUNK_ROWS, CHUNK_BYTES // width))
+
+
+def writer_options(schema: pa.Schema) -> dict:
+    """Parquet writer options for a :func:`file_schema`: dictionary pages for the
+    text columns only (numbers are written plainly: trying a dictionary on every
+    integer column cost more than half of the write time and made files larger),
+    statistics for the columns readers filter on (:data:`STATISTICS`)."""
+    return {"use_dictionary": [f.name for f in schema if pa.types.is_dictionary(f.type)],
+            "write_statistics": [f.name for f in schema if f.name in STATISTICS]}
 
 
 def _text(values: pd.Series) -> pa.DictionaryArray:
@@ -191,11 +213,13 @@ class StagedRun:
             if writer is None:
                 part_dir = self.staging / name / f"run_id={self.run_id}"
                 part_dir.mkdir(parents=True, exist_ok=True)
-                writer = self._writers[name] = pq.ParquetWriter(part_dir / f"part-{self.part}.parquet", schema, store_schema=False)
+                writer = self._writers[name] = pq.ParquetWriter(part_dir / f"part-{self.part}.parquet", schema, store_schema=False,
+                                                                **writer_options(schema))
                 writer.add_key_value_metadata({"headcount": self._meta_json.decode(), "headcount.table": name})
             # a table's first piece is written even when empty: every table of a run has its file
-            for lo in range(0, len(frame) if name in self.rows else max(len(frame), 1), CHUNK_ROWS):
-                writer.write_table(_to_arrow(frame.iloc[lo:lo + CHUNK_ROWS], schema, name))
+            step = chunk_rows(schema)
+            for lo in range(0, len(frame) if name in self.rows else max(len(frame), 1), step):
+                writer.write_table(_to_arrow(frame.iloc[lo:lo + step], schema, name))
         except OSError as exc:
             raise HeadcountError(f"{self.out}: cannot write the report ({exc.strerror or exc})",
                                  hint="check free space and permissions") from exc
