@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -118,48 +119,68 @@ def _stages(path: str, queue) -> None:
     queue.put((t1 - t0, time.perf_counter() - t1, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20))
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and all its descendants now (from /proc)."""
-    total, todo = 0, [pid]
+def _tree_memory(pid: int) -> tuple[int, int]:
+    """``pid`` and all its descendants now (from /proc): (resident bytes summed,
+    resident bytes of the largest process). The sum counts pages that forked
+    workers share with their parent (the interpreter, numpy, pandas, pyarrow)
+    once per process: an upper bound. (Proportional figures from smaps_rollup
+    walk every page table and slowed the measured command by ~20 %.)"""
+    rss = largest = 0
+    todo = [pid]
     page = os.sysconf("SC_PAGE_SIZE")
     while todo:
         p = todo.pop()
         try:
             with open(f"/proc/{p}/statm") as fh:
-                total += int(fh.read().split()[1]) * page
+                mine = int(fh.read().split()[1]) * page
+            rss, largest = rss + mine, max(largest, mine)
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as fh:
                     todo.extend(int(c) for c in fh.read().split())
         except (OSError, ValueError):
             continue
-    return total
+    return rss, largest
 
 
-def timed(cmd: list[str], timeout: float | None = None) -> tuple[float, float, float, subprocess.CompletedProcess]:
-    """Run ``cmd`` in a fresh process: (wall s, peak RSS GiB of its largest process as the kernel
-    counts it, peak RSS GiB of its whole process tree sampled every 20 ms, result)."""
+@dataclass
+class Measured:
+    """One timed command: wall seconds and peaks in GiB (sampled every 20 ms from /proc)."""
+
+    wall: float
+    rss: float  # resident, summed over the process tree
+    largest: float  # resident, the largest single process
+    done: subprocess.CompletedProcess
+
+    def memory(self) -> str:
+        if self.rss <= self.largest * 1.001:  # one process
+            return f"peak RSS {self.rss:.2f} GiB"
+        return f"peak RSS {self.rss:.2f} GiB summed over its processes (largest process {self.largest:.2f} GiB)"
+
+
+def timed(cmd: list[str], timeout: float | None = None) -> Measured:
+    """Run ``cmd`` in a fresh process, sampling the memory of its process tree every 20 ms."""
     with tempfile.TemporaryDirectory() as tmp:
         stdout, stderr = Path(tmp) / "stdout", Path(tmp) / "stderr"
         with stdout.open("w") as out, stderr.open("w") as err:
             t = time.perf_counter()
             proc = subprocess.Popen(cmd, stdout=out, stderr=err)
-            tree_peak, rc = 0, None
+            peaks, rc = [0, 0], None
             while rc is None:
-                tree_peak = max(tree_peak, _tree_rss(proc.pid))
-                waited, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                peaks = [max(a, b) for a, b in zip(peaks, _tree_memory(proc.pid))]
+                waited, status, _ = os.wait4(proc.pid, os.WNOHANG)
                 if waited:
                     rc = os.waitstatus_to_exitcode(status)
                     break
                 if timeout and time.perf_counter() - t > timeout:
                     proc.kill()
                     os.wait4(proc.pid, 0)
-                    rc, usage = -9, None
+                    rc = -9
                     break
                 time.sleep(0.02)
             wall = time.perf_counter() - t
         proc.returncode = rc  # reaped above
-        peak = usage.ru_maxrss / 2**20 if usage else float("nan")
-        return wall, peak, tree_peak / 2**30, subprocess.CompletedProcess(cmd, rc, stdout.read_text(), stderr.read_text()[-4000:])
+        done = subprocess.CompletedProcess(cmd, rc, stdout.read_text(), stderr.read_text()[-4000:])
+        return Measured(wall, *(v / 2**30 for v in peaks), done)
 
 
 def headcount_cmd() -> list[str]:
@@ -203,24 +224,24 @@ def ranks(args, workdir: Path) -> None:
         if not files[-1].exists():
             shutil.copy(one, files[-1])
     print(f"{args.ranks} exports of {one.stat().st_size / 1e6:.0f} MB each; {load()}")
-    tables = {}
+    tables, walls = {}, {}
     for label, extra in [("--jobs 1", ["--jobs", "1"]), ("--jobs 2", ["--jobs", "2"]),
                          *([("--executor ray", ["--executor", "ray"])] if args.ray else [])]:
         out = workdir / f"out-{label.replace(' ', '').replace('-', '')}"
         shutil.rmtree(out, ignore_errors=True)
-        wall, peak, tree, done = timed([*headcount_cmd(), "parse", *map(str, files), "-o", str(out), *extra])
-        if done.returncode != 0:
-            print(f"{label}: failed ({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode})")
+        m = timed([*headcount_cmd(), "parse", *map(str, files), "-o", str(out), *extra])
+        if m.done.returncode != 0:
+            print(f"{label}: failed ({m.done.stderr.strip().splitlines()[-1] if m.done.stderr.strip() else m.done.returncode})")
             continue
-        print(f"headcount parse {args.ranks} files {label}: {wall:.1f} s wall, peak RSS {peak:.2f} GiB (largest process), "
-              f"{tree:.2f} GiB (all its processes together)")
+        walls[label] = m.wall
+        print(f"headcount parse {args.ranks} files {label}: {m.wall:.1f} s wall, {m.memory()}")
         tables[label] = {name: ds.dataset(out / name, partitioning="hive").to_table().drop_columns(["run_id"]).to_pandas()
                          .sort_values(["start_ns"] if name in ("ranges", "kernels") else list(ds.dataset(out / name).schema.names)[:3])
                          .reset_index(drop=True) for name in ("ranges", "kernels", "layers", "heads")}
     labels = list(tables)
     for label in labels[1:]:
         same = all(tables[labels[0]][n].equals(tables[label][n]) for n in tables[label])
-        print(f"tables of {label} identical to {labels[0]}: {same}")
+        print(f"tables of {label} identical to {labels[0]}: {same}; {walls[labels[0]] / walls[label]:.2f}× the speed of {labels[0]}")
 
 
 def main() -> None:
@@ -255,16 +276,16 @@ def main() -> None:
         print(f"{path.name}: {path.stat().st_size / 1e6:.0f} MB; {load()}")
         out = workdir / "out"
         shutil.rmtree(out, ignore_errors=True)
-        ours, peak, tree, done = timed([*headcount_cmd(), "parse", str(path), "-o", str(out)])
-        if done.returncode != 0:
-            sys.exit(f"headcount parse failed: {done.stderr.strip()}")
-        print(f"headcount parse: {ours:.1f} s wall, peak RSS {tree:.2f} GiB (all its processes together, sampled), "
-              f"{peak:.2f} GiB (its largest single process)")
+        m = timed([*headcount_cmd(), "parse", str(path), "-o", str(out)])
+        if m.done.returncode != 0:
+            sys.exit(f"headcount parse failed: {m.done.stderr.strip()}")
+        ours = m.wall
+        print(f"headcount parse: {ours:.1f} s wall, {m.memory()}")
         one = workdir / "out-jobs1"
         shutil.rmtree(one, ignore_errors=True)
-        wall1, peak1, tree1, done1 = timed([*headcount_cmd(), "parse", str(path), "-o", str(one), "--jobs", "1"])
-        print(f"headcount parse --jobs 1 (one process): {wall1:.1f} s wall, peak RSS {max(peak1, tree1):.2f} GiB"
-              + ("" if done1.returncode == 0 else f" (failed: exit {done1.returncode})"))
+        m1 = timed([*headcount_cmd(), "parse", str(path), "-o", str(one), "--jobs", "1"])
+        print(f"headcount parse --jobs 1 (one process): {m1.wall:.1f} s wall, {m1.memory()}"
+              + ("" if m1.done.returncode == 0 else f" (failed: exit {m1.done.returncode})"))
         shutil.rmtree(one, ignore_errors=True)
         if args.detail:
             queue = mp.get_context("spawn").Queue()
@@ -276,12 +297,13 @@ def main() -> None:
 
         report = shutil.which("nsys-report") or str(Path.home() / ".cache/headcount/nsight/bin/nsys-report")
         if Path(report).exists():
-            theirs, their_peak, _, done = timed([report, "nvtx_gpu_proj_trace", str(path)], timeout=args.nsys_timeout)
+            m = timed([report, "nvtx_gpu_proj_trace", str(path)], timeout=args.nsys_timeout)
+            theirs, done = m.wall, m.done
             if done.returncode == -9:
                 print(f"nsys nvtx_gpu_proj_trace did not finish in {args.nsys_timeout} s: ratio ≥ {args.nsys_timeout / ours:.0f}×")
             else:
                 same, n = same_as_nsys(done.stdout, out)
-                print(f"nsys nvtx_gpu_proj_trace: {theirs:.1f} s, peak RSS {their_peak:.2f} GiB; headcount is {theirs / ours:.1f}× faster")
+                print(f"nsys nvtx_gpu_proj_trace: {theirs:.1f} s, {m.memory()}; headcount is {theirs / ours:.1f}× faster")
                 print(f"answers identical for all {n:,} projected ranges: {same}")
         else:
             print("nsys-report not found (run ../shared/tools/install-nsight.sh): no comparison with nsys")
@@ -290,9 +312,9 @@ def main() -> None:
             # warm builds its cache beside the file (<stem>.nsys-cache/): time a cold build
             shutil.rmtree(path.with_suffix(".nsys-cache"), ignore_errors=True)
             path.with_suffix(".nsys-cache.build.lock").unlink(missing_ok=True)
-            theirs, their_peak, _, done = timed([nsys_ai, "warm", str(path)])
-            state = "" if done.returncode == 0 else f" (exit {done.returncode}: {done.stderr.strip()[-200:]})"
-            print(f"nsys-ai warm: {theirs:.1f} s, peak RSS {their_peak:.2f} GiB{state}; headcount is {theirs / ours:.2f}× faster")
+            m = timed([nsys_ai, "warm", str(path)])
+            state = "" if m.done.returncode == 0 else f" (exit {m.done.returncode}: {m.done.stderr.strip()[-200:]})"
+            print(f"nsys-ai warm: {m.wall:.1f} s, {m.memory()}{state}; headcount is {m.wall / ours:.2f}× faster")
         else:
             print("nsys-ai not found (pip install nsys-ai, or NSYS_AI=path): no comparison with nsys-ai")
         print(load())

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from headcount.arrays import unique_inverse
+
 RANGE_KEYS = ["pid", "tid", "domain"]
 
 
@@ -80,7 +82,7 @@ def path_categories(names: pd.Series, parent: np.ndarray, depth: np.ndarray) -> 
     for d in range(int(depth.max()) + 1):
         rows = np.flatnonzero(depth == d)
         above = path[parent[rows]] if d else np.full(len(rows), -1, dtype=np.int64)
-        keys, inverse = np.unique((above + 1) * width + (name_codes[rows] + 1), return_inverse=True)
+        keys, inverse = unique_inverse((above + 1) * width + (name_codes[rows] + 1))
         path[rows] = len(parent_path) + inverse.reshape(-1)
         parent_path.extend((keys // width - 1).tolist())
         path_name.extend((keys % width - 1).tolist())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from headcount.arrays import unique_inverse
 from headcount.tagging.naming import PHASES, parse_path
 
 LEVELS = ["phase", "layer", "head", "other"]
@@ -76,7 +77,7 @@ def label_ranges(ranges: pd.DataFrame, steps: pd.DataFrame, ours: np.ndarray | N
     # a range's labels depend on (path, name, ours) only: one key per distinct triple
     width = len(name.categories) + 1
     triple = (path.codes.astype(np.int64) * width + name.codes.astype(np.int64) + 1) * 2 + ours
-    keys, inverse = np.unique(triple, return_inverse=True)
+    keys, inverse = unique_inverse(triple)
     inverse = inverse.reshape(-1)
     key_ours = (keys % 2).astype(bool)
     key_name_code = (keys // 2) % width - 1

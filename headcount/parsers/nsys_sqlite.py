@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pandas.api.types import union_categoricals
 
+from headcount.arrays import unique_inverse
 from headcount.errors import HeadcountError
 from headcount.tables import Timeline
 
@@ -628,7 +629,7 @@ def _by_string_id(ids: np.ndarray, strings: tuple[np.ndarray, list[str]]) -> pd.
         return pd.Categorical.from_codes(np.full(len(ids), -1), categories=pd.Index([], dtype=object))
     pos = np.minimum(np.searchsorted(known, ids), len(known) - 1)
     codes = np.where((known[pos] == ids) & (ids >= 0), pos, -1)
-    used, codes = np.unique(codes, return_inverse=True)
+    used, codes = unique_inverse(codes)
     categories = [values[u] for u in used if u >= 0]
     codes = codes.reshape(-1) - (1 if len(used) and used[0] < 0 else 0)
     return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=object))
@@ -661,7 +662,7 @@ def _read_runtime(src, tables, strings, only=None) -> pd.DataFrame:
 
 def _dims(packed: np.ndarray) -> pd.Categorical:
     """Grid or block sizes packed as x·2³² + y·2¹⁶ + z (-1: none) as ``(x, y, z)`` text, built once per distinct size."""
-    used, codes = np.unique(packed, return_inverse=True)
+    used, codes = unique_inverse(packed)
     text = [f"({u >> 32}, {(u >> 16) & 0xFFFF}, {u & 0xFFFF})" for u in used.tolist() if u >= 0]
     codes = codes.reshape(-1) - (1 if len(used) and used[0] < 0 else 0)
     return pd.Categorical.from_codes(codes, categories=pd.Index(text, dtype=object))

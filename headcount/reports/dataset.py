@@ -74,11 +74,17 @@ def writer_options(schema: pa.Schema) -> dict:
             "write_statistics": [f.name for f in schema if f.name in STATISTICS]}
 
 
-def _text(values: pd.Series) -> pa.DictionaryArray:
-    """A text column as an Arrow dictionary array, without a Python call per value."""
+def _text(values: pd.Series, words_of: dict | None = None) -> pa.DictionaryArray:
+    """A text column as an Arrow dictionary array, without a Python call per value.
+    ``words_of``: a Categorical's categories as Arrow strings, by ``id`` of the
+    categories (the chunks of one piece share them: converted once)."""
     if isinstance(values.dtype, pd.CategoricalDtype):
         categories = values.cat.categories
-        words = pa.array([c if isinstance(c, str) else str(c) for c in categories], type=pa.string())
+        words = (words_of or {}).get(id(categories))
+        if words is None:
+            words = pa.array([c if isinstance(c, str) else str(c) for c in categories], type=pa.string())
+            if words_of is not None:
+                words_of[id(categories)] = words
         codes = values.cat.codes.to_numpy()
         return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), mask=codes < 0), words)
     if isinstance(values.array, pd.arrays.ArrowExtensionArray) or str(values.dtype) in ("string", "str"):
@@ -91,8 +97,9 @@ def _text(values: pd.Series) -> pa.DictionaryArray:
     return pc.dictionary_encode(plain)
 
 
-def _to_arrow(frame: pd.DataFrame, schema: pa.Schema, table: str) -> pa.Table:
-    """``frame`` as an Arrow table of ``schema`` (:func:`file_schema`); missing columns null.
+def _to_arrow(frame: pd.DataFrame, schema: pa.Schema, table: str, words_of: dict | None = None) -> pa.Table:
+    """``frame`` as an Arrow table of ``schema`` (:func:`file_schema`); missing columns null
+    (``words_of``: see :func:`_text`).
 
     Raises:
         HeadcountError: a column's values do not fit its type.
@@ -103,7 +110,7 @@ def _to_arrow(frame: pd.DataFrame, schema: pa.Schema, table: str) -> pa.Table:
             values = frame[field.name]
             try:
                 if pa.types.is_dictionary(field.type):
-                    columns[field.name] = _text(values)
+                    columns[field.name] = _text(values, words_of)
                     continue
                 numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type)
                 if numeric and not pd.api.types.is_numeric_dtype(values.dtype):
@@ -217,9 +224,9 @@ class StagedRun:
                                                                 **writer_options(schema))
                 writer.add_key_value_metadata({"headcount": self._meta_json.decode(), "headcount.table": name})
             # a table's first piece is written even when empty: every table of a run has its file
-            step = chunk_rows(schema)
+            step, words_of = chunk_rows(schema), {}
             for lo in range(0, len(frame) if name in self.rows else max(len(frame), 1), step):
-                writer.write_table(_to_arrow(frame.iloc[lo:lo + step], schema, name))
+                writer.write_table(_to_arrow(frame.iloc[lo:lo + step], schema, name, words_of))
         except OSError as exc:
             raise HeadcountError(f"{self.out}: cannot write the report ({exc.strerror or exc})",
                                  hint="check free space and permissions") from exc
