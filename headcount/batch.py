@@ -180,12 +180,30 @@ def default_jobs() -> int:
     return max(1, min(cores, by_memory))  # not capped by the files: a large export is split across workers
 
 
+@dataclass
+class Split:
+    """How :func:`run_files` spreads its files: ``shards`` per file (``(m, plan)``
+    of :func:`_shards`) and the worker processes started (1: none, parsed here)."""
+
+    shards: list
+    workers: int
+
+
+def split(files: list[tuple[str, str]], jobs: int) -> Split:
+    """The worker processes ``files`` take with at most ``jobs`` of them: one per
+    file or per shard of a large nsys export, never more than there is work for."""
+    shards = [_shards(path, jobs) for path, _ in files]
+    workers = min(jobs, sum(m for m, _ in shards)) if jobs > 1 else 1
+    return Split(shards, workers)
+
+
 def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int = 1, executor: str = "local",
-              done: Callable[[FileResult], None] | None = None) -> list[FileResult]:
+              done: Callable[[FileResult], None] | None = None, plan: Split | None = None) -> list[FileResult]:
     """Stage every ``(path, run_id)`` of ``files`` under ``out``.
 
     Args:
         jobs: parallel worker processes (``executor`` ``local``); 1 parses here, one file after another.
+        plan: :func:`split` of ``files`` and ``jobs``, when the caller made it already.
         executor: ``local``, or ``ray``: one Ray task per file on the cluster at
             ``RAY_ADDRESS`` (else a local Ray started here); ``out`` must be a
             path every node sees (a shared file system).
@@ -200,8 +218,9 @@ def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int =
     done = done or (lambda result: None)
     if executor == "ray":
         return _on_ray(files, out, options, done)
-    shards = [_shards(path, jobs) for path, _ in files]
-    if jobs <= 1 or (len(files) == 1 and shards[0][0] == 1):
+    plan = plan or split(files, jobs)
+    shards = plan.shards
+    if plan.workers <= 1:
         results = []
         for path, run_id in files:
             results.append(stage_file(path, out, run_id, options))
@@ -220,7 +239,7 @@ def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int =
         context.set_forkserver_preload(["headcount.batch", "headcount.sources", "headcount.build", "headcount.reports.dataset"])
     from headcount.parsers import nsys_sqlite
 
-    workers = min(jobs, sum(m for m, _ in shards))
+    workers = plan.workers
     results: list[FileResult | None] = [None] * len(files)
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_share_cores,
                              initargs=(max(1, _cores() // workers),)) as pool:

@@ -104,6 +104,10 @@ def test_kineto_timestamps_are_exact_nanoseconds(tmp_path):
     ("{not json", "invalid JSON"),
     ('{"foo": 1}', "no traceEvents"),
     ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": "abc"}]}', "no valid ts/dur"),
+    ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x"}]}', "'x' has no valid ts/dur"),
+    ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1e400}]}', "ts/dur is out of range|invalid JSON|no valid ts"),
+    ('{"traceEvents": {"ph": "X"}}', "no traceEvents list"),
+    ("[]", "not a torch.profiler trace"),
 ])
 def test_kineto_bad_files(tmp_path, content, message):
     path = tmp_path / "bad.json"
@@ -112,6 +116,16 @@ def test_kineto_bad_files(tmp_path, content, message):
         load_trace(path)
     with pytest.raises(HeadcountError, match="no such file"):
         load_trace(tmp_path / "missing.json")
+
+
+def test_kineto_truncated_gzip(tmp_path):
+    import gzip
+
+    whole = gzip.compress(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2}] * 50}).encode())
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(HeadcountError, match="cut.json.gz: not a torch.profiler trace"):
+        load_trace(path)
 
 
 def test_partially_overlapping_ranges_take_the_tightest_container():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -26,6 +27,12 @@ def test_profile_default_model_end_to_end(tmp_path, capsys):
     assert len(runs) == 2 and runs["run_id"].nunique() == 1 and (runs["seq"] == 32).all()
     kernels = pd.read_parquet(out / "kernels")
     assert kernels["step"].dropna().eq(0).all() and kernels["step"].notna().any()
+    # the run records what the user waited for beyond the steps: the recorder's stop, then headcount's read + attribute
+    timing = json.loads(next((out / "manifests").glob("*/run.json")).read_text())["timing"]
+    for impl in ("eager", "sdpa"):
+        t = timing[impl]
+        assert t["profiled_steps_s"] > 0 and t["recorder_stop_s"] >= 0 and t["read_attribute_s"] > 0
+        assert t["recorder_stop_s"] + t["read_attribute_s"] == pytest.approx(t["postprocess_s"], abs=2e-4)
     # a second invocation appends
     assert main(["profile", *SMALL, "--impl", "sdpa", "--mode", "head", "--no-backward", "-o", str(out), "--append"]) == 0
     heads = pd.read_parquet(out / "heads")

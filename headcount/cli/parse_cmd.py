@@ -83,15 +83,16 @@ def run(args) -> int:
             state = "failed" if result.error else "staged"
             console.print(f"[{len(finished)}/{len(files)}] {result.path}: {state}", soft_wrap=True, highlight=False)
 
+    plan = batch.split(files, jobs) if args.executor == "local" else None
     what = args.files[0] if len(files) == 1 else f"{len(files)} files"
-    how = {"ray": f"{what} on Ray", "local": f"{what}, {jobs} worker processes" if jobs > 1 else what}[args.executor]
+    how = f"{what} on Ray" if plan is None else f"{what}, {plan.workers} worker processes" if plan.workers > 1 else what
     # a spinner is a thread: none while worker processes may be forked (a fork would inherit its locks)
-    parallel = args.executor == "ray" or jobs > 1
+    parallel = plan is None or plan.workers > 1
     try:
         with nullcontext() if parallel else console.status(f"reading {how}…"):
             if parallel:
                 console.print(f"reading {how}…", highlight=False)
-            results = batch.run_files(files, str(out), {"locale": args.locale}, jobs=jobs, executor=args.executor, done=done)
+            results = batch.run_files(files, str(out), {"locale": args.locale}, jobs=jobs, executor=args.executor, done=done, plan=plan)
     except BaseException:
         _discard(out, files, created)
         raise

@@ -173,13 +173,16 @@ def run(args) -> int:
                     steps_s += time.perf_counter() - t
                     progress.advance(task)
                 after_steps = time.perf_counter()
+            stopped = time.perf_counter()  # the recorder's own stop (torch.profiler: stop and write its trace)
             progress.update(task, description=f"{impl}: attributing")
             stats = prof.get_stats()
             # what the user waits for beyond the steps: stopping the recorder, reading and attributing its trace
             post_s = time.perf_counter() - after_steps
-            timing[impl] = {"profiled_steps_s": round(steps_s, 4), "postprocess_s": round(post_s, 4)}
-            console.print(f"{impl}: {args.steps} profiled steps {steps_s:.2f} s; stop, read and attribute {post_s:.2f} s "
-                          f"({100 * post_s / steps_s:.0f} % of the steps)", highlight=False, soft_wrap=True)
+            timing[impl] = {"profiled_steps_s": round(steps_s, 4), "postprocess_s": round(post_s, 4),
+                            "recorder_stop_s": round(stopped - after_steps, 4), "read_attribute_s": round(post_s - (stopped - after_steps), 4)}
+            console.print(f"{impl}: {args.steps} profiled steps {steps_s:.2f} s; stop {stopped - after_steps:.2f} s, "
+                          f"read and attribute {post_s - (stopped - after_steps):.2f} s ({100 * post_s / steps_s:.0f} % of the steps)",
+                          highlight=False, soft_wrap=True)
             for name in ("kernels", "ranges", "layers", "heads"):
                 collected.setdefault(name, []).append(stats[name])
             meta = prof.run_metadata()

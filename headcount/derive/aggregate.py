@@ -57,9 +57,9 @@ def _aggregate(ranges: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     grouped = ranges.groupby(keys, dropna=False, sort=True)
     out = grouped.agg(calls=("range_id", "size"), steps=("step", "nunique"), **{c: (c, f) for c, f in present.items()})
     # a sum over rows that are all null is null, not 0
+    counts = grouped[list(present)].count() if present else None  # non-null values per group
     for col in present:
-        all_null = grouped[col].apply(lambda s: s.isna().all())
-        out[col] = out[col].astype("float64").where(~all_null)
+        out[col] = out[col].astype("float64").where(counts[col] > 0)
     out["steps"] = out["steps"].where(out["steps"] > 0)  # no step ranges: unknown, not 0
     out["duration_basis"] = grouped["duration_basis"].first()
     for col, values in spread.per_call(grouped).items():

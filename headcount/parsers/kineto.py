@@ -2,9 +2,10 @@
 
 The trace is the file ``torch.profiler.profile.export_chrome_trace`` writes,
 the same one Holistic Trace Analysis reads. Timestamps are microseconds with
-three decimals relative to ``baseTimeNanoseconds``; they are parsed as text
-and converted to integer nanoseconds exactly (a float64 of ~5e12 µs with three
-decimals is already at the edge of its precision).
+three decimals relative to ``baseTimeNanoseconds``; they are decoded from the
+number's own digits (msgspec, as ``Decimal``) and converted to integer
+nanoseconds exactly (a float64 of ~5e12 µs with three decimals is already at
+the edge of its precision). Only the fields the table needs are decoded.
 
 Output columns (one row per complete ``"ph": "X"`` event):
 
@@ -33,10 +34,11 @@ recorded ``with_modules=True``. Files may be gzip-compressed (``.json.gz``).
 from __future__ import annotations
 
 import gzip
-import json
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -56,36 +58,44 @@ COLUMNS = [
     "kind", "name", "pid", "tid", "start_ns", "end_ns", "correlation_id", "device", "stream",
     "grid", "block", "registers_per_thread", "shared_memory_bytes", "est_achieved_occupancy_pct", "args",
 ]
+_GPU_SIDE = {"kernel", "memcpy", "memset", "runtime"}
 MODULE_PREFIX = "nn.Module: "
 SDPA_OP = "aten::scaled_dot_product_attention"
 _KEPT_ARGS = ("Input Dims", "Input type", "Concrete Inputs")
 
 
-def _ns(value) -> int:
-    """Microseconds (as parsed text or number) → integer nanoseconds, exactly."""
-    return int(Decimal(str(value)) * 1000)
+class _Args(msgspec.Struct, gc=False):
+    """The ``args`` of an event that the events table keeps (others are skipped unread)."""
+
+    correlation: Any = None
+    device: Any = None
+    stream: Any = None
+    grid: Any = None
+    block: Any = None
+    registers: Any = msgspec.field(default=None, name="registers per thread")
+    shared: Any = msgspec.field(default=None, name="shared memory")
+    occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
+    input_dims: Any = msgspec.field(default=None, name="Input Dims")
+    input_type: Any = msgspec.field(default=None, name="Input type")
+    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
 
 
-def _ns_array(values: list) -> np.ndarray:
-    """:func:`_ns` of many values: plain decimals (``"1733212345678901.123"``, the
-    form Kineto writes) split on the point in bulk, anything else one by one.
+class _Event(msgspec.Struct, gc=False):
+    """One trace event; ``ts``/``dur`` decoded from the JSON number's own digits (exact)."""
 
-    Raises:
-        InvalidOperation: a value that is no number.
-    """
-    text = pd.Series(values, dtype=object).astype(str)
-    parts = text.str.partition(".")
-    whole, frac = parts[0], parts[2]
-    plain = (whole.str.fullmatch(r"\d{1,16}") & frac.str.fullmatch(r"\d{0,3}")).to_numpy(dtype=bool).copy()
-    out = np.zeros(len(text), dtype=np.int64)
-    if plain.any():
-        micro = whole[plain].astype(np.int64).to_numpy()
-        fits = micro <= np.iinfo(np.int64).max // 1000 - 1
-        plain[np.flatnonzero(plain)[~fits]] = False
-        out[plain] = micro[fits] * 1000 + frac[plain].str.ljust(3, "0").astype(np.int64).to_numpy()
-    for i in np.flatnonzero(~plain):  # exponents, more than 3 decimals, huge values: exactly, one by one
-        out[i] = _ns(values[i])
-    return out
+    ph: Any = None
+    cat: Any = ""
+    name: Any = ""
+    pid: Any = None
+    tid: Any = None
+    ts: Decimal | None = None
+    dur: Decimal | None = None
+    args: _Args | None = None
+
+
+class _Trace(msgspec.Struct):
+    traceEvents: list[_Event]
+    deviceProperties: Any = None
 
 
 def _launch_dims(value) -> str | None:
@@ -96,26 +106,39 @@ def _launch_dims(value) -> str | None:
     return str(value)
 
 
-def _document(path: Path) -> dict:
+_NOT_A_TRACE = "pass the file written by torch.profiler's export_chrome_trace"
+
+
+def _raw(path: Path) -> bytes:
     try:
-        with path.open("rb") as raw:
-            gz = raw.read(2) == b"\x1f\x8b"
-        opener = gzip.open if gz else open
-        with opener(path, "rb") as fh:
-            doc = json.load(fh, parse_float=str)  # exact: microsecond decimals are split, never rounded
+        with path.open("rb") as fh:
+            raw = fh.read()
+        return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
     except FileNotFoundError as exc:
         raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError, EOFError, OSError) as exc:
-        raise HeadcountError(
-            f"{path}: not a torch.profiler trace (invalid JSON: {exc.msg if hasattr(exc, 'msg') else exc})",
-            hint="pass the file written by torch.profiler's export_chrome_trace",
-        ) from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise HeadcountError(
-            f"{path}: not a torch.profiler trace (no traceEvents list)",
-            hint="pass the file written by torch.profiler's export_chrome_trace",
-        )
-    return doc
+    except (EOFError, OSError) as exc:  # gzip.BadGzipFile is an OSError
+        raise HeadcountError(f"{path}: not a torch.profiler trace ({exc})", hint=_NOT_A_TRACE) from exc
+
+
+def _decode(path: Path) -> tuple[_Trace, bytes]:
+    """The trace's events (typed, only the fields used) and its raw bytes.
+
+    Raises:
+        HeadcountError: missing file, invalid JSON, no ``traceEvents`` list, a
+            malformed ``ts``/``dur``.
+    """
+    raw = _raw(path)
+    try:
+        return msgspec.json.decode(raw, type=_Trace), raw
+    except msgspec.ValidationError as exc:
+        where = str(exc)  # msgspec names the place: "… - at `$.traceEvents[12].ts`"
+        if where.endswith((".ts`", ".dur`")):
+            raise HeadcountError(f"{path}: an event has no valid ts/dur ({exc})", hint="the trace is damaged; record it again") from exc
+        if "`traceEvents`" in where or where.endswith("at `$.traceEvents`") or "`$`" in where:
+            raise HeadcountError(f"{path}: not a torch.profiler trace (no traceEvents list)", hint=_NOT_A_TRACE) from exc
+        raise HeadcountError(f"{path}: not a torch.profiler trace ({exc})", hint=_NOT_A_TRACE) from exc
+    except msgspec.DecodeError as exc:
+        raise HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: {exc})", hint=_NOT_A_TRACE) from exc
 
 
 def load_trace(path: str | Path) -> pd.DataFrame:
@@ -125,7 +148,7 @@ def load_trace(path: str | Path) -> pd.DataFrame:
         HeadcountError: the file is missing, not JSON, or not a Chrome trace.
     """
     path = Path(path)
-    return events_frame(_document(path)["traceEvents"], source=str(path))
+    return events_frame(_decode(path)[0].traceEvents, source=str(path))
 
 
 def read_trace(path: str | Path) -> dict:
@@ -136,10 +159,12 @@ def read_trace(path: str | Path) -> dict:
         HeadcountError: the file is missing, not JSON, or not a Chrome trace.
     """
     path = Path(path)
-    doc = _document(path)
-    devices = doc.get("deviceProperties") if isinstance(doc.get("deviceProperties"), list) else []
-    meta = {k: v for k, v in doc.items() if k not in ("traceEvents", "deviceProperties")}
-    return {"events": events_frame(doc["traceEvents"], source=str(path)), "devices": devices, "meta": meta}
+    trace, raw = _decode(path)
+    devices = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
+    devices = [d for d in devices if isinstance(d, dict)]
+    top = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])  # the other keys, events left undecoded
+    meta = {k: msgspec.json.decode(v) for k, v in top.items() if k not in ("traceEvents", "deviceProperties")}
+    return {"events": events_frame(trace.traceEvents, source=str(path)), "devices": devices, "meta": meta}
 
 
 def run_device(devices: list[dict]) -> dict | None:
@@ -167,67 +192,73 @@ def run_device(devices: list[dict]) -> dict | None:
                        "registers_per_sm": num("regsPerMultiprocessor"), "shared_memory_per_sm": num("sharedMemPerMultiprocessor")}}
 
 
-def events_frame(events: list[dict], source: str = "trace") -> pd.DataFrame:
-    """Turn a list of Chrome-trace event dicts into the events table.
+def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
+    """Turn a trace's events (decoded, or Chrome-trace dicts) into the events
+    table (complete ``X`` events of the kinds above).
 
     Raises:
-        HeadcountError: an event without a valid ``ts``/``dur``.
+        HeadcountError: a kept event without a ``ts``, or a time that does not fit in int64 nanoseconds.
     """
-    rows, stamps = [], []
+    if events and isinstance(events[0], dict):
+        try:
+            events = msgspec.convert(events, list[_Event])
+        except msgspec.ValidationError as exc:
+            raise HeadcountError(f"{source}: an event does not fit a Chrome trace ({exc})", hint=_NOT_A_TRACE) from exc
+    kept, kinds = [], []
     for ev in events:
-        if ev.get("ph") != "X":
+        if ev.ph != "X":
             continue
-        cat = str(ev.get("cat", "")).lower()
-        kind = _KIND_BY_CAT.get(cat)
-        if kind is None and cat == "python_function" and str(ev.get("name", "")).startswith(MODULE_PREFIX):
-            kind = "module"
+        kind = _KIND_BY_CAT.get(ev.cat)  # Kineto writes its categories in lower case
         if kind is None:
-            continue
-        if "ts" not in ev:
-            raise HeadcountError(f"{source}: event {ev.get('name')!r} has no valid ts/dur", hint="the trace is damaged; record it again")
-        stamps.append((ev["ts"], ev.get("dur", 0)))
-        args = ev.get("args") or {}
-        rows.append(
-            (
-                kind,
-                str(ev.get("name", "")),
-                ev.get("pid"),
-                ev.get("tid"),
-                0,
-                0,
-                args.get("correlation"),
-                args.get("device"),
-                args.get("stream"),
-                _launch_dims(args.get("grid")),
-                _launch_dims(args.get("block")),
-                args.get("registers per thread"),
-                args.get("shared memory"),
-                args.get("est. achieved occupancy %"),
-                {k: args.get(k) for k in _KEPT_ARGS} if ev.get("name") == SDPA_OP else None,
-            )
-        )
-    frame = pd.DataFrame.from_records(rows, columns=COLUMNS)
-    try:
-        start = _ns_array([ts for ts, _ in stamps])
-        frame["start_ns"] = start
-        frame["end_ns"] = start + _ns_array([dur for _, dur in stamps])
-    except (InvalidOperation, ValueError, TypeError) as exc:
-        bad = next((rows[i][1] for i, (ts, dur) in enumerate(stamps) if not _valid(ts) or not _valid(dur)), None)
-        raise HeadcountError(f"{source}: event {bad!r} has no valid ts/dur", hint="the trace is damaged; record it again") from exc
-    for col in ("start_ns", "end_ns"):
-        frame[col] = frame[col].astype(np.int64)
-    for col in ("correlation_id", "device", "stream", "registers_per_thread", "shared_memory_bytes"):
-        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
-    frame["est_achieved_occupancy_pct"] = pd.to_numeric(frame["est_achieved_occupancy_pct"], errors="coerce").astype("Float64")
-    # pid/tid can be strings in GPU lanes ("stream 7"); keep them as text uniformly
-    frame["pid"] = frame["pid"].astype(str)
-    frame["tid"] = frame["tid"].astype(str)
+            cat = ev.cat.lower() if isinstance(ev.cat, str) else str(ev.cat).lower()
+            kind = _KIND_BY_CAT.get(cat)
+            if kind is None and cat == "python_function" and str(ev.name).startswith(MODULE_PREFIX):
+                kind = "module"
+            if kind is None:
+                continue
+        kept.append(ev)
+        kinds.append(kind)
+    try:  # microseconds with three decimals → integer nanoseconds, exactly
+        start = np.array([int(ev.ts.scaleb(3)) for ev in kept], dtype=np.int64)
+        end = start + np.array([int(ev.dur.scaleb(3)) if ev.dur is not None else 0 for ev in kept], dtype=np.int64)
+    except AttributeError:  # a ts of None
+        missing = next(ev for ev in kept if ev.ts is None)
+        raise HeadcountError(f"{source}: event {missing.name!r} has no valid ts/dur", hint="the trace is damaged; record it again") from None
+    except (OverflowError, ValueError, ArithmeticError) as exc:  # inf/nan decimals, or beyond int64
+        raise HeadcountError(f"{source}: an event's ts/dur is out of range ({exc})", hint="the trace is damaged; record it again") from exc
+    n = len(kept)
+    names = [ev.name if isinstance(ev.name, str) else str(ev.name) for ev in kept]
+    text_of = {}  # pid/tid can be strings in GPU lanes ("stream 7"); kept as text uniformly, converted once per value
+    pid = [text_of.get(ev.pid) or text_of.setdefault(ev.pid, str(ev.pid)) for ev in kept]
+    tid = [text_of.get(ev.tid) or text_of.setdefault(ev.tid, str(ev.tid)) for ev in kept]
+    # launch arguments belong to GPU activity and runtime calls (the columns are null for CPU ops and ranges)
+    gpu = [i for i, k in enumerate(kinds) if k in _GPU_SIDE and kept[i].args is not None]
+    gpu_args = [kept[i].args for i in gpu]
+
+    def column(values, dtype):
+        text = dtype is object
+        out = pd.Series(None if text else pd.NA, index=range(n), dtype=dtype)
+        if gpu:
+            out.iloc[gpu] = values if text else pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").astype(dtype).array
+        return out
+
+    sdpa = {i: {"Input Dims": ev.args.input_dims, "Input type": ev.args.input_type, "Concrete Inputs": ev.args.concrete}
+            for i, ev in enumerate(kept) if ev.name == SDPA_OP and ev.args is not None}
+    frame = pd.DataFrame({
+        "kind": kinds,
+        "name": names,
+        "pid": pid,
+        "tid": tid,
+        "start_ns": start,
+        "end_ns": end,
+        "correlation_id": column([a.correlation for a in gpu_args], "Int64"),
+        "device": column([a.device for a in gpu_args], "Int64"),
+        "stream": column([a.stream for a in gpu_args], "Int64"),
+        "grid": column([_launch_dims(a.grid) for a in gpu_args], object),
+        "block": column([_launch_dims(a.block) for a in gpu_args], object),
+        "registers_per_thread": column([a.registers for a in gpu_args], "Int64"),
+        "shared_memory_bytes": column([a.shared for a in gpu_args], "Int64"),
+        "est_achieved_occupancy_pct": column([a.occupancy for a in gpu_args], "Float64"),
+        "args": [sdpa.get(i) for i in range(n)] if sdpa else [None] * n,
+    }, columns=COLUMNS)
     return frame
-
-
-def _valid(value) -> bool:
-    try:
-        _ns(value)
-    except (InvalidOperation, ValueError, TypeError):
-        return False
-    return True
