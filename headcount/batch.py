@@ -56,7 +56,7 @@ def stage_file(path: str, out: str, run_id: str, options: dict) -> FileResult:
     from headcount.reports import dataset
     from headcount.reports.metadata import runs_row
 
-    env.system_allocator()
+    env.release_freed_memory()
     try:
         source = sources.for_path(Path(path))
         result = source.parse(Path(path), run_id, options)
@@ -98,7 +98,7 @@ def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards
     from headcount import build, env
     from headcount.reports import dataset
 
-    env.system_allocator()
+    env.release_freed_memory()
     counts: dict = {}
     attention = None
     try:

@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from headcount.arrays import positions
 from headcount.attribute import attribution, labels
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling
@@ -117,7 +118,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
         projected["gpu_start_ns"] = pd.array([pd.NA] * len(projected), dtype="Int64")
         projected["gpu_end_ns"] = pd.array([pd.NA] * len(projected), dtype="Int64")
     projected = projected.rename(columns={"op_start_ns": "cpu_op_start_ns", "op_end_ns": "cpu_op_end_ns"})
-    projected["cpu_ops_ns"] = _top_level_op_time(cpu, cpu_inner, main)[projected["range_id"].to_numpy()]
+    projected["cpu_ops_ns"] = _top_level_op_time(cpu, cpu_inner, main)  # rows of main = rows of projected
 
     gpu = gpu.reset_index(drop=True)
     gpu["theoretical_occupancy_pct"] = occupancy.kernel_occupancy(gpu, limits)
@@ -177,14 +178,14 @@ def _with_shapes(ranges_table: pd.DataFrame, calls, implementation: str) -> pd.D
 
 
 def _top_level_op_time(cpu: pd.DataFrame, inner: np.ndarray, ranges: pd.DataFrame) -> np.ndarray:
-    """Per range id: summed duration of the operators inside it that are not
+    """Per range (row of ``ranges``): summed duration of the operators inside it that are not
     nested in another operator inside it (so nested aten calls count once).
 
     An operator's parent operator lies in a range that is an ancestor-or-self
     of the operator's own range; the operator counts for the ranges strictly
     below that one.
     """
-    n = int(ranges["range_id"].max()) + 1 if len(ranges) else 0
+    n = len(ranges)
     total = np.zeros(n, dtype=np.float64)
     if not len(cpu) or not n:
         return total
@@ -194,10 +195,11 @@ def _top_level_op_time(cpu: pd.DataFrame, inner: np.ndarray, ranges: pd.DataFram
     parent_nested = nested["parent_range_id"].to_numpy()
     parent_row = np.full(len(op_rows), -1, dtype=np.int64)
     parent_row[rows] = np.where(parent_nested >= 0, rows[np.maximum(parent_nested, 0)], -1)
-    parent_inner = np.where(parent_row >= 0, inner[np.maximum(parent_row, 0)], -2)
+    inner_row = positions(ranges["range_id"].to_numpy(np.int64), inner)  # each op's innermost range, as a row
+    parent_inner = np.where(parent_row >= 0, inner_row[np.maximum(parent_row, 0)], -2)
     duration = (op_rows["end_ns"] - op_rows["start_ns"]).to_numpy(np.float64)
     stopped = np.zeros(len(op_rows), dtype=bool)
-    for level in attribution.ancestors_matrix(ranges, inner):
+    for level in attribution.ancestor_rows(ranges, inner):
         stopped |= (level >= 0) & (level == parent_inner)
         active = (level >= 0) & ~stopped
         np.add.at(total, level[active], duration[active])

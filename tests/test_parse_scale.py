@@ -234,3 +234,34 @@ def test_depth_by_one_sort_equals_depth_by_events(spans):
     groups = frame["group"].rank(method="dense").astype(np.int64).to_numpy() - 1
     starts, ends = frame["start"].to_numpy(np.int64), frame["end"].to_numpy(np.int64)
     assert (_depths(groups, starts, ends) == _depths_by_events(groups, starts, ends)).all()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sets(st.integers(0, 10**12), max_size=50), st.lists(st.integers(-2, 10**12), max_size=30), st.booleans())
+def test_positions_of_ids_dense_or_sparse(ids, probes, dense):
+    """Row of an id by lookup array (dense ids) or hash table (sparse ids): both equal a dict."""
+    from headcount.arrays import positions
+
+    ids = sorted(ids) if not dense else list(range(len(ids)))
+    ids = np.array(ids[::-1], dtype=np.int64)  # any order
+    probes = np.array([*probes, *ids[:3]], dtype=np.int64)
+    row = {int(v): i for i, v in enumerate(ids)}
+    assert positions(ids, probes).tolist() == [row.get(int(p), -1) for p in probes]
+
+
+def test_range_ids_far_apart_project_as_near_ones():
+    """Range ids are the export's row ids: a process of a large export carries
+    ids in the tens of millions. Its projection must not depend on them (and
+    no array is sized by the largest id: the benchmark's --widen checks memory)."""
+    from headcount.attribute.attribution import project_gpu
+
+    export = nsys_sqlite.read_export(H100)
+    near, _ = project_gpu(export.ranges, export.runtime, export.gpu)
+    shift = 10**12
+    far, _ = project_gpu(export.ranges.assign(range_id=export.ranges["range_id"] + shift), export.runtime, export.gpu)
+    cols = ["range_id", "parent_range_id", "depth", "gpu_op_count", "gpu_start_ns", "gpu_end_ns", "child_count"]
+    far = far[cols].copy()
+    far["range_id"] -= shift
+    far["parent_range_id"] = np.where(far["parent_range_id"] >= 0, far["parent_range_id"] - shift, -1)
+    pd.testing.assert_frame_equal(near[cols].reset_index(drop=True), far.reset_index(drop=True), check_dtype=False)
+    assert (near["gpu_op_count"] > 0).any()

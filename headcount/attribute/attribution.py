@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headcount.arrays import unique_inverse
+from headcount.arrays import positions, unique_inverse
 
 RANGE_KEYS = ["pid", "tid", "domain"]
 
@@ -211,9 +211,7 @@ def innermost_range(
     r_end = ranges["end_ns"].to_numpy()
     r_parent = ranges["parent_range_id"].to_numpy()
     r_ids = ranges["range_id"].to_numpy(dtype=np.int64)
-    pos_of_id = np.full(int(r_ids.max()) + 1, -1, dtype=np.int64)
-    pos_of_id[r_ids] = np.arange(len(r_ids))
-    parent_pos = np.where(r_parent >= 0, pos_of_id[np.maximum(r_parent, 0)], -1)
+    parent_pos = positions(r_ids, r_parent)
     op_groups = ops.groupby(["pid", "tid"], sort=False).indices
     range_groups = ranges.groupby(["pid", "tid"], sort=False).indices
     op_time = ops[time_col].to_numpy()
@@ -314,15 +312,17 @@ def launched_in(work: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
     return inner
 
 
-def ancestors_matrix(ranges: pd.DataFrame, innermost: np.ndarray) -> list[np.ndarray]:
-    """Level by level, the ancestor ``range_id`` of each op (self first), -1 past the root."""
-    lookup = np.full(int(ranges["range_id"].max()) + 2 if len(ranges) else 1, -1, dtype=np.int64)
-    lookup[ranges["range_id"].to_numpy(dtype=np.int64)] = ranges["parent_range_id"].to_numpy(dtype=np.int64)
+def ancestor_rows(ranges: pd.DataFrame, innermost: np.ndarray) -> list[np.ndarray]:
+    """Level by level, the row (position in ``ranges``) of each op's
+    ancestor-or-self range, starting from its innermost range (``innermost``:
+    a ``range_id`` per op, -1 for none); -1 past the root."""
+    ids = ranges["range_id"].to_numpy(dtype=np.int64)
+    parent_row = positions(ids, ranges["parent_range_id"].to_numpy(dtype=np.int64))
     levels = []
-    cur = innermost.copy()
+    cur = positions(ids, np.asarray(innermost, dtype=np.int64))
     while (cur >= 0).any():
         levels.append(cur.copy())
-        cur = np.where(cur >= 0, lookup[np.maximum(cur, 0)], -1)
+        cur = np.where(cur >= 0, parent_row[np.maximum(cur, 0)], -1)
     return levels
 
 
@@ -337,23 +337,22 @@ def project(ranges: pd.DataFrame, ops: pd.DataFrame, innermost: np.ndarray, copy
         (null where none).
     """
     out = ranges.copy() if copy else ranges
-    n = int(out["range_id"].max()) + 1 if len(out) else 0
+    n = len(out)
     count = np.zeros(n, dtype=np.int64)
     first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
     last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
     starts = ops["start_ns"].to_numpy(dtype=np.int64) if len(ops) else np.zeros(0, np.int64)
     ends = ops["end_ns"].to_numpy(dtype=np.int64) if len(ops) else np.zeros(0, np.int64)
-    for level in ancestors_matrix(out, innermost) if n else []:
+    for level in ancestor_rows(out, innermost) if n else []:
         ok = level >= 0
-        ids = level[ok]
-        count += np.bincount(ids, minlength=n)
-        np.minimum.at(first, ids, starts[ok])
-        np.maximum.at(last, ids, ends[ok])
-    ids = out["range_id"].to_numpy()
-    out["op_count"] = count[ids] if n else np.zeros(0, np.int64)
-    has = out["op_count"].to_numpy() > 0
-    out["op_start_ns"] = pd.array(np.where(has, first[ids] if n else 0, 0), dtype="Int64")
-    out["op_end_ns"] = pd.array(np.where(has, last[ids] if n else 0, 0), dtype="Int64")
+        rows = level[ok]
+        count += np.bincount(rows, minlength=n)
+        np.minimum.at(first, rows, starts[ok])
+        np.maximum.at(last, rows, ends[ok])
+    out["op_count"] = count
+    has = count > 0
+    out["op_start_ns"] = pd.array(np.where(has, first, 0), dtype="Int64")
+    out["op_end_ns"] = pd.array(np.where(has, last, 0), dtype="Int64")
     out.loc[~has, ["op_start_ns", "op_end_ns"]] = pd.NA
     return out
 

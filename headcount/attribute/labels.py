@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headcount.arrays import unique_inverse
+from headcount.arrays import positions, unique_inverse
 from headcount.tagging.naming import PHASES, parse_path
 
 LEVELS = ["phase", "layer", "head", "other"]
@@ -47,13 +47,6 @@ def take_int(per_key: list, index: np.ndarray) -> pd.arrays.IntegerArray:
     taken = np.where(index >= 0, values[np.maximum(index, 0)] if len(values) else -1, -1)
     missing = (index < 0) | (taken < 0) if len(values) else np.ones(len(index), dtype=bool)
     return pd.arrays.IntegerArray(np.where(missing, 0, taken), missing)
-
-
-def _position_of(ids: np.ndarray) -> np.ndarray:
-    """Lookup array: range id → row position (-1 where no row has the id)."""
-    lookup = np.full(int(ids.max()) + 2 if len(ids) else 1, -1, dtype=np.int64)
-    lookup[ids] = np.arange(len(ids))
-    return lookup
 
 
 def label_ranges(ranges: pd.DataFrame, steps: pd.DataFrame, ours: np.ndarray | None = None) -> pd.DataFrame:
@@ -102,7 +95,7 @@ def label_ranges(ranges: pd.DataFrame, steps: pd.DataFrame, ours: np.ndarray | N
     # know is a manual layer name (tag_attention(layer="my_block"))
     ids = ranges["range_id"].to_numpy(np.int64)
     parents = ranges["parent_range_id"].to_numpy(np.int64)
-    parent_pos = np.where(parents >= 0, _position_of(ids)[np.maximum(parents, 0)], -1) if n else parents
+    parent_pos = positions(ids, parents)
     phase_codes = np.flatnonzero(name.categories.isin(list(PHASES)))
     parent_is_phase = (parent_pos >= 0) & np.isin(name.codes[np.maximum(parent_pos, 0)], phase_codes)
     level_codes = np.array([LEVELS.index(lv) for lv in level], dtype=np.int8)[inverse] if n else np.zeros(0, np.int8)
@@ -127,12 +120,8 @@ def label_ops(range_ids: np.ndarray, ranges: pd.DataFrame) -> dict[str, object]:
         ranges: the nested ranges (``range_id``, ``path``).
     """
     path = as_categorical(ranges["path"])
-    ids = ranges["range_id"].to_numpy(np.int64)
-    lookup = np.full(int(ids.max()) + 2 if len(ids) else 1, -1, dtype=np.int64)
-    lookup[ids] = path.codes
-    range_ids = np.asarray(range_ids, dtype=np.int64)
-    codes = np.where(range_ids >= 0, lookup[np.clip(range_ids, 0, len(lookup) - 1)], -1)
-    codes = np.where(range_ids < len(lookup), codes, -1)
+    rows = positions(ranges["range_id"].to_numpy(np.int64), range_ids)
+    codes = np.where(rows >= 0, np.asarray(path.codes, dtype=np.int64)[np.maximum(rows, 0)], -1) if len(path) else rows
     parsed = [parse_path(str(p)) for p in path.categories]
     return {
         "nvtx_path": pd.Categorical.from_codes(codes, categories=path.categories),

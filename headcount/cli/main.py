@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from headcount.env import system_allocator
+    from headcount.env import release_freed_memory
 
-    system_allocator()  # large tables are built and freed in turn: give freed memory back at once
+    release_freed_memory()  # large tables are built and freed in turn: give freed memory back at once
     try:
         return args.func(args)
     except HeadcountError as exc:

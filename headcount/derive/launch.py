@@ -61,7 +61,7 @@ def per_range(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray, occup
         ``theoretical_occupancy_x_busy`` (occupancy × kernel time, for time
         weighting); null where the range launched nothing.
     """
-    n = int(ranges["range_id"].max()) + 1 if len(ranges) else 0
+    n = len(ranges)  # per row of ranges
     busy = np.zeros(n)
     cost = np.zeros(n)
     cost_known = np.zeros(n, dtype=bool)
@@ -73,7 +73,7 @@ def per_range(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray, occup
         end = work["end_ns"].to_numpy(np.float64)
         api = (pd.to_numeric(work["api_end_ns"], errors="coerce") - pd.to_numeric(work["api_start_ns"], errors="coerce")).to_numpy(np.float64)
         occ = occupancy.to_numpy(np.float64) if occupancy is not None else np.full(len(work), np.nan)
-        levels = attribution.ancestors_matrix(ranges, np.asarray(inner))
+        levels = attribution.ancestor_rows(ranges, np.asarray(inner))
         # one union per range over the kernels of all its levels (a range's own
         # kernels and its children's overlap in time)
         pairs = [(level[level >= 0], np.flatnonzero(level >= 0)) for level in levels]
@@ -94,10 +94,10 @@ def per_range(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray, occup
     launched = ~np.isnan(span)
     return pd.DataFrame({
         "range_id": ids,
-        "kernel_busy_ns": np.where(launched, busy[ids] if n else np.nan, np.nan),
-        "kernel_gap_ns": np.where(launched, span - (busy[ids] if n else 0), np.nan),
-        "cpu_launch_cost_ns": np.where(cost_known[ids] if n else False, cost[ids] if n else np.nan, np.nan),
-        "theoretical_occupancy_x_busy": np.where(occ_known[ids] if n else False, occ_t[ids] if n else np.nan, np.nan),
+        "kernel_busy_ns": np.where(launched, busy, np.nan),
+        "kernel_gap_ns": np.where(launched, span - busy, np.nan),
+        "cpu_launch_cost_ns": np.where(cost_known, cost, np.nan),
+        "theoretical_occupancy_x_busy": np.where(occ_known, occ_t, np.nan),
     })
 
 
