@@ -25,18 +25,22 @@ def positions(ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     """The row of each of ``values`` among ``ids`` (unique integers), -1 where absent.
 
     Memory follows the rows, never the largest id: NVTX range ids are the
-    export's row ids, so one process's ranges of a large export can carry ids
-    in the tens of millions. A lookup array is used where the ids are dense
-    (largest id at most twice the rows), a hash table otherwise.
+    export's row ids, so one process's ranges of a large export carry ids in
+    the tens of millions. Where the ids are dense (their span at most 4× the
+    rows) a lookup array over the span is used, else a binary search over the
+    sorted ids (16 bytes a row; a hash table held ~4× that at its peak).
     """
     ids = np.asarray(ids, dtype=np.int64)
     values = np.asarray(values, dtype=np.int64)
     if not len(ids):
         return np.full(len(values), -1, dtype=np.int64)
-    top = int(ids.max())
-    if top < 2 * len(ids) + 1024 and int(ids.min()) >= 0:
-        lookup = np.full(top + 1, -1, dtype=np.int64)
-        lookup[ids] = np.arange(len(ids))
-        inside = (values >= 0) & (values <= top)
-        return np.where(inside, lookup[np.clip(values, 0, top)], -1)
-    return pd.Index(ids).get_indexer(values).astype(np.int64, copy=False)
+    low, high = int(ids.min()), int(ids.max())
+    if high - low < 4 * len(ids) + 1024:
+        lookup = np.full(high - low + 1, -1, dtype=np.int64)
+        lookup[ids - low] = np.arange(len(ids))
+        inside = (values >= low) & (values <= high)
+        return np.where(inside, lookup[np.clip(values - low, 0, high - low)], -1)
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    at = np.minimum(np.searchsorted(ordered, values), len(ids) - 1)
+    return np.where(ordered[at] == values, order[at], -1)

@@ -118,36 +118,38 @@ def program_versions() -> dict:
     return {"torch": package_version("torch"), "transformers": package_version("transformers")}
 
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD_BYTES = 1 << 20
-
-
 def release_freed_memory() -> None:
-    """Make this process give large freed blocks back to the system at once.
-
-    headcount builds and frees tables of millions of rows one process (of a
-    recording) after another. Two allocators kept what was freed:
-
-    - pyarrow's default pool (mimalloc) keeps freed pages for reuse: Arrow
-      allocates here with the C library's allocator instead, unless
-      ``ARROW_DEFAULT_MEMORY_POOL`` names a pool;
-    - glibc raises its mmap threshold each time a large block is freed (up to
-      32 MiB), so later arrays of that size come from the heap, which fragments
-      and is not returned: a parse of 8 processes grew from 850 to 1,060 MiB.
-      The threshold is fixed at 1 MiB (:data:`MMAP_THRESHOLD_BYTES`) unless
-      ``MALLOC_MMAP_THRESHOLD_`` sets it.
-
-    Idempotent; only headcount's own processes call it (the CLI and its workers).
-    """
+    """Let Arrow allocate with the C library's allocator in this process, unless
+    ``ARROW_DEFAULT_MEMORY_POOL`` names a pool: pyarrow's default (mimalloc)
+    keeps freed pages for reuse, so a parse that builds and frees one process's
+    tables after another held ~90 MiB more at its peak per worker. Only
+    headcount's own processes call it (the CLI and its workers); idempotent.
+    See also :func:`trim_heap`."""
     if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         import pyarrow as pa
 
         if pa.default_memory_pool().backend_name != "system":
             pa.set_memory_pool(pa.system_memory_pool())
-    if platform.system() == "Linux" and not os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+
+
+def trim_heap() -> None:
+    """Give the heap's free pages back to the system now (glibc ``malloc_trim``;
+    a no-op elsewhere). glibc raises its mmap threshold each time a large block
+    is freed, so later arrays of up to 32 MiB come from the heap, which keeps
+    what is freed: without a trim between an export's processes a parse of 8
+    processes grew from 850 to 1,060 MiB. (A fixed mmap threshold instead made
+    every large temporary a fresh mapping: 30 % slower.)"""
+    global _libc
+    if _libc is None:
         import ctypes
 
         try:
-            ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-        except (OSError, AttributeError):  # not glibc (musl): its allocator returns large blocks anyway
-            pass
+            _libc = ctypes.CDLL("libc.so.6") if platform.system() == "Linux" else False
+            _libc.malloc_trim  # noqa: B018 - glibc only
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
+
+
+_libc = None
