@@ -24,7 +24,10 @@ nsys-ai, ≤ 2 GB peak.
 ``--widen 4`` repeats the export's processes 4 times (20 M NVTX ranges,
 2.4 GB, 8 processes): the peak must not grow with the file.
 
-Run: python benchmarks/attribution.py [--copies N] [--keep DIR] [--nsys-timeout S] [--detail] [--ranks N [--ray]] [--widen N]
+Run: python benchmarks/attribution.py [--copies N] [--keep DIR] [--nsys-timeout S] [--detail] [--ranks N [--ray]] [--widen N] [--repeat N]
+
+Each headcount command runs --repeat times (default 3), alternating with the
+others; the median wall time is reported with every run, and the largest peak.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 import pandas as pd
 
@@ -224,24 +228,29 @@ def ranks(args, workdir: Path) -> None:
         if not files[-1].exists():
             shutil.copy(one, files[-1])
     print(f"{args.ranks} exports of {one.stat().st_size / 1e6:.0f} MB each; {load()}")
-    tables, walls = {}, {}
-    for label, extra in [("--jobs 1", ["--jobs", "1"]), ("--jobs 2", ["--jobs", "2"]),
-                         *([("--executor ray", ["--executor", "ray"])] if args.ray else [])]:
-        out = workdir / f"out-{label.replace(' ', '').replace('-', '')}"
-        shutil.rmtree(out, ignore_errors=True)
-        m = timed([*headcount_cmd(), "parse", *map(str, files), "-o", str(out), *extra])
-        if m.done.returncode != 0:
-            print(f"{label}: failed ({m.done.stderr.strip().splitlines()[-1] if m.done.stderr.strip() else m.done.returncode})")
-            continue
-        walls[label] = m.wall
-        print(f"headcount parse {args.ranks} files {label}: {m.wall:.1f} s wall, {m.memory()}")
-        tables[label] = {name: ds.dataset(out / name, partitioning="hive").to_table().drop_columns(["run_id"]).to_pandas()
-                         .sort_values(["start_ns"] if name in ("ranges", "kernels") else list(ds.dataset(out / name).schema.names)[:3])
-                         .reset_index(drop=True) for name in ("ranges", "kernels", "layers", "heads")}
+    tables, walls, runs = {}, {}, [("--jobs 1", ["--jobs", "1"]), ("--jobs 2", ["--jobs", "2"]),
+                                    *([("--executor ray", ["--executor", "ray"])] if args.ray else [])]
+    measured: dict[str, list[Measured]] = {}
+    for _ in range(args.repeat):  # rounds alternate the commands: a slow spell of the machine hits them alike
+        for label, extra in runs:
+            out = workdir / f"out-{label.replace(' ', '').replace('-', '')}"
+            shutil.rmtree(out, ignore_errors=True)
+            m = timed([*headcount_cmd(), "parse", *map(str, files), "-o", str(out), *extra])
+            if m.done.returncode != 0:
+                print(f"{label}: failed ({m.done.stderr.strip().splitlines()[-1] if m.done.stderr.strip() else m.done.returncode})")
+                continue
+            measured.setdefault(label, []).append(m)
+            tables[label] = {name: ds.dataset(out / name, partitioning="hive").to_table().drop_columns(["run_id"]).to_pandas()
+                             .sort_values(["start_ns"] if name in ("ranges", "kernels") else list(ds.dataset(out / name).schema.names)[:3])
+                             .reset_index(drop=True) for name in ("ranges", "kernels", "layers", "heads")}
+    for label, ms in measured.items():
+        walls[label] = median(m.wall for m in ms)
+        print(f"headcount parse {args.ranks} files {label}: {walls[label]:.1f} s wall (median of "
+              f"{', '.join(f'{m.wall:.1f}' for m in ms)}), {max(ms, key=lambda m: m.rss).memory()}")
     labels = list(tables)
     for label in labels[1:]:
         same = all(tables[labels[0]][n].equals(tables[label][n]) for n in tables[label])
-        print(f"tables of {label} identical to {labels[0]}: {same}; {walls[labels[0]] / walls[label]:.2f}× the speed of {labels[0]}")
+        print(f"tables of {label} identical to {labels[0]}: {same}; {walls[labels[0]] / walls[label]:.2f}× the speed of {labels[0]} (medians)")
 
 
 def main() -> None:
@@ -250,6 +259,7 @@ def main() -> None:
     parser.add_argument("--keep", default=None, help="keep (and reuse) the built exports in this directory")
     parser.add_argument("--nsys-timeout", type=int, default=3600)
     parser.add_argument("--detail", action="store_true", help="also time read and attribute alone")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each headcount command (alternating; the median is reported)")
     parser.add_argument("--ranks", type=int, default=0, help="time N copies with --jobs 1 and 2 instead")
     parser.add_argument("--ray", action="store_true", help="with --ranks: also --executor ray")
     parser.add_argument("--widen", type=int, default=1,
@@ -276,17 +286,24 @@ def main() -> None:
         print(f"{path.name}: {path.stat().st_size / 1e6:.0f} MB; {load()}")
         out = workdir / "out"
         shutil.rmtree(out, ignore_errors=True)
-        m = timed([*headcount_cmd(), "parse", str(path), "-o", str(out)])
-        if m.done.returncode != 0:
-            sys.exit(f"headcount parse failed: {m.done.stderr.strip()}")
-        ours = m.wall
-        print(f"headcount parse: {ours:.1f} s wall, {m.memory()}")
         one = workdir / "out-jobs1"
-        shutil.rmtree(one, ignore_errors=True)
-        m1 = timed([*headcount_cmd(), "parse", str(path), "-o", str(one), "--jobs", "1"])
-        print(f"headcount parse --jobs 1 (one process): {m1.wall:.1f} s wall, {m1.memory()}"
-              + ("" if m1.done.returncode == 0 else f" (failed: exit {m1.done.returncode})"))
-        shutil.rmtree(one, ignore_errors=True)
+        default, single = [], []
+        for _ in range(args.repeat):  # alternating, so that a slow spell of the machine hits both alike
+            shutil.rmtree(out, ignore_errors=True)
+            m = timed([*headcount_cmd(), "parse", str(path), "-o", str(out)])
+            if m.done.returncode != 0:
+                sys.exit(f"headcount parse failed: {m.done.stderr.strip()}")
+            default.append(m)
+            shutil.rmtree(one, ignore_errors=True)
+            single.append(timed([*headcount_cmd(), "parse", str(path), "-o", str(one), "--jobs", "1"]))
+            shutil.rmtree(one, ignore_errors=True)
+        ours = median(m.wall for m in default)
+        walls = ", ".join(f"{m.wall:.1f}" for m in default)
+        print(f"headcount parse: {ours:.1f} s wall (median of {walls}), {max(default, key=lambda m: m.rss).memory()}")
+        failed = [m.done.returncode for m in single if m.done.returncode != 0]
+        print(f"headcount parse --jobs 1 (one process): {median(m.wall for m in single):.1f} s wall (median of "
+              f"{', '.join(f'{m.wall:.1f}' for m in single)}), {max(single, key=lambda m: m.rss).memory()}"
+              + (f" (failed: exit {failed[0]})" if failed else ""))
         if args.detail:
             queue = mp.get_context("spawn").Queue()
             proc = mp.get_context("spawn").Process(target=_stages, args=(str(path), queue))
@@ -303,7 +320,8 @@ def main() -> None:
                 print(f"nsys nvtx_gpu_proj_trace did not finish in {args.nsys_timeout} s: ratio ≥ {args.nsys_timeout / ours:.0f}×")
             else:
                 same, n = same_as_nsys(done.stdout, out)
-                print(f"nsys nvtx_gpu_proj_trace: {theirs:.1f} s, {m.memory()}; headcount is {theirs / ours:.1f}× faster")
+                print(f"nsys nvtx_gpu_proj_trace: {theirs:.1f} s, {m.memory()}; headcount is {theirs / ours:.1f}× faster "
+                      f"(median run; {theirs / max(d.wall for d in default):.1f}× its slowest)")
                 print(f"answers identical for all {n:,} projected ranges: {same}")
         else:
             print("nsys-report not found (run ../shared/tools/install-nsight.sh): no comparison with nsys")

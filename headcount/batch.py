@@ -230,13 +230,18 @@ def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int =
     import threading
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    from headcount import sources  # noqa: F401 - imported once here, inherited by forked workers
+    # imported once here, inherited by forked workers (each would otherwise import them on its first file)
+    import adbc_driver_sqlite.dbapi  # noqa: F401 - the nsys reader's driver (0.1 s: it imports polars)
+
+    from headcount import sources  # noqa: F401
+    from headcount.reports import dataset, metadata  # noqa: F401
 
     if threading.active_count() == 1:  # no thread whose locks a fork could inherit held: fork (starts in ms)
         context = mp.get_context("fork")
     else:  # a fresh single-threaded server forks the workers, with the heavy imports done once
         context = mp.get_context("forkserver")
-        context.set_forkserver_preload(["headcount.batch", "headcount.sources", "headcount.build", "headcount.reports.dataset"])
+        context.set_forkserver_preload(["headcount.batch", "headcount.sources", "headcount.build", "headcount.reports.dataset",
+                                        "adbc_driver_sqlite.dbapi"])
     from headcount.parsers import nsys_sqlite
 
     workers = plan.workers
