@@ -35,11 +35,15 @@ def positions(ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     if not len(ids):
         return np.full(len(values), -1, dtype=np.int64)
     low, high = int(ids.min()), int(ids.max())
-    if high - low < 4 * len(ids) + 1024:
-        lookup = np.full(high - low + 1, -1, dtype=np.int64)
-        lookup[ids - low] = np.arange(len(ids))
-        inside = (values >= low) & (values <= high)
-        return np.where(inside, lookup[np.clip(values - low, 0, high - low)], -1)
+    span = high - low + 1
+    if span <= 4 * len(ids) + 1024 and len(ids) < 2**31:
+        lookup = np.full(span, -1, dtype=np.int32)
+        lookup[ids - low] = np.arange(len(ids), dtype=np.int32)
+        rel = values - low
+        inside = (rel >= 0) & (rel < span)
+        out = np.full(len(values), -1, dtype=np.int64)
+        out[inside] = lookup[rel[inside]]
+        return out
     order = np.argsort(ids, kind="stable")
     ordered = ids[order]
     at = np.minimum(np.searchsorted(ordered, values), len(ids) - 1)
