@@ -23,7 +23,6 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
-from headcount import env
 from headcount.arrays import positions
 from headcount.attribute import attribution, labels
 from headcount.attribute.calls import attach_calls, calls_frame
@@ -423,7 +422,6 @@ def _process_pieces(parts, calls, implementation, devices, gpu_metrics, attentio
         yield "ranges", ranges_table
         yield "kernels", kernels
         del ranges_table, kernels, export  # written by now: freed before the next process is built
-        env.trim_heap()
 
 
 def nsys_aggregates(attention: list[pd.DataFrame], calls=None, device: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -124,32 +124,14 @@ def release_freed_memory() -> None:
     keeps freed pages for reuse, so a parse that builds and frees one process's
     tables after another held ~90 MiB more at its peak per worker. Only
     headcount's own processes call it (the CLI and its workers); idempotent.
-    See also :func:`trim_heap`."""
+
+    (glibc keeps part of what is freed too: it raises its mmap threshold as
+    large blocks are freed, so a parse of 8 processes in one worker peaks
+    ~120 MiB higher on its last process than on its first. Neither
+    ``malloc_trim`` between processes nor a fixed threshold helped without
+    costing 30 % of the time in page faults, so glibc is left as it is.)"""
     if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         import pyarrow as pa
 
         if pa.default_memory_pool().backend_name != "system":
             pa.set_memory_pool(pa.system_memory_pool())
-
-
-def trim_heap() -> None:
-    """Give the heap's free pages back to the system now (glibc ``malloc_trim``;
-    a no-op elsewhere). glibc raises its mmap threshold each time a large block
-    is freed, so later arrays of up to 32 MiB come from the heap, which keeps
-    what is freed: without a trim between an export's processes a parse of 8
-    processes grew from 850 to 1,060 MiB. (A fixed mmap threshold instead made
-    every large temporary a fresh mapping: 30 % slower.)"""
-    global _libc
-    if _libc is None:
-        import ctypes
-
-        try:
-            _libc = ctypes.CDLL("libc.so.6") if platform.system() == "Linux" else False
-            _libc.malloc_trim  # noqa: B018 - glibc only
-        except (OSError, AttributeError):
-            _libc = False
-    if _libc:
-        _libc.malloc_trim(0)
-
-
-_libc = None

@@ -61,7 +61,6 @@ COLUMNS = [
 _GPU_SIDE = {"kernel", "memcpy", "memset", "runtime"}
 MODULE_PREFIX = "nn.Module: "
 SDPA_OP = "aten::scaled_dot_product_attention"
-_KEPT_ARGS = ("Input Dims", "Input type", "Concrete Inputs")
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -116,6 +115,8 @@ def _raw(path: Path) -> bytes:
         return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
     except FileNotFoundError as exc:
         raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
+    except PermissionError as exc:
+        raise HeadcountError(f"{path}: permission denied", hint="make the file readable, or copy it somewhere you can read") from exc
     except (EOFError, OSError) as exc:  # gzip.BadGzipFile is an OSError
         raise HeadcountError(f"{path}: not a torch.profiler trace ({exc})", hint=_NOT_A_TRACE) from exc
 
@@ -134,7 +135,7 @@ def _decode(path: Path) -> tuple[_Trace, bytes]:
         where = str(exc)  # msgspec names the place: "… - at `$.traceEvents[12].ts`"
         if where.endswith((".ts`", ".dur`")):
             raise HeadcountError(f"{path}: an event has no valid ts/dur ({exc})", hint="the trace is damaged; record it again") from exc
-        if "`traceEvents`" in where or where.endswith("at `$.traceEvents`") or "`$`" in where:
+        if "`traceEvents`" in where or where.endswith("at `$.traceEvents`"):
             raise HeadcountError(f"{path}: not a torch.profiler trace (no traceEvents list)", hint=_NOT_A_TRACE) from exc
         raise HeadcountError(f"{path}: not a torch.profiler trace ({exc})", hint=_NOT_A_TRACE) from exc
     except msgspec.DecodeError as exc:
