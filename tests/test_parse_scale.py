@@ -265,3 +265,15 @@ def test_range_ids_far_apart_project_as_near_ones():
     far["parent_range_id"] = np.where(far["parent_range_id"] >= 0, far["parent_range_id"] - shift, -1)
     pd.testing.assert_frame_equal(near[cols].reset_index(drop=True), far.reset_index(drop=True), check_dtype=False)
     assert (near["gpu_op_count"] > 0).any()
+
+
+def test_one_small_file_says_no_worker_processes(tmp_path, capsys):
+    """A file too small to split is parsed in the command's own process, and the
+    command does not claim otherwise (it used to announce `--jobs` workers)."""
+    assert main(["parse", str(H100), "-o", str(tmp_path / "r"), "--jobs", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "worker processes" not in err and "shards in parallel" not in err
+    from headcount import batch
+
+    assert batch.split([(str(H100), "r")], 2).workers == 1
+    assert batch.split([(str(H100), "a"), (str(A100), "b")], 2).workers == 2
