@@ -219,8 +219,8 @@ def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int =
     if executor == "ray":
         return _on_ray(files, out, options, done)
     plan = plan or split(files, jobs)
-    shards = plan.shards
-    if plan.workers <= 1:
+    shards, workers = plan.shards, plan.workers
+    if workers <= 1:
         results = []
         for path, run_id in files:
             results.append(stage_file(path, out, run_id, options))
@@ -244,20 +244,19 @@ def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int =
                                         "adbc_driver_sqlite.dbapi"])
     from headcount.parsers import nsys_sqlite
 
-    workers = plan.workers
     results: list[FileResult | None] = [None] * len(files)
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_share_cores,
                              initargs=(max(1, _cores() // workers),)) as pool:
         futures, metas, parts = {}, {}, {}
-        for i, ((path, run_id), (m, plan)) in enumerate(zip(files, shards)):
+        for i, ((path, run_id), (m, export_plan)) in enumerate(zip(files, shards)):
             if m == 1:
                 futures[pool.submit(stage_file, path, out, run_id, options)] = (i, None)
                 continue
-            device = nsys_sqlite.describe_device(plan.devices, plan.gpu_devices)
-            metas[i] = _metadata(path, run_id, "nsys", plan.meta.get("EXPORT_PRODUCT_VERSION"), device, [])
+            device = nsys_sqlite.describe_device(export_plan.devices, export_plan.gpu_devices)
+            metas[i] = _metadata(path, run_id, "nsys", export_plan.meta.get("EXPORT_PRODUCT_VERSION"), device, [])
             parts[i] = []
             for k in range(m):
-                futures[pool.submit(stage_shard, path, out, run_id, metas[i], k, m, plan)] = (i, k)
+                futures[pool.submit(stage_shard, path, out, run_id, metas[i], k, m, export_plan)] = (i, k)
         for future in as_completed(futures):
             i, k = futures[future]
             if k is None:

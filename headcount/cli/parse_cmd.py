@@ -117,10 +117,7 @@ def run(args) -> int:
 
 def _discard(out: Path, files, created: bool) -> None:
     """Remove the staged runs (and ``out`` itself when this command created it)."""
-    import shutil
-
-    for _, run_id in files:
-        shutil.rmtree(out / f".staging-{run_id}", ignore_errors=True)
+    dataset.discard(out, [run_id for _, run_id in files])
     if created:
         try:
             out.rmdir()

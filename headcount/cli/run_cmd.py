@@ -153,8 +153,7 @@ def run(args) -> int:
                 run.write("runs", runs_row(meta))
         dataset.commit(out, staged, append=args.append, force=args.force)
     except BaseException:
-        for run_id in staged:
-            shutil.rmtree(out / f".staging-{run_id}", ignore_errors=True)
+        dataset.discard(out, staged)
         raise
     written = len(staged)
     first = next(r for r in runs if not assemble.empty(r.tables))

@@ -121,8 +121,8 @@ def _raw(path: Path) -> bytes:
         raise HeadcountError(f"{path}: not a torch.profiler trace ({exc})", hint=_NOT_A_TRACE) from exc
 
 
-def _decode(path: Path) -> tuple[_Trace, bytes]:
-    """The trace's events (typed, only the fields used) and its raw bytes.
+def _decode(path: Path) -> _Trace:
+    """The trace's events (typed, only the fields used) and its ``deviceProperties``.
 
     Raises:
         HeadcountError: missing file, invalid JSON, no ``traceEvents`` list, a
@@ -130,7 +130,7 @@ def _decode(path: Path) -> tuple[_Trace, bytes]:
     """
     raw = _raw(path)
     try:
-        return msgspec.json.decode(raw, type=_Trace), raw
+        return msgspec.json.decode(raw, type=_Trace)
     except msgspec.ValidationError as exc:
         where = str(exc)  # msgspec names the place: "… - at `$.traceEvents[12].ts`"
         if where.endswith((".ts`", ".dur`")):
@@ -149,23 +149,20 @@ def load_trace(path: str | Path) -> pd.DataFrame:
         HeadcountError: the file is missing, not JSON, or not a Chrome trace.
     """
     path = Path(path)
-    return events_frame(_decode(path)[0].traceEvents, source=str(path))
+    return events_frame(_decode(path).traceEvents, source=str(path))
 
 
 def read_trace(path: str | Path) -> dict:
     """A trace file as ``{"events": events table, "devices": deviceProperties
-    (list of dicts, empty for a CPU trace), "meta": the other top-level keys}``.
+    (list of dicts, empty for a CPU trace)}``.
 
     Raises:
         HeadcountError: the file is missing, not JSON, or not a Chrome trace.
     """
     path = Path(path)
-    trace, raw = _decode(path)
+    trace = _decode(path)
     devices = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
-    devices = [d for d in devices if isinstance(d, dict)]
-    top = msgspec.json.decode(raw, type=dict[str, msgspec.Raw])  # the other keys, events left undecoded
-    meta = {k: msgspec.json.decode(v) for k, v in top.items() if k not in ("traceEvents", "deviceProperties")}
-    return {"events": events_frame(trace.traceEvents, source=str(path)), "devices": devices, "meta": meta}
+    return {"events": events_frame(trace.traceEvents, source=str(path)), "devices": [d for d in devices if isinstance(d, dict)]}
 
 
 def run_device(devices: list[dict]) -> dict | None:
@@ -177,12 +174,7 @@ def run_device(devices: list[dict]) -> dict | None:
 
     def num(key):
         v = d.get(key)
-        if isinstance(v, str):  # floats are read as text (exact timestamps)
-            try:
-                return int(float(v))
-            except ValueError:
-                return None
-        return int(v) if isinstance(v, (int, float, Decimal)) else None
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
     major, minor = num("computeMajor"), num("computeMinor")
     threads = num("maxThreadsPerMultiprocessor")

@@ -305,9 +305,14 @@ def commit(out: str | Path, run_ids: list[str], append: bool = False, force: boo
     except OSError as exc:
         raise HeadcountError(f"{out}: cannot write the report ({exc.strerror or exc})", hint="check free space and permissions") from exc
     finally:
-        for run_id in run_ids:
-            shutil.rmtree(out / f".staging-{run_id}", ignore_errors=True)
+        discard(out, run_ids)
     return out
+
+
+def discard(out: str | Path, run_ids: list[str]) -> None:
+    """Remove what is staged for ``run_ids`` under ``out`` (every writer's pieces); nothing else."""
+    for run_id in run_ids:
+        shutil.rmtree(Path(out) / f".staging-{run_id}", ignore_errors=True)
 
 
 def write_run(
