@@ -9,6 +9,7 @@ It wires the stages together and holds no logic of its own: tag
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +17,7 @@ import pandas as pd
 from headcount import env
 from headcount.build import implementation_of, tables_from_cupti, tables_from_torch
 from headcount.collector import Recorder, cupti_source
+from headcount.collector.compile_watch import CompileWatch
 from headcount.collector.torch_source import TorchRecorder
 from headcount.derive import occupancy
 from headcount.errors import HeadcountError, notice
@@ -125,6 +127,9 @@ class AttentionProfiler:
         self._stats: dict[str, pd.DataFrame] | None = None
         self.trace_path: Path | None = None
         self.collector_info: dict | None = None
+        self._watch: CompileWatch | None = None
+        self._step_times: list[tuple[int, int, int]] = []  # (index, start, end) in perf_counter_ns
+        self.compiled_steps: list[int] = []
 
     # ------------------------------------------------------------------ recording
     def _new_recorder(self):
@@ -175,6 +180,8 @@ class AttentionProfiler:
             self._step_emitter = None
             notice(f"{self.backend} source did not start, the block runs unprofiled: {err.one_line()}")
         self._observe()
+        self._step_times = []
+        self._watch = CompileWatch().start() if self.failure is None else None
         self._notices_printed = 0
         self._print_notices()
         return self
@@ -189,6 +196,7 @@ class AttentionProfiler:
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.failure is not None:
             return
+        self._watch.stop()
         try:
             self.trace_path = self._recorder.stop()
         finally:
@@ -203,10 +211,28 @@ class AttentionProfiler:
             yield
             return
         token = self._step_emitter.push(f"step.{index}")
+        start = time.perf_counter_ns()
         try:
             yield
         finally:
+            self._step_times.append((index, start, time.perf_counter_ns()))
             self._step_emitter.pop(token)
+
+    def _compiled_steps(self) -> list[int]:
+        """Steps during which torch.compile compiled (kept out of the figures
+        when other steps did not), with a notice either way."""
+        watch = self._watch
+        if watch is None or not watch.compiled:
+            return []
+        took = f" ({watch.seconds:.1f} s)" if watch.timed else ""
+        hint = "run one untimed step of the compiled model first (inside the profiler, or before it under headcount.tag with the same mode)"
+        compiled = [i for i, start, end in self._step_times if watch.overlaps(start, end)]
+        if compiled and len(compiled) < len(self._step_times):
+            notice(f"torch.compile compiled during step(s) {', '.join(map(str, compiled))}{took}: left out of layers, "
+                   f"heads and the breakdown (their rows stay in ranges and kernels); {hint}")
+            return compiled
+        notice(f"torch.compile compiled inside the profiled block{took}: the figures include compilation time; {hint}")
+        return []
 
     # ------------------------------------------------------------------ results
     @property
@@ -232,18 +258,19 @@ class AttentionProfiler:
             if self.trace_path is None:
                 raise HeadcountError("no profile recorded yet", hint="call get_stats() after the `with profiler:` block")
             device = self.device_info()
+            self.compiled_steps = self._compiled_steps()
             # the SM limits of the GPU the model is on (none for a CPU model)
             gpu_limits = occupancy.limits_from_torch(device.get("index") or 0) if device.get("kind") == "cuda" else None
             if self.backend == "cupti":
                 limits = getattr(self._recorder, "device_limits", None) or gpu_limits
                 self._stats, self.collector_info, new = tables_from_cupti(
                     self.trace_path, self._tagger.calls, self.run_id, self.implementation, limits,
-                    nvtx_tagged=self._tagger.emitter.use_nvtx, device=device)
+                    nvtx_tagged=self._tagger.emitter.use_nvtx, device=device, exclude_steps=self.compiled_steps)
                 for line in new:
                     notice(line)
             else:
                 self._stats = tables_from_torch(self.trace_path, self._tagger.calls, self.run_id, self.implementation,
-                                                limits=gpu_limits, device=device)
+                                                limits=gpu_limits, device=device, exclude_steps=self.compiled_steps)
             if getattr(self, "_stats_collector", None) is not None:
                 table = self._stats_collector.table()
                 table.insert(0, "implementation", self.implementation)
@@ -264,6 +291,9 @@ class AttentionProfiler:
     def run_metadata(self) -> dict:
         """Metadata of this run as stored in the report."""
         extra = {"implementation": self.implementation, **self.metadata}
+        if self._watch is not None and self._watch.compiled:
+            extra["compiled_during_profile"] = {"steps_left_out": self.compiled_steps,
+                                                "seconds": round(self._watch.seconds, 3) if self._watch.timed else None}
         if getattr(self, "collector_info", None):
             extra["collector"] = self.collector_info
         return run_metadata(self.run_id, self.backend, self._recorder.version if self._recorder else None, self.mode, extra,

@@ -58,7 +58,8 @@ def _split_domains(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id: str, source: str = "torch",
-                       limits=None, pm_samples: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+                       limits=None, pm_samples: pd.DataFrame | None = None,
+                       exclude_steps=()) -> dict[str, pd.DataFrame]:
     """Build the tables of one profiled session.
 
     Args:
@@ -76,6 +77,9 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
         limits: the device's :class:`~headcount.derive.occupancy.SmLimits`
             (theoretical occupancy is null without them).
         pm_samples: PM samples (:func:`headcount.parsers.cupti_records.pm_samples_frame`).
+        exclude_steps: step indices left out of ``layers``, ``heads`` and
+            ``attention_breakdown`` (steps that compiled the model); their rows
+            stay in ``ranges`` and ``kernels``.
 
     Returns:
         ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``.
@@ -150,8 +154,9 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
         frames.append(gpu_rows)
     kernels = launch.kernel_columns(_kernels_table(frames, main, steps, source, implementation))
 
-    layers = aggregate.layers_table(ranges_table)
-    heads = aggregate.heads_table(ranges_table, layers)
+    figures = ranges_table[~ranges_table["step"].isin(list(exclude_steps))] if len(exclude_steps) else ranges_table
+    layers = aggregate.layers_table(figures)
+    heads = aggregate.heads_table(figures, layers)
     layers, heads = aggregate.with_launch_latency(layers, heads, kernels)
     breakdown_src = heads if (ranges_table["level"] == "head").any() else layers
     breakdown = breakdown_src.reindex(columns=BREAKDOWN_COLUMNS)
@@ -251,7 +256,7 @@ def implementation_of(calls, fallback: str | None = None) -> str:
 
 
 def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None, nvtx_tagged: bool = True,
-                      device: dict | None = None) -> tuple[dict[str, pd.DataFrame], dict, list[str]]:
+                      device: dict | None = None, exclude_steps=()) -> tuple[dict[str, pd.DataFrame], dict, list[str]]:
     """The one path from a cupti source's records file to headcount's tables,
     for :class:`~headcount.api.AttentionProfiler` and ``headcount run --backend cupti`` alike.
 
@@ -263,6 +268,7 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
         nvtx_tagged: headcount's ranges were also emitted as NVTX (so marker
             records were to be expected when NVTX injection was on).
         device: where the work ran (for ``roofline_class``).
+        exclude_steps: steps kept out of the figures (:func:`tables_from_events`).
 
     Returns:
         ``(tables, collector_info, new_notices)``: the tables (plus ``launch``),
@@ -290,19 +296,19 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
         info.setdefault("pm_sampling", {})["samples"] = gaps
     info["notices"] += new
     tables = tables_from_events(cupti_records.events_frame(header, records), calls, implementation, run_id,
-                                source="cupti", limits=limits, pm_samples=pm)
+                                source="cupti", limits=limits, pm_samples=pm, exclude_steps=exclude_steps)
     tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
     add_roofline(tables, device, calls)
     return tables, info, new
 
 
 def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None,
-                      device: dict | None = None) -> dict[str, pd.DataFrame]:
+                      device: dict | None = None, exclude_steps=()) -> dict[str, pd.DataFrame]:
     """The torch source's trace (written by :class:`~headcount.collector.torch_source.TorchRecorder`)
     → headcount's tables (plus ``launch``), with ``roofline_class`` for ``device``."""
     from headcount.parsers.kineto import load_trace
 
-    tables = tables_from_events(load_trace(path), calls, implementation, run_id, limits=limits)
+    tables = tables_from_events(load_trace(path), calls, implementation, run_id, limits=limits, exclude_steps=exclude_steps)
     tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
     return add_roofline(tables, device, calls)
 

@@ -137,3 +137,15 @@ def test_partially_overlapping_ranges_take_the_tightest_container():
     assert list(nested["path"]) == ["A", "B", "A/C"]
     assert list(nested["depth"]) == [0, 0, 1]
     assert not nested["nested"].any()
+
+
+@pytest.mark.parametrize("ts, dur, start_ns, length_ns", [
+    ("5380736711850.809", "2465.204", 5380736711850809, 2465204),  # float64 pins the nanosecond
+    ("9999999999999.999", "0.001", 9999999999999999, 1),  # beyond 2**43 µs: from the digits
+    ("12.0005", "1.0009", 12000, 1000),  # a fourth decimal: from the digits, truncated as before
+])
+def test_kineto_times_fall_back_to_the_digits(tmp_path, ts, dur, start_ns, length_ns):
+    path = tmp_path / "trace.json"
+    path.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "pid": 1, "tid": 1, "ts": %s, "dur": %s}]}' % (ts, dur))
+    events = load_trace(path)
+    assert (int(events["start_ns"].iloc[0]), int(events["end_ns"].iloc[0] - events["start_ns"].iloc[0])) == (start_ns, length_ns)

@@ -40,6 +40,10 @@ class TorchRecorder:
         if trace_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="headcount-trace-")
             trace_dir = self._tmp.name
+        try:  # torch.profiler only logs a failed write; a missing directory would surface later as "no such file"
+            Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HeadcountError(f"trace directory {trace_dir}: {exc.strerror or exc}", hint="pass a directory you can write to") from exc
         self.trace_path = Path(trace_dir) / "trace.json"
         activities = [ProfilerActivity.CPU]
         if cuda_available() if cuda is None else cuda:

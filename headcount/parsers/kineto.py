@@ -80,21 +80,37 @@ class _Args(msgspec.Struct, gc=False):
 
 
 class _Event(msgspec.Struct, gc=False):
-    """One trace event; ``ts``/``dur`` decoded from the JSON number's own digits (exact)."""
+    """One trace event; ``ts``/``dur`` as float64 (exact nanoseconds are recovered by :func:`_nanoseconds`)."""
 
     ph: Any = None
     cat: Any = ""
     name: Any = ""
     pid: Any = None
     tid: Any = None
+    ts: float | None = None
+    dur: float | None = None
+    args: _Args | None = None
+
+
+class _ExactEvent(_Event, gc=False):
+    """An event whose ``ts``/``dur`` are decoded from the JSON number's own digits
+    (the fallback where float64 cannot pin a nanosecond)."""
+
     ts: Decimal | None = None
     dur: Decimal | None = None
-    args: _Args | None = None
 
 
 class _Trace(msgspec.Struct):
     traceEvents: list[_Event]
     deviceProperties: Any = None
+
+
+class _ExactTrace(msgspec.Struct):
+    traceEvents: list[_ExactEvent]
+    deviceProperties: Any = None
+
+
+_EXACT_BELOW_US = 2.0**43
 
 
 def _launch_dims(value) -> str | None:
@@ -121,8 +137,9 @@ def _raw(path: Path) -> bytes:
         raise HeadcountError(f"{path}: not a torch.profiler trace ({exc})", hint=_NOT_A_TRACE) from exc
 
 
-def _decode(path: Path) -> _Trace:
-    """The trace's events (typed, only the fields used) and its ``deviceProperties``.
+def _decode(path: Path, exact: bool = False) -> _Trace:
+    """The trace's events (typed, only the fields used) and its ``deviceProperties``;
+    ``exact``: times as ``Decimal`` digits rather than float64.
 
     Raises:
         HeadcountError: missing file, invalid JSON, no ``traceEvents`` list, a
@@ -130,7 +147,7 @@ def _decode(path: Path) -> _Trace:
     """
     raw = _raw(path)
     try:
-        return msgspec.json.decode(raw, type=_Trace)
+        return msgspec.json.decode(raw, type=_ExactTrace if exact else _Trace)
     except msgspec.ValidationError as exc:
         where = str(exc)  # msgspec names the place: "… - at `$.traceEvents[12].ts`"
         if where.endswith((".ts`", ".dur`")):
@@ -142,14 +159,24 @@ def _decode(path: Path) -> _Trace:
         raise HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: {exc})", hint=_NOT_A_TRACE) from exc
 
 
+def _frame_of(path: Path) -> tuple[pd.DataFrame, _Trace]:
+    """The events table of a trace file and its decoded trace: decoded with
+    float times, and once more from the digits where they are not exact."""
+    trace = _decode(path)
+    try:
+        return events_frame(trace.traceEvents, source=str(path)), trace
+    except _Inexact:
+        trace = _decode(path, exact=True)
+        return events_frame(trace.traceEvents, source=str(path)), trace
+
+
 def load_trace(path: str | Path) -> pd.DataFrame:
     """Parse a Kineto Chrome trace file (plain or gzip) into the events table described above.
 
     Raises:
         HeadcountError: the file is missing, not JSON, or not a Chrome trace.
     """
-    path = Path(path)
-    return events_frame(_decode(path).traceEvents, source=str(path))
+    return _frame_of(Path(path))[0]
 
 
 def read_trace(path: str | Path) -> dict:
@@ -159,10 +186,9 @@ def read_trace(path: str | Path) -> dict:
     Raises:
         HeadcountError: the file is missing, not JSON, or not a Chrome trace.
     """
-    path = Path(path)
-    trace = _decode(path)
+    events, trace = _frame_of(Path(path))
     devices = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
-    return {"events": events_frame(trace.traceEvents, source=str(path)), "devices": [d for d in devices if isinstance(d, dict)]}
+    return {"events": events, "devices": [d for d in devices if isinstance(d, dict)]}
 
 
 def run_device(devices: list[dict]) -> dict | None:
@@ -185,45 +211,109 @@ def run_device(devices: list[dict]) -> dict | None:
                        "registers_per_sm": num("regsPerMultiprocessor"), "shared_memory_per_sm": num("sharedMemPerMultiprocessor")}}
 
 
+def _nanoseconds(us: np.ndarray) -> np.ndarray | None:
+    """Exact integer nanoseconds of microsecond values that the trace wrote with
+    at most three decimals, from their float64 parse; ``None`` where that
+    cannot be proven (the caller then decodes the digits as ``Decimal``).
+
+    Below 2**43 µs (~100 days of the trace's clock) float64's spacing is under
+    1 ns, so the nanosecond count ``n`` whose ``n / 1000`` parses to the same
+    float is unique; it lies within 2 of ``rint(us * 1000)``, and ``n / 1000``
+    in float64 is the correctly rounded quotient, as the JSON parse was.
+    """
+    if not len(us):
+        return us.astype(np.int64)
+    if not np.isfinite(us).all() or np.abs(us).max() >= _EXACT_BELOW_US:
+        return None
+    guess = np.rint(us * 1000).astype(np.int64)
+    out = guess.copy()
+    found = np.zeros(len(us), dtype=bool)
+    for delta in (0, -1, 1, -2, 2):
+        candidate = guess + delta
+        hit = ~found & (candidate.astype(np.float64) / 1000.0 == us)
+        out[hit] = candidate[hit]
+        found |= hit
+    return out if found.all() else None
+
+
+class _Inexact(Exception):
+    """A time that its float64 parse does not pin to one nanosecond (decode the digits instead)."""
+
+
+def _times(kept: list, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(start_ns, end_ns)`` of the kept events, exactly.
+
+    Raises:
+        _Inexact: float-decoded times that do not pin an exact nanosecond.
+        HeadcountError: a missing ``ts``, or a time outside int64 nanoseconds.
+    """
+    ts = [ev.ts for ev in kept]
+    dur = [ev.dur for ev in kept]
+    exact = bool(kept) and isinstance(kept[0], _ExactEvent)
+    try:
+        if exact:  # microseconds with three decimals → integer nanoseconds, from the digits
+            start = np.array([int(v.scaleb(3)) for v in ts], dtype=np.int64)
+            length = np.array([int(v.scaleb(3)) if v is not None else 0 for v in dur], dtype=np.int64)
+        else:
+            start_us = np.array(ts, dtype=np.float64)  # None → nan
+            if np.isnan(start_us).any():
+                raise AttributeError
+            dur_us = np.nan_to_num(np.array(dur, dtype=np.float64), nan=0.0)
+            start, length = _nanoseconds(start_us), _nanoseconds(dur_us)
+            if start is None or length is None:
+                raise _Inexact
+    except (AttributeError, TypeError):  # a ts of None
+        missing = next(ev for ev in kept if ev.ts is None)
+        raise HeadcountError(f"{source}: event {missing.name!r} has no valid ts/dur", hint="the trace is damaged; record it again") from None
+    except (OverflowError, ValueError, ArithmeticError) as exc:  # inf/nan decimals, or beyond int64
+        raise HeadcountError(f"{source}: an event's ts/dur is out of range ({exc})", hint="the trace is damaged; record it again") from exc
+    return start, start + length
+
+
+def _as_text(values: list) -> np.ndarray:
+    """``values`` as an object array of ``str``, converted once per distinct value
+    (pid/tid can be numbers or text such as ``"stream 7"``)."""
+    codes, uniques = pd.factorize(np.array(values, dtype=object), use_na_sentinel=False)
+    return np.array([str(u) for u in uniques], dtype=object)[codes]
+
+
 def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
     """Turn a trace's events (decoded, or Chrome-trace dicts) into the events
     table (complete ``X`` events of the kinds above).
 
     Raises:
         HeadcountError: a kept event without a ``ts``, or a time that does not fit in int64 nanoseconds.
+        _Inexact: (decoded events with float times) a time not pinned to one nanosecond.
     """
     if events and isinstance(events[0], dict):
         try:
-            events = msgspec.convert(events, list[_Event])
+            typed = msgspec.convert(events, list[_Event])
         except msgspec.ValidationError as exc:
             raise HeadcountError(f"{source}: an event does not fit a Chrome trace ({exc})", hint=_NOT_A_TRACE) from exc
+        try:
+            return events_frame(typed, source)
+        except _Inexact:  # times with more than three decimals: as their decimal digits say
+            return events_frame(msgspec.convert(events, list[_ExactEvent]), source)
+    # the kind of each distinct category once (Kineto writes them in lower case), then per event by code
+    codes, cats = pd.factorize(np.array([ev.cat for ev in events], dtype=object), use_na_sentinel=False)
+    kind_of = np.array([_KIND_BY_CAT.get(c) or _KIND_BY_CAT.get(str(c).lower()) or
+                        ("module?" if str(c).lower() == "python_function" else None) for c in cats] + [None], dtype=object)
+    kind_all = kind_of[codes] if len(events) else kind_of[:0]
+    candidates = np.flatnonzero(kind_all != None)  # noqa: E711 (element-wise)
     kept, kinds = [], []
-    for ev in events:
+    for i in candidates.tolist():
+        ev, kind = events[i], kind_all[i]
         if ev.ph != "X":
             continue
-        kind = _KIND_BY_CAT.get(ev.cat)  # Kineto writes its categories in lower case
-        if kind is None:
-            cat = ev.cat.lower() if isinstance(ev.cat, str) else str(ev.cat).lower()
-            kind = _KIND_BY_CAT.get(cat)
-            if kind is None and cat == "python_function" and str(ev.name).startswith(MODULE_PREFIX):
-                kind = "module"
-            if kind is None:
+        if kind == "module?":
+            if not str(ev.name).startswith(MODULE_PREFIX):
                 continue
+            kind = "module"
         kept.append(ev)
         kinds.append(kind)
-    try:  # microseconds with three decimals → integer nanoseconds, exactly
-        start = np.array([int(ev.ts.scaleb(3)) for ev in kept], dtype=np.int64)
-        end = start + np.array([int(ev.dur.scaleb(3)) if ev.dur is not None else 0 for ev in kept], dtype=np.int64)
-    except AttributeError:  # a ts of None
-        missing = next(ev for ev in kept if ev.ts is None)
-        raise HeadcountError(f"{source}: event {missing.name!r} has no valid ts/dur", hint="the trace is damaged; record it again") from None
-    except (OverflowError, ValueError, ArithmeticError) as exc:  # inf/nan decimals, or beyond int64
-        raise HeadcountError(f"{source}: an event's ts/dur is out of range ({exc})", hint="the trace is damaged; record it again") from exc
+    start, end = _times(kept, source)
     n = len(kept)
-    names = [ev.name if isinstance(ev.name, str) else str(ev.name) for ev in kept]
-    text_of = {}  # pid/tid can be strings in GPU lanes ("stream 7"); kept as text uniformly, converted once per value
-    pid = [text_of.get(ev.pid) or text_of.setdefault(ev.pid, str(ev.pid)) for ev in kept]
-    tid = [text_of.get(ev.tid) or text_of.setdefault(ev.tid, str(ev.tid)) for ev in kept]
+    names = [ev.name if type(ev.name) is str else str(ev.name) for ev in kept]
     # launch arguments belong to GPU activity and runtime calls (the columns are null for CPU ops and ranges)
     gpu = [i for i, k in enumerate(kinds) if k in _GPU_SIDE and kept[i].args is not None]
     gpu_args = [kept[i].args for i in gpu]
@@ -235,13 +325,13 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
             out.iloc[gpu] = values if text else pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").astype(dtype).array
         return out
 
-    sdpa = {i: {"Input Dims": ev.args.input_dims, "Input type": ev.args.input_type, "Concrete Inputs": ev.args.concrete}
-            for i, ev in enumerate(kept) if ev.name == SDPA_OP and ev.args is not None}
+    sdpa = {i: {"Input Dims": kept[i].args.input_dims, "Input type": kept[i].args.input_type, "Concrete Inputs": kept[i].args.concrete}
+            for i, name in enumerate(names) if name == SDPA_OP and kept[i].args is not None}
     frame = pd.DataFrame({
         "kind": kinds,
         "name": names,
-        "pid": pid,
-        "tid": tid,
+        "pid": _as_text([ev.pid for ev in kept]),
+        "tid": _as_text([ev.tid for ev in kept]),
         "start_ns": start,
         "end_ns": end,
         "correlation_id": column([a.correlation for a in gpu_args], "Int64"),

@@ -33,6 +33,7 @@ from typing import Callable
 import torch
 
 from headcount.errors import HeadcountError
+from headcount.tagging import compiled as _compiled
 from headcount.tagging import shapes as _shapes
 from headcount.tagging.naming import head_name, layer_names, sanitize
 from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
@@ -177,10 +178,43 @@ def _interface_class():
 
 def _patched_get_interface(self, attn_implementation, default):
     fn = _original_get_interface(self, attn_implementation, default)
+    if torch.compiler.is_compiling():  # traced: only the mode and the layer names are read (compiled.py)
+        mode = _compiled.MODE
+        return fn if mode is None else _traced_wrapper(fn, attn_implementation or "eager", mode)
     if _active:
         tagger = _active[-1]
         return tagger._wrappers.get((fn, attn_implementation)) or tagger._wrapped(fn, attn_implementation)
     return fn
+
+
+def _traced_wrapper(fn: Callable, implementation: str, mode: str) -> Callable:
+    """The tagging closure for a traced (``torch.compile``) model: ranges as
+    operator calls (:mod:`headcount.tagging.compiled`)."""
+
+    def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
+        info = _compiled.LAYERS.get(id(module))
+        if info is None:
+            return fn(module, query, key, value, attention_mask, *args, **kwargs)
+        layer_name, layer, model = info
+        causal = kwargs.get("is_causal")
+        if causal is None:
+            causal = getattr(module, "is_causal", False)
+        site = _compiled.site(layer_name, layer, model, implementation, query, attention_mask, causal,
+                              kwargs.get("sliding_window"), "bhsd")
+        n_heads = query.shape[1]
+
+        def fused(q, k, v):
+            return fn(module, q, k, v, attention_mask, *args, **kwargs)
+
+        def one_head(h, q, k, v):
+            mask = _head_slice(attention_mask, h, n_heads)
+            kw = {n: _head_slice(t, h, n_heads) for n, t in kwargs.items()}
+            return fn(_compiled.OneHeadModule(module), q, k, v, mask, *args, **kw)
+
+        return _compiled.run(mode, site, _compiled.dims(query, key, value, attention_mask), query, key, value,
+                             fused, one_head, _join_transformers)
+
+    return wrapper
 
 
 def _calls_attention_interface(module: torch.nn.Module) -> bool:
@@ -233,6 +267,7 @@ class AttentionTagger:
         self._layers: dict[int, LayerInfo] = {}
         self._qualnames: dict[int, tuple[str, str]] = {}  # id(module) -> (qualname, model class)
         self._models: list[torch.nn.Module] = []
+        self._sites: dict[str, tuple] = {}  # compiled call sites, parsed once (compiled.parse_site)
         self._wrappers: dict[tuple[Callable, str], Callable] = {}
         self._hook = None
         self.active = False
@@ -267,6 +302,15 @@ class AttentionTagger:
             if id(module) not in self._layers:
                 name, idx = named[qualname]
                 self._layers[id(module)] = LayerInfo(name, idx, qualname, model_name)
+            self._share(self._layers[id(module)], module)
+
+    @staticmethod
+    def _share(info: LayerInfo, module) -> None:
+        """Publish a layer's name for traced code (compiled.LAYERS), unchanged
+        when it is already there: Dynamo guards on that dictionary."""
+        entry = (info.name, info.index, info.model)
+        if _compiled.LAYERS.get(id(module)) != entry:
+            _compiled.LAYERS[id(module)] = entry
 
     @property
     def layers(self) -> list[LayerInfo]:
@@ -280,6 +324,7 @@ class AttentionTagger:
             qualname, model_name = self._qualnames[id(module)]
             name, idx = layer_names({qualname: module})[qualname]
             info = self._layers[id(module)] = LayerInfo(name, idx, qualname, model_name)
+            self._share(info, module)
         return info
 
     def _auto_register(self, module, args):
@@ -309,6 +354,8 @@ class AttentionTagger:
                 _original_get_interface = cls.get_interface
                 cls.get_interface = _patched_get_interface
             _active.append(self)
+            _compiled.MODE = self.mode
+        _compiled.install_ordering_pass()
         if self.auto:
             self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._auto_register)
         self.active = True
@@ -325,6 +372,7 @@ class AttentionTagger:
         with _patch_lock:
             if self in _active:
                 _active.remove(self)
+            _compiled.MODE = _active[-1].mode if _active else None
             if not _active and _original_get_interface is not None:
                 _interface_class().get_interface = _original_get_interface
                 _original_get_interface = None
@@ -355,6 +403,29 @@ class AttentionTagger:
                 shape = _shapes.from_meta(meta)
             self._shapes[meta] = shape
         return shape
+
+    def _open_site(self, site: str, phase: str, head: int, kv_head: int, dims) -> list:
+        """A compiled call site's range opens (called by the ``headcount::open_range``
+        operator at run time): log the call, push its ranges; returns their tokens."""
+        parsed = self._sites.get(site)
+        if parsed is None:
+            parsed = self._sites[site] = _compiled.parse_site(site)
+        layer_name, layer, model, fixed = parsed
+        if phase == "fwd" and _graph_task_id() != -1:
+            phase = "recompute"
+        meta = _compiled.metadata(fixed, dims)
+        tid = threading.get_ident()
+        if head < 0:
+            self._record((tid, phase, layer_name, layer, None, None, meta, model), tid)
+            names = (phase, layer_name)
+        else:
+            self._record((tid, phase, layer_name, layer, head, kv_head, (_ONE_HEAD, meta), model), tid)
+            names = (head_name(head),)
+        return [self.emitter.push(name) for name in names]
+
+    def _close_site(self, tokens: list) -> None:
+        for token in reversed(tokens):
+            self.emitter.pop(token)
 
     def _record(self, log: tuple, thread_id: int) -> None:
         if self.log_calls:
@@ -571,12 +642,15 @@ def tag_attention(fn: Callable | None = None, *, layer: str | int, layout: str =
     def decorate(func: Callable) -> Callable:
         @functools.wraps(func)
         def tagged(query, key, value, *args, **kwargs):
-            tagger = current_tagger()
-            if tagger is None:
+            compiling = torch.compiler.is_compiling()
+            tagger = None if compiling else current_tagger()
+            if (_compiled.MODE if compiling else tagger) is None:
                 return func(query, key, value, *args, **kwargs)
-            meta = _shapes.metadata("manual", query, key, value, kwargs.get("attn_mask"),
-                                    causal or bool(kwargs.get("is_causal")), None, layout)
+            mask, is_causal = kwargs.get("attn_mask"), causal or bool(kwargs.get("is_causal"))
             n_heads = query.shape[head_dim]
+
+            def fused(q, k, v):
+                return func(q, k, v, *args, **kwargs)
 
             def one_head(h, q, k, v):
                 kw = {n: _head_slice(t, h, n_heads) for n, t in kwargs.items()}
@@ -587,10 +661,12 @@ def tag_attention(fn: Callable | None = None, *, layer: str | int, layout: str =
                     return torch.cat(results, dim=head_dim)
                 return (torch.cat([r[0] for r in results], dim=head_dim), *results[0][1:])
 
-            return tagger.run(
-                name, index, None, meta, query, key, value,
-                lambda q, k, v: func(q, k, v, *args, **kwargs), one_head, join, head_dim,
-            )
+            if compiling:
+                site = _compiled.site(name, index, None, "manual", query, mask, is_causal, None, layout)
+                return _compiled.run(_compiled.MODE, site, _compiled.dims(query, key, value, mask), query, key, value,
+                                     fused, one_head, join, head_dim)
+            meta = _shapes.metadata("manual", query, key, value, mask, is_causal, None, layout)
+            return tagger.run(name, index, None, meta, query, key, value, fused, one_head, join, head_dim)
 
         return tagged
 
