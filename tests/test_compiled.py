@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import MODEL_BUILDERS, inputs_for
 
 from headcount.api import AttentionProfiler
 from headcount.tagging.tagger import tag, tag_attention
-from conftest import MODEL_BUILDERS, inputs_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
