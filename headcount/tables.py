@@ -86,6 +86,7 @@ RUNS = pa.schema([
     ("device_memory_bandwidth_gbps", F), ("torch", S), ("transformers", S),
     ("tool_version", S), ("schema_version", S), ("command_line", S), ("start_time", S),
     ("rank", I), ("world_size", I), ("pid", S), ("complete", B), ("program_exit_status", I),
+    ("compile_mode", S),
 ])
 
 ATTENTION_STATS = pa.schema([

@@ -163,3 +163,19 @@ def test_activation_checkpointing_keeps_forward_and_backward_ranges():
         compiled(**inputs).loss.backward()
     layers = prof.get_stats()["layers"]
     assert sorted(zip(layers["phase"], layers["layer"])) == [("bwd", 0), ("bwd", 1), ("fwd", 0), ("fwd", 1)]
+
+
+def test_profile_command_compiles_before_measuring(tmp_path, capsys):
+    import pandas as pd
+
+    from headcount.cli.main import main
+
+    out = tmp_path / "r"
+    assert main(["profile", "--compile", "--impl", "sdpa", "--mode", "head", "--steps", "2", "--batch", "1", "--seq", "32",
+                 "-o", str(out)]) == 0
+    assert "compiled" not in capsys.readouterr().err.split("unmeasured", 1)[-1]  # nothing compiled in the measured steps
+    runs = pd.read_parquet(out / "runs")
+    assert list(runs["compile_mode"]) == ["default"]
+    heads = pd.read_parquet(out / "heads")
+    measured = heads[heads["provenance"] == "measured"]
+    assert len(measured) == 2 * 4 * 8 and (measured["calls"] == 2).all()  # phases x layers x heads, both steps

@@ -62,6 +62,20 @@ def test_nsys_records_a_plain_script_per_layer_head_and_step(nsight_path, tmp_pa
     assert manifest["tool_command"][1:3] == ["profile", "--trace=cuda,nvtx"]
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_nsys_records_a_compiled_script_with_the_eager_grid(nsight_path, tmp_path, capsys):
+    grids = []
+    for flags in ([], ["--compile"]):
+        out = tmp_path / ("compiled" if flags else "eager")
+        rc, stdout, err = _run(["--backend", "nsys", "--mode", "head", "-o", str(out), "--", sys.executable, TRAIN,
+                                "--steps", "2", *flags], capsys)
+        assert rc == 0, err
+        ranges = pd.read_parquet(out / "ranges")
+        ranges = ranges[ranges["level"].isin(["layer", "head"])]
+        grids.append(sorted(zip(ranges["step"].astype(int), ranges["phase"], ranges["layer_name"], ranges["head"].fillna(-1).astype(int))))
+    assert grids[0] == grids[1] and len(grids[0]) == 2 * 2 * 2 * (1 + 4)  # steps x phases x layers x (layer + heads)
+
+
 def test_nsys_with_two_ranks_under_torchrun(nsight_path, tmp_path, capsys):
     out = tmp_path / "out"
     torchrun = str(Path(sys.executable).parent / "torchrun")

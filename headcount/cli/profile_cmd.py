@@ -25,6 +25,7 @@ from headcount.reports import dataset
 from headcount.reports.metadata import new_run_id, runs_row
 
 DEFAULT_OUT = "headcount-report"
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 EXAMPLES = """\
 examples:
@@ -33,6 +34,7 @@ examples:
   headcount profile --model ./my-llama --seq 512 --batch 4 -o out/ --append
   headcount profile --impl flex_attention --no-backward
   headcount profile --device cpu                 on the CPU even where a GPU is present
+  headcount profile --compile                    the model under torch.compile (Inductor), warmed up first
 """
 
 
@@ -53,6 +55,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="parameter and activation dtype (default float32)")
     p.add_argument("--steps", type=int, default=3, help="profiled steps per implementation, after one warm-up step (default 3)")
     p.add_argument("--no-backward", action="store_true", help="forward only (inference)")
+    p.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES, metavar="MODE",
+                   help="profile the model under torch.compile (Inductor) with this mode: "
+                   f"{', '.join(COMPILE_MODES)} (default when given without a value). The warm-up step compiles "
+                   "(under the tags, so the compiled graph holds them) and is not measured")
     p.add_argument("--device", default="auto", help=f"where the model and inputs go: {env.CHOICES} "
                    "(auto: the current GPU when torch sees one, else cpu; default auto)")
     p.add_argument("--backend", choices=("auto", *sources.RECORDERS), default="auto",
@@ -115,12 +121,21 @@ def _step(model, inputs, backward: bool) -> None:
             model(**inputs)
 
 
-def _warm_up(model, inputs, backward: bool, impl: str) -> None:
+def _warm_up(model, inputs, backward: bool, impl: str, tags=None) -> None:
+    """One untimed step; with ``tags`` (a compiled model) under a tagger of the
+    profiled mode, so that what compiles holds the ranges and the profiled
+    steps reuse it."""
     try:
-        _step(model, inputs, backward)
+        if tags is None:
+            _step(model, inputs, backward)
+        else:
+            with tags:
+                _step(model, inputs, backward)
     except (NotImplementedError, RuntimeError, ImportError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         hint = "add --no-backward" if backward and "backward" in first.lower() else "choose another --impl"
+        if tags is not None:
+            hint += ", or profile without --compile"
         raise HeadcountError(f"{impl} cannot run this model here: {first}", hint=hint) from exc
 
 
@@ -147,6 +162,14 @@ def run(args) -> int:
     console.print(f"model: {description}; on {env.describe(device)['name']} ({device}); batch {args.batch} × seq {args.seq}, {args.dtype}, "
                   f"{'forward+backward' if backward else 'forward only'}, {args.mode} mode")
     run_id = new_run_id()
+    runner = model
+    if args.compile:
+        import torch
+
+        from headcount.tagging.tagger import AttentionTagger
+
+        runner = torch.compile(model, mode=args.compile)
+        console.print(f"torch.compile(mode={args.compile!r}): each implementation's warm-up step compiles, unmeasured")
     collected: dict[str, list[pd.DataFrame]] = {}
     metadata, timing = None, {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
@@ -154,9 +177,9 @@ def run(args) -> int:
         for impl in impls:
             task = progress.add_task(f"{impl}: warm-up", total=args.steps)
             set_implementation(model, impl)
-            _warm_up(model, inputs, backward, impl)
+            _warm_up(runner, inputs, backward, impl, AttentionTagger([model], mode=args.mode) if args.compile else None)
             extra = {"model": description, "model_config": config_dict(model), "batch": args.batch, "seq": args.seq,
-                     "dtype": args.dtype, "steps": args.steps, "backward": backward}
+                     "dtype": args.dtype, "steps": args.steps, "backward": backward, "compile_mode": args.compile}
             trace_dir = None
             if args.trace_dir:
                 trace_dir = Path(args.trace_dir) / impl
@@ -169,7 +192,7 @@ def run(args) -> int:
                 for i in range(args.steps):
                     t = time.perf_counter()
                     with prof.step(i):
-                        _step(model, inputs, backward)
+                        _step(runner, inputs, backward)
                     steps_s += time.perf_counter() - t
                     progress.advance(task)
                 after_steps = time.perf_counter()

@@ -128,13 +128,14 @@ def run_info(runs: pd.DataFrame | None, run_id) -> dict:
 
 
 def run_heading(run_id, info: dict) -> str:
-    """``Run <id>: <model>, batch B, seq S, <dtype>, <mode> mode, on <device>`` (what the run says of itself)."""
+    """``Run <id>: <model>, batch B, seq S, <dtype>, <mode> mode[, torch.compile <mode>], on <device>``
+    (what the run says of itself)."""
     facts = [str(info["model"])] if not missing(info.get("model")) else [f"{info['source']} recording"] if not missing(info.get("source")) else []
     shape = ", ".join(f"{label} {info[k]:.0f}" if isinstance(info.get(k), (int, float)) else f"{label} {info[k]}"
                       for k, label in (("batch", "batch"), ("seq", "seq")) if not missing(info.get(k)))
     if shape:
         facts.append(shape)
-    for k, fmt in (("dtype", "{}"), ("mode", "{} mode"), ("device_name", "on {}")):
+    for k, fmt in (("dtype", "{}"), ("mode", "{} mode"), ("compile_mode", "torch.compile {}"), ("device_name", "on {}")):
         if not missing(info.get(k)):
             facts.append(fmt.format(info[k]))
     return f"Run {run_id}" + (": " + ", ".join(facts) if facts else "")

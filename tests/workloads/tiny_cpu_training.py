@@ -4,6 +4,7 @@ A tiny Llama (2 layers, 4 query heads, 2 kv heads) trains STEPS steps on CPU.
 With ``--ddp`` it runs under torchrun with the gloo backend (DistributedDataParallel).
 With ``--sdpa-outside`` it also calls F.scaled_dot_product_attention itself once a step.
 With ``--fail`` it raises after the last step (a crashing program).
+With ``--compile`` the model runs under ``torch.compile`` (Inductor; the first step compiles).
 """
 
 import argparse
@@ -19,6 +20,7 @@ p.add_argument("--ddp", action="store_true")
 p.add_argument("--sdpa-outside", action="store_true")
 p.add_argument("--fail", action="store_true")
 p.add_argument("--exit", type=int, default=0)
+p.add_argument("--compile", action="store_true")
 args = p.parse_args()
 
 if args.ddp:
@@ -27,6 +29,8 @@ model = tiny_llama()
 if args.ddp:
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+if args.compile:
+    model = torch.compile(model)
 ids = torch.randint(0, 128, (2, 16))
 for step in range(args.steps):
     loss = model(input_ids=ids, labels=ids).loss
