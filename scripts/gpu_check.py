@@ -366,6 +366,23 @@ def check(out: Path) -> int:
         elif (out / f"run-{backend}.log").exists():
             record(f"headcount run --backend {backend}", "FAIL", (out / f"run-{backend}.log").read_text().strip().splitlines()[-1][:300])
 
+    compiled_dir = out / "report-compiled"
+    if (compiled_dir / "kernels").exists():
+        c_kernels = pd.read_parquet(compiled_dir / "kernels")
+        c_heads = pd.read_parquet(compiled_dir / "heads")
+        c_runs = pd.read_parquet(compiled_dir / "runs")
+        # SDPA's kernels by name on any device: flash / memory-efficient / math, forward and backward
+        attn = c_kernels[c_kernels["name"].str.contains("flash|fmha|attention|scaled_dot_product", case=False, regex=True)]
+        inside = attn["head"].notna()
+        measured = c_heads[c_heads["provenance"] == "measured"]
+        grid = measured.groupby(["phase", "layer", "head"]).size()
+        record("torch.compile: every attention kernel inside its head's range", "ok" if len(attn) and inside.all() else "FAIL",
+               f"{int(inside.sum())} of {len(attn)} attention kernels attributed; {len(grid)} (phase, layer, head) cells; "
+               f"compile mode {','.join(map(str, set(c_runs['compile_mode'])))}")
+        summary["compiled"] = {"attention_kernels": len(attn), "attributed": int(inside.sum()), "cells": len(grid)}
+    elif (out / "profile-compiled.log").exists():
+        record("torch.compile profile", "FAIL", (out / "profile-compiled.log").read_text().strip().splitlines()[-1][:300])
+
     ov = load("overhead.json")
     if ov:
         record("collector overhead", "info", f"{ov['overhead_pct']:+.1f}% on a {ov['model']} training step "

@@ -23,6 +23,7 @@
 #      (ncu/slice.ncu-rep, ncu-report/);
 #   8. runs the workload as a plain script under `headcount run` with nsys, cupti and
 #      (layer 0 of one step) ncu (run-nsys/, run-cupti/, run-ncu/);
+#   8b. profiles the same model under torch.compile in head mode (report-compiled/, records-compiled/);
 #   9. checks the numbers against physics and writes summary.json (exit 1 if a check fails).
 # Each step has a time limit and the whole check a deadline ($DEADLINE, default
 # 540 s; steps that no longer fit are skipped, the checks always run); a
@@ -180,6 +181,11 @@ elif command -v nsys > /dev/null; then
   step run-nsys 180 $PY -m headcount.cli.main run --backend nsys -o "$OUT/run-nsys" -- $PY scripts/gpu_check.py workload \
     --model $MODEL --batch $BATCH --seq $SEQ --dtype $DTYPE --impl sdpa --plain --dry-run
 fi
+
+# 8b. the model under torch.compile (Inductor): head mode, every attention kernel in its range --------
+step profile-compiled 240 $PY -m headcount.cli.main profile --compile --model $MODEL --impl sdpa --mode head --backend $BACKEND \
+  --device $DEVICE --dtype $DTYPE --batch $BATCH --seq $SEQ --steps $HEAD_STEPS --trace-dir "$OUT/records-compiled" \
+  -o "$OUT/report-compiled" --force
 
 # 9. physics ---------------------------------------------------------------------
 log "start check"
