@@ -11,12 +11,14 @@ What this module does instead (chosen for torch ≥ 2.4):
 * Two operators, ``headcount::open_range`` and ``headcount::close_range``
   (``torch.library.custom_op``), registered as *ordered effects*: AOTAutograd
   threads an effect token through them, so they are never dead-code
-  eliminated or reordered against each other, and Inductor calls them as
-  extern kernels at their place in the program. They take the attention's
-  inputs (open) or output (close) as arguments, so they run after those
-  exist; Inductor keeps extern kernels (SDPA, matmuls) in program order
-  between them (checked by ``tests/test_compiled.py`` on the profiler trace
-  of a compiled forward+backward).
+  eliminated and keep their program order in the FX graph; Inductor calls
+  them as extern kernels. Inductor's scheduler does not hold other kernels to
+  that order (fusion pulls inputs forward: SDPA's backward ran before its
+  range opened, head ranges interleaved), so :func:`order_ranges`, a
+  post-grad pass, adds explicit ``control_deps``: each marker after the
+  previous one and after the work before it, each range's first kernels
+  after its opening (checked by ``tests/test_compiled.py`` on the profiler
+  trace of a compiled forward+backward).
 * Everything the range needs is an argument fixed at trace time: the *site*
   string (layer name, layer index, model class, implementation, dtype, mask
   rank/dtype, causal, sliding window, layout) and the shapes (``SymInt``s,
