@@ -39,6 +39,7 @@ KERNELS = pa.schema([
     ("external_id", I), ("queued_ns", I), ("submitted_ns", I), ("queue_ns", F), ("submit_to_start_ns", F),
     ("block_threads", I), ("shared_memory_static_bytes", F), ("shared_memory_dynamic_bytes", F),
     ("shared_memory_config_bytes", F), ("local_memory_per_thread_bytes", I), ("graph_id", I),
+    ("graph_node_id", I),
     *_ATTRIBUTION,
 ])
 

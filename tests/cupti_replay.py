@@ -117,11 +117,65 @@ class ReplayCupti:
     def activity_get_num_dropped_records(self, context: int, stream_id: int, dropped_ptr: int) -> None:
         ctypes.c_size_t.from_address(dropped_ptr).value = self.dropped
 
+    # -- the callback API (resource domain: CUDA graph nodes) ---------------
+    def subscribe(self, callback, userdata) -> int:
+        self._subscriber = (callback, userdata)
+        self._resource_cbids: set[int] = set()
+        return 1
+
+    def enable_callback(self, enable: int, subscriber: int, domain: int, cbid: int) -> None:
+        assert domain == int(real.CallbackDomain.RESOURCE)
+        (self._resource_cbids.add if enable else self._resource_cbids.discard)(int(cbid))
+
+    def unsubscribe(self, subscriber: int) -> None:
+        self._subscriber = None
+
+    def get_graph_node_id(self, node: int) -> int:
+        """Node handles are ``0x10000 + id`` here."""
+        return node - 0x10000
+
+    def _resource_callback(self, cbid, node: int, original: int = 0) -> None:
+        """CUPTI calls the subscriber on the calling thread with a ``CUpti_ResourceData``
+        whose descriptor is a ``CUpti_GraphData`` (real cupti-python structs here)."""
+        if getattr(self, "_subscriber", None) is None or int(cbid) not in self._resource_cbids:
+            return
+        graph = real.GraphData()
+        graph.node, graph.original_node = node, original
+        resource = real.ResourceData()
+        resource.resource_descriptor = graph.ptr
+        callback, userdata = self._subscriber
+        callback(userdata, int(real.CallbackDomain.RESOURCE), int(cbid), resource.ptr)
+
+    # -- CUDA graphs: stream capture, instantiation, replay ---------------------
+    def begin_capture(self) -> None:
+        """Launches on this thread become graph nodes (``GRAPHNODE_CREATED``) instead of running."""
+        self._capturing, self._captured = True, []
+
+    def end_capture(self) -> list[int]:
+        """Instantiate the captured graph: one cloned node per captured node (``GRAPHNODE_CLONED``)."""
+        self._capturing = False
+        self._exec = []
+        for node_id, name in self._captured:
+            clone = node_id + 1_000
+            self._resource_callback(real.CallbackIdResource.GRAPHNODE_CLONED, 0x10000 + clone, 0x10000 + node_id)
+            self._exec.append((clone, name))
+        return [c for c, _ in self._exec]
+
+    def replay_graph(self) -> None:
+        """A ``cudaGraphLaunch`` on this thread; every node's kernel runs, carrying its node id."""
+        for clone, name in self._exec:
+            self.launch(name, graph_node_id=clone)
+
     # -- the GPU ----------------------------------------------------------
-    def launch(self, name: str) -> None:
+    def launch(self, name: str, graph_node_id: int = 0) -> None:
         """A ``cudaLaunchKernel`` call on this thread and the kernel it runs."""
         tid = threading.get_native_id()
         h = zlib.crc32(name.encode())
+        if getattr(self, "_capturing", False):  # captured, not run: a graph node is made inside the launch call
+            node_id = len(self._captured) + 1
+            self._captured.append((node_id, name))
+            self._resource_callback(real.CallbackIdResource.GRAPHNODE_CREATED, 0x10000 + node_id)
+            return
         with self._lock:
             t0 = self._now + self.tick_ns
             self._now = t0 + self.launch_cost_ns + self.op_gap_ns
@@ -149,6 +203,7 @@ class ReplayCupti:
             k.end = k.start + self.kernel_ns
             self._gpu_free = k.end
             k.correlation_id, k.device_id, k.context_id, k.stream_id = corr, 0, 1, 7
+            k.graph_node_id = graph_node_id
             k.grid_x, k.grid_y, k.grid_z = 64 + h % 64, 1, 1
             k.block_x, k.block_y, k.block_z = (128, 256, 512)[h % 3], 1, 1
             k.registers_per_thread = (32, 64, 96, 128)[h % 4]

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from cupti import cupti as real_cupti
 from cupti_replay import LaunchOnEveryOp, ReplayCupti, ReplayPm
 
@@ -419,3 +420,48 @@ def test_one_recording_gives_the_same_tables_in_process_and_through_headcount_ru
     for name in ("kernels", "ranges", "layers", "heads", "launch"):
         pd.testing.assert_frame_equal(stats[name].reset_index(drop=True), run.tables[name].reset_index(drop=True), check_like=True)
     assert run.info["collector"] == prof.collector_info
+
+
+def test_graph_nodes_remember_the_range_that_captured_them(llama, tmp_path):
+    """CUDA graphs on the replayed GPU (stands in for torch.cuda.graph under CUPTI:
+    launches during stream capture make graph nodes inside the launch call, on
+    the capturing thread; instantiation clones them; a replay runs one kernel
+    per node carrying the node's id). Each node is recorded with the headcount
+    range open at capture, and clones resolve to it."""
+    model, inputs = llama
+    replay = ReplayCupti()
+    rec = CuptiRecorder(cupti=replay, pm_sampling=False, record_dir=tmp_path)
+    prof = AttentionProfiler(model, recorder=rec)
+    with prof:
+        replay.begin_capture()
+        with LaunchOnEveryOp(replay), torch.no_grad():
+            model(**inputs)
+        clones = replay.end_capture()
+        with prof.step(0):
+            replay.replay_graph()
+    header, records = cupti_records.read_records(rec.records_path)
+    assert header["stats"]["graph_nodes"] == {"created": len(clones), "cloned": len(clones), "callback_failures": 0}
+    ranges = {r["id"]: r["name"] for r in records if r["kind"] == "range"}
+    resolved = cupti_records.graph_ranges(records)
+    captured_in = {ranges[resolved[c]] for c in clones if c in resolved}
+    # every layer's forward captured nodes (attention kernels inside fwd/layer.N), and clones resolve like originals
+    assert {f"layer.{i}" for i in range(4)} <= captured_in
+    assert all(resolved.get(c) == resolved.get(c - 1_000) for c in clones)
+    kernels = cupti_records.events_frame(header, records)
+    replayed = kernels[kernels["kind"] == "kernel"]
+    assert len(replayed) == len(clones) and set(replayed["graph_node_id"]) == set(clones)
+
+
+def test_a_refused_graph_subscription_is_a_notice(llama, tmp_path):
+    model, inputs = llama
+
+    class Held(ReplayCupti):
+        def subscribe(self, callback, userdata):
+            raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+
+    rec = CuptiRecorder(cupti=Held(), pm_sampling=False, record_dir=tmp_path)
+    with AttentionProfiler(model, recorder=rec) as prof:
+        with LaunchOnEveryOp(rec.cupti):
+            model(**inputs)
+    assert any("CUDA graph nodes are not followed" in n for n in rec.notices)
+    assert len(prof.get_stats()["layers"])  # tracing went on

@@ -17,7 +17,12 @@ What is enabled and why:
   while open, so every launch maps to its range exactly, on any thread,
   without comparing timestamps;
 - ``MARKER`` (NVTX) when ``NVTX_INJECTION64_PATH`` points at libcupti: a
-  cross-check, and the user's own NVTX ranges.
+  cross-check, and the user's own NVTX ranges;
+- the resource callbacks ``GRAPHNODE_CREATED`` and ``GRAPHNODE_CLONED``
+  (:class:`GraphNodeLog`): which headcount range was open on the thread that
+  captured each CUDA graph node, so that kernels replayed from a graph (which
+  carry only their node's id) are attributed to the layer and head that
+  captured them.
 
 Thread ids are the system's (``gettid``) so that API records and headcount's
 ranges name threads alike. Dropped records are counted (CUPTI's own count)
@@ -135,6 +140,7 @@ class RangeLog:
         self._pop = cupti.activity_pop_external_correlation_id
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        self._open = threading.local()  # this thread's open range ids, innermost last
         self.ranges: list[list] = []  # [id, domain, name, pid, tid, start, end]
 
     def open(self, domain: str, name: str) -> int:
@@ -143,16 +149,91 @@ class RangeLog:
             rid = len(self.ranges) + 1
             self.ranges.append([rid, domain, name, self._pid, threading.get_native_id(), self._ts(), None])
         self._push(self._kind, rid)
+        stack = getattr(self._open, "ids", None)
+        if stack is None:
+            stack = self._open.ids = []
+        stack.append(rid)
         return rid
 
     def close(self, rid: int) -> None:
         """Close range ``rid`` (the innermost open one on this thread)."""
         self._pop(self._kind)
         self.ranges[rid - 1][6] = self._ts()
+        stack = getattr(self._open, "ids", None)
+        if stack:
+            stack.pop()
+
+    def current(self) -> int | None:
+        """The innermost range open on this thread (``None`` outside every range)."""
+        stack = getattr(self._open, "ids", None)
+        return stack[-1] if stack else None
 
     def records(self) -> list[dict]:
         return [{"kind": "range", "id": r[0], "domain": r[1], "name": r[2], "process_id": r[3], "thread_id": r[4],
                  "start": r[5], "end": r[6]} for r in self.ranges]
+
+
+class GraphNodeLog:
+    """The range open when each CUDA graph node was made, for the kernels a
+    graph replays.
+
+    A replayed kernel's launch is the ``cudaGraphLaunch`` of the whole graph,
+    made wherever the program replays it (often outside every attention
+    range); its record carries ``graph_node_id``. CUPTI calls the resource
+    callback ``GRAPHNODE_CREATED`` on the thread that captures (or adds) a node,
+    inside that call — while headcount's ranges of the layer being captured are
+    open on that thread — and ``GRAPHNODE_CLONED`` for each node of an
+    instantiated (executable) graph, naming its original. Both become records:
+    ``{"kind": "graph_node", "node_id", "range_id"}`` and
+    ``{"kind": "graph_node_clone", "node_id", "original_node_id"}``
+    (:func:`headcount.parsers.cupti_records.graph_ranges` resolves them).
+
+    Never raises into CUPTI: a failure in the callback is counted.
+    """
+
+    def __init__(self, cupti, range_log: "RangeLog"):
+        self._cupti = cupti
+        self._ranges = range_log
+        self._subscriber = None
+        self._created = int(cupti.CallbackIdResource.GRAPHNODE_CREATED)
+        self._cloned = int(cupti.CallbackIdResource.GRAPHNODE_CLONED)
+        self.records: list[dict] = []
+        self.failures = 0
+
+    def start(self) -> str | None:
+        """Subscribe; returns a notice instead of raising when CUPTI refuses."""
+        cupti = self._cupti
+        try:
+            self._subscriber = cupti.subscribe(self._callback, 0)
+            for cbid in (self._created, self._cloned):
+                cupti.enable_callback(1, self._subscriber, int(cupti.CallbackDomain.RESOURCE), cbid)
+        except Exception as exc:  # noqa: BLE001 - attribution of graph replays is lost, tracing goes on
+            self.stop()
+            return (f"CUDA graph nodes are not followed ({type(exc).__name__}: {exc}): kernels replayed from a CUDA graph "
+                    "are attributed by their graph launch only")
+        return None
+
+    def stop(self) -> None:
+        if self._subscriber is not None:
+            try:
+                self._cupti.unsubscribe(self._subscriber)
+            except Exception:  # noqa: BLE001 - best effort at the end of a session
+                pass
+            self._subscriber = None
+
+    def _callback(self, userdata, domain, cbid, cbdata) -> None:
+        cupti = self._cupti
+        try:
+            resource = cbdata if hasattr(cbdata, "resource_descriptor") else cupti.ResourceData.from_ptr(int(cbdata))
+            graph = cupti.GraphData.from_ptr(int(resource.resource_descriptor))
+            node = int(cupti.get_graph_node_id(graph.node))
+            if int(cbid) == self._created:
+                self.records.append({"kind": "graph_node", "node_id": node, "range_id": self._ranges.current()})
+            elif int(cbid) == self._cloned:
+                self.records.append({"kind": "graph_node_clone", "node_id": node,
+                                     "original_node_id": int(cupti.get_graph_node_id(graph.original_node))})
+        except Exception:  # noqa: BLE001 - never raise inside CUPTI's callback
+            self.failures += 1
 
 
 class PmSampler:
@@ -265,6 +346,7 @@ class CuptiRecorder:
         self._kinds: list = []
         self._lock = threading.Lock()
         self._sampler: PmSampler | None = None
+        self._graph_nodes: GraphNodeLog | None = None
         self.device_limits = None  # SmLimits; read from the device torch sees when None
 
     @property
@@ -323,6 +405,10 @@ class CuptiRecorder:
             raise classify(exc) from exc
         self._kinds = enabled
         self.range_log = RangeLog(cupti)
+        self._graph_nodes = GraphNodeLog(cupti, self.range_log)
+        refused = self._graph_nodes.start()
+        if refused:
+            self.notices.append(refused)
         if self.pm_sampling:
             pm = self._pm_module
             if pm is None:
@@ -364,6 +450,12 @@ class CuptiRecorder:
                 except Exception:  # noqa: BLE001
                     pass
             self._kinds = []
+        if self._graph_nodes is not None:
+            self._graph_nodes.stop()
+            self.records.extend(self._graph_nodes.records)
+            self.stats["graph_nodes"] = {"created": sum(r["kind"] == "graph_node" for r in self._graph_nodes.records),
+                                         "cloned": sum(r["kind"] == "graph_node_clone" for r in self._graph_nodes.records),
+                                         "callback_failures": self._graph_nodes.failures}
         self.stats["dropped_records"] = self._dropped()
         if self.stats["dropped_records"]:
             self.notices.append(f"CUPTI dropped {self.stats['dropped_records']} activity records (buffers full): "

@@ -14,7 +14,11 @@ attribution runs on it unchanged:
 =================================  ============================================
 ``external_id``                    ranges: their id; kernels and API calls: the
                                    innermost headcount range open on the
-                                   launching thread (CUPTI external correlation)
+                                   launching thread (CUPTI external correlation;
+                                   for a kernel replayed from a CUDA graph, the
+                                   range around the graph launch — the range
+                                   that captured its node is :func:`graph_ranges`'
+                                   and is not used for attribution yet)
 ``queued_ns``, ``submitted_ns``    kernel queued to / submitted from the command
                                    buffer (null where CUPTI gives none)
 ``block_threads``                  threads per block
@@ -23,6 +27,7 @@ attribution runs on it unchanged:
 ``shared_memory_config_bytes``     shared memory per SM the driver configured
 ``local_memory_per_thread_bytes``
 ``graph_id``, ``launch_type``
+``graph_node_id``                  the CUDA graph node a replayed kernel ran from
 =================================  ============================================
 """
 
@@ -43,6 +48,7 @@ FORMAT = "headcount-cupti-records"
 EXTRA = [
     "external_id", "queued_ns", "submitted_ns", "block_threads", "shared_memory_static_bytes",
     "shared_memory_dynamic_bytes", "shared_memory_config_bytes", "local_memory_per_thread_bytes", "graph_id", "launch_type",
+    "graph_node_id",
 ]
 
 
@@ -73,6 +79,24 @@ def read_records(path: str | Path) -> tuple[dict, list[dict]]:
     return header, records
 
 
+def graph_ranges(records: list[dict]) -> dict[int, int]:
+    """CUDA graph node id → the headcount range open when the node was made
+    (:class:`~headcount.collector.cupti_source.GraphNodeLog`), for the nodes of
+    captured graphs and, through their clone records, of executable graphs.
+    Nodes made outside every range are absent."""
+    made = {r["node_id"]: r["range_id"] for r in records if r["kind"] == "graph_node" and r.get("range_id") is not None}
+    origin = {r["node_id"]: r["original_node_id"] for r in records if r["kind"] == "graph_node_clone"}
+    out = dict(made)
+    for node in origin:
+        seen, current = set(), node
+        while current in origin and current not in made and current not in seen:  # a clone of a clone: follow it back
+            seen.add(current)
+            current = origin[current]
+        if current in made:
+            out[node] = made[current]
+    return out
+
+
 def events_frame(header: dict, records: list[dict]) -> pd.DataFrame:
     """The events table of a records file (columns: Kineto's plus :data:`EXTRA`).
 
@@ -97,12 +121,13 @@ def events_frame(header: dict, records: list[dict]) -> pd.DataFrame:
     k = pd.DataFrame(by_kind.get("kernel", []))
     if len(k):
         for col in ("block_x", "block_y", "block_z", "grid_x", "grid_y", "grid_z", "static_shared_memory", "dynamic_shared_memory",
-                    "queued", "submitted", "shared_memory_executed", "graph_id", "local_memory_per_thread", "launch_type"):
+                    "queued", "submitted", "shared_memory_executed", "graph_id", "graph_node_id", "local_memory_per_thread", "launch_type"):
             if col not in k:
                 k[col] = None
         smem_static = pd.to_numeric(k["static_shared_memory"]).fillna(0)
         smem_dynamic = pd.to_numeric(k["dynamic_shared_memory"]).fillna(0)
         block = pd.to_numeric(k["block_x"]) * pd.to_numeric(k["block_y"]) * pd.to_numeric(k["block_z"])
+        node = _nonzero_column(k["graph_node_id"])
         frames.append(pd.DataFrame({
             "kind": "kernel", "name": k["name"], "pid": str(header.get("pid")), "tid": None, "start_ns": k["start"], "end_ns": k["end"],
             "correlation_id": k["correlation_id"], "device": k.get("device_id"), "stream": k.get("stream_id"),
@@ -113,7 +138,7 @@ def events_frame(header: dict, records: list[dict]) -> pd.DataFrame:
             "block_threads": block.where(block > 0), "shared_memory_static_bytes": smem_static,
             "shared_memory_dynamic_bytes": smem_dynamic, "shared_memory_config_bytes": _nonzero_column(k["shared_memory_executed"]),
             "local_memory_per_thread_bytes": k["local_memory_per_thread"], "graph_id": _nonzero_column(k["graph_id"]),
-            "launch_type": k["launch_type"],
+            "launch_type": k["launch_type"], "graph_node_id": node,
         }))
 
     api = pd.DataFrame(by_kind.get("runtime", []) + by_kind.get("driver", []),
