@@ -55,7 +55,8 @@ def _profile_compiled(name: str, mode: str, impl: str = "sdpa"):
 
 
 @pytest.mark.parametrize("name, mode, impl", [("llama_gqa", "layer", "sdpa"), ("llama_gqa", "head", "sdpa"),
-                                              ("llama_gqa", "layer", "eager"), ("gpt2", "head", "sdpa")])
+                                              ("llama_gqa", "layer", "eager"), ("gpt2", "head", "sdpa"),
+                                              ("bert", "head", "sdpa")])
 def test_compiled_step_has_every_range_once_around_its_kernels(name, mode, impl):
     model, prof, loss = _profile_compiled(name, mode, impl)
     stats = prof.get_stats()
