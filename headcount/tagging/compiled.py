@@ -134,15 +134,18 @@ def _is_view(node) -> bool:
 
 
 def order_ranges(graph) -> int:
-    """Make the first kernels of each range depend on its opening (Inductor post-grad pass).
+    """Hold Inductor to the program order of headcount's ranges (a post-grad pass).
 
-    The effect token orders the markers among themselves, but Inductor's
-    scheduler may still hoist a kernel that does not depend on the opening
-    marker above it (fusion pulls dependencies forward: seen for SDPA's
-    backward). Each region root — a computing node inside a range whose
-    inputs (through views) all exist before the range opens — gets an explicit
-    ``control_deps`` on the opening's token; everything else in the range
-    depends on a root through data. Returns the number of nodes ordered.
+    The effect token keeps the markers in program order in the FX graph, but
+    Inductor's scheduler orders by data only: fusion pulls a kernel's inputs
+    forward (SDPA's backward ran before its range opened) and markers without
+    data between them interleave (a layer's head ranges did). So, as
+    ``control_deps``: each marker waits for the previous marker and for the
+    work since it (the segment's sinks: nothing drifts into the next range),
+    and each range's roots — computing nodes whose inputs (through views) all
+    exist before the range opens — wait for its opening (everything else in
+    the range depends on a root through data). Returns the number of nodes
+    given dependencies.
     """
     try:
         from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
@@ -214,6 +217,7 @@ def order_ranges(graph) -> int:
         inputs = [source(a) for a in node.all_input_nodes]
         if all(position.get(a, -1) < start for a in inputs):
             deps[node] = OrderedSet([token])
+    deps = {node: wait for node, wait in deps.items() if wait}
     preserve_node_ordering(graph, deps)
     return len(deps)
 
