@@ -20,9 +20,8 @@ What is enabled and why:
   cross-check, and the user's own NVTX ranges;
 - the resource callbacks ``GRAPHNODE_CREATED`` and ``GRAPHNODE_CLONED``
   (:class:`GraphNodeLog`): which headcount range was open on the thread that
-  captured each CUDA graph node, so that kernels replayed from a graph (which
-  carry only their node's id) are attributed to the layer and head that
-  captured them.
+  captured each CUDA graph node (kernels replayed from a graph carry only their
+  node's id). Recorded, not yet used for attribution (docs/cupti.md).
 
 Thread ids are the system's (``gettid``) so that API records and headcount's
 ranges name threads alike. Dropped records are counted (CUPTI's own count)
@@ -209,8 +208,8 @@ class GraphNodeLog:
                 cupti.enable_callback(1, self._subscriber, int(cupti.CallbackDomain.RESOURCE), cbid)
         except Exception as exc:  # noqa: BLE001 - attribution of graph replays is lost, tracing goes on
             self.stop()
-            return (f"CUDA graph nodes are not followed ({type(exc).__name__}: {exc}): kernels replayed from a CUDA graph "
-                    "are attributed by their graph launch only")
+            return (f"CUDA graph nodes are not followed ({type(exc).__name__}: {exc}): the records will not say which "
+                    "range captured each graph node")
         return None
 
     def stop(self) -> None:

@@ -249,22 +249,18 @@ def _times(kept: list, source: str) -> tuple[np.ndarray, np.ndarray]:
     """
     ts = [ev.ts for ev in kept]
     dur = [ev.dur for ev in kept]
-    exact = bool(kept) and isinstance(kept[0], _ExactEvent)
+    missing = next((ev for ev in kept if ev.ts is None), None)
+    if missing is not None:
+        raise HeadcountError(f"{source}: event {missing.name!r} has no valid ts/dur", hint="the trace is damaged; record it again")
     try:
-        if exact:  # microseconds with three decimals → integer nanoseconds, from the digits
+        if kept and isinstance(kept[0], _ExactEvent):  # microseconds with three decimals → integer nanoseconds, from the digits
             start = np.array([int(v.scaleb(3)) for v in ts], dtype=np.int64)
             length = np.array([int(v.scaleb(3)) if v is not None else 0 for v in dur], dtype=np.int64)
         else:
-            start_us = np.array(ts, dtype=np.float64)  # None → nan
-            if np.isnan(start_us).any():
-                raise AttributeError
-            dur_us = np.nan_to_num(np.array(dur, dtype=np.float64), nan=0.0)
-            start, length = _nanoseconds(start_us), _nanoseconds(dur_us)
+            start = _nanoseconds(np.array(ts, dtype=np.float64))
+            length = _nanoseconds(np.nan_to_num(np.array(dur, dtype=np.float64), nan=0.0))  # no dur: 0
             if start is None or length is None:
                 raise _Inexact
-    except (AttributeError, TypeError):  # a ts of None
-        missing = next(ev for ev in kept if ev.ts is None)
-        raise HeadcountError(f"{source}: event {missing.name!r} has no valid ts/dur", hint="the trace is damaged; record it again") from None
     except (OverflowError, ValueError, ArithmeticError) as exc:  # inf/nan decimals, or beyond int64
         raise HeadcountError(f"{source}: an event's ts/dur is out of range ({exc})", hint="the trace is damaged; record it again") from exc
     return start, start + length
@@ -297,8 +293,8 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
     # the kind of each distinct category once (Kineto writes them in lower case), then per event by code
     codes, cats = pd.factorize(np.array([ev.cat for ev in events], dtype=object), use_na_sentinel=False)
     kind_of = np.array([_KIND_BY_CAT.get(c) or _KIND_BY_CAT.get(str(c).lower()) or
-                        ("module?" if str(c).lower() == "python_function" else None) for c in cats] + [None], dtype=object)
-    kind_all = kind_of[codes] if len(events) else kind_of[:0]
+                        ("module?" if str(c).lower() == "python_function" else None) for c in cats], dtype=object)
+    kind_all = kind_of[codes]
     candidates = np.flatnonzero(kind_all != None)  # noqa: E711 (element-wise)
     kept, kinds = [], []
     for i in candidates.tolist():

@@ -390,16 +390,3 @@ def _per_head(site_name, shape, query, key, value, one_head, join, head_dim, tra
             res = _with_output(res, lambda out, h=h, g=g: _OpenOnGrad.apply(out, site_name, h, g, shape))
         results.append(res)
     return join(results)
-
-
-class OneHeadModule:
-    """The attention module for one head under compile (Dynamo traces plain
-    attribute forwarding; the eager path's ``__slots__`` proxy it cannot)."""
-
-    num_key_value_groups = 1
-
-    def __init__(self, module):
-        self.module = module
-
-    def __getattr__(self, name):
-        return getattr(self.module, name)

@@ -135,16 +135,37 @@ class _OneHeadModule:
     """Stands in for the attention module when one head is computed alone:
     every attribute is the module's, except that no key/value repetition is
     needed (``num_key_value_groups == 1``) because the caller already picked
-    the key/value head of that query head."""
+    the key/value head of that query head. A plain attribute and
+    ``__getattr__``: Dynamo traces that (not a ``__slots__`` proxy)."""
 
-    __slots__ = ("_module",)
     num_key_value_groups = 1
 
     def __init__(self, module):
-        object.__setattr__(self, "_module", module)
+        self._module = module
 
     def __getattr__(self, name):
         return getattr(self._module, name)
+
+
+def _causal(module, kwargs: dict) -> bool:
+    """Whether a call through transformers' interface is causal (its argument, else the module's flag)."""
+    causal = kwargs.get("is_causal")
+    return getattr(module, "is_causal", False) if causal is None else causal
+
+
+def _interface_call(fn: Callable, module, attention_mask, args: tuple, kwargs: dict, n_heads: int):
+    """``(fused, one_head)`` of one call through transformers' interface, for
+    :meth:`AttentionTagger.run` and its traced counterpart alike."""
+
+    def fused(q, k, v):
+        return fn(module, q, k, v, attention_mask, *args, **kwargs)
+
+    def one_head(h, q, k, v):
+        mask = _head_slice(attention_mask, h, n_heads)
+        kw = {n: _head_slice(t, h, n_heads) for n, t in kwargs.items()}
+        return fn(_OneHeadModule(module), q, k, v, mask, *args, **kw)
+
+    return fused, one_head
 
 
 def _head_slice(value, head: int, n_heads: int):
@@ -196,21 +217,9 @@ def _traced_wrapper(fn: Callable, implementation: str, mode: str) -> Callable:
         if info is None:
             return fn(module, query, key, value, attention_mask, *args, **kwargs)
         layer_name, layer, model = info
-        causal = kwargs.get("is_causal")
-        if causal is None:
-            causal = getattr(module, "is_causal", False)
-        site = _compiled.site(layer_name, layer, model, implementation, query, attention_mask, causal,
+        fused, one_head = _interface_call(fn, module, attention_mask, args, kwargs, query.shape[1])
+        site = _compiled.site(layer_name, layer, model, implementation, query, attention_mask, _causal(module, kwargs),
                               kwargs.get("sliding_window"), "bhsd")
-        n_heads = query.shape[1]
-
-        def fused(q, k, v):
-            return fn(module, q, k, v, attention_mask, *args, **kwargs)
-
-        def one_head(h, q, k, v):
-            mask = _head_slice(attention_mask, h, n_heads)
-            kw = {n: _head_slice(t, h, n_heads) for n, t in kwargs.items()}
-            return fn(_compiled.OneHeadModule(module), q, k, v, mask, *args, **kw)
-
         return _compiled.run(mode, site, _compiled.dims(query, key, value, attention_mask), query, key, value,
                              fused, one_head, _join_transformers)
 
@@ -455,9 +464,7 @@ class AttentionTagger:
                         return fn(module, query, key, value, attention_mask, *args, **kwargs)
                     finally:
                         emitter.pop2(tokens)
-                causal = kwargs.get("is_causal")
-                if causal is None:
-                    causal = getattr(module, "is_causal", False)
+                causal = _causal(module, kwargs)
                 meta = (implementation, query.shape, key.shape, value.shape, query.dtype,
                         (attention_mask.shape, attention_mask.dtype) if isinstance(attention_mask, torch.Tensor) else None,
                         causal, kwargs.get("sliding_window"), "bhsd")
@@ -472,18 +479,7 @@ class AttentionTagger:
                         return fn(module, query, key, value, attention_mask, *args, **kwargs)
                     finally:
                         emitter.pop2(tokens)
-
-                def fused(q, k, v):
-                    return fn(module, q, k, v, attention_mask, *args, **kwargs)
-
-                n_heads = query.shape[1]
-
-                def one_head(h, q, k, v):
-                    proxy = _OneHeadModule(module)
-                    mask = _head_slice(attention_mask, h, n_heads)
-                    kw = {n: _head_slice(t, h, n_heads) for n, t in kwargs.items()}
-                    return fn(proxy, q, k, v, mask, *args, **kw)
-
+                fused, one_head = _interface_call(fn, module, attention_mask, args, kwargs, query.shape[1])
                 return self.run(info.name, info.index, info.model, meta, query, key, value, fused, one_head, _join_transformers)
 
             self._wrappers[cache_key] = wrapper
