@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.arrays import positions
-from headcount.attribute import attribution, labels
+from headcount.attribute import attribution, graphs, labels
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling
 from headcount.errors import HeadcountError
@@ -59,7 +59,7 @@ def _split_domains(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id: str, source: str = "torch",
                        limits=None, pm_samples: pd.DataFrame | None = None,
-                       exclude_steps=()) -> dict[str, pd.DataFrame]:
+                       exclude_steps=(), graph_nodes: dict[int, int] | None = None) -> dict[str, pd.DataFrame]:
     """Build the tables of one profiled session.
 
     Args:
@@ -80,6 +80,10 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
         exclude_steps: step indices left out of ``layers``, ``heads`` and
             ``attention_breakdown`` (steps that compiled the model); their rows
             stay in ``ranges`` and ``kernels``.
+        graph_nodes: CUDA graph node id → ``external_id`` of the range that
+            captured it (-1: none), :func:`headcount.parsers.cupti_records.graph_ranges`:
+            kernels replayed from those nodes belong to a replay instance of
+            that range (:mod:`headcount.attribute.graphs`).
 
     Returns:
         ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``.
@@ -110,6 +114,10 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     # the launching process and thread come from the runtime call
     gpu = attribution.launches(gpu.assign(pid=None), runtime)
     gpu_inner = attribution.by_external_id(gpu, main) if correlated else attribution.launched_in(gpu, main)
+    if graph_nodes and correlated:
+        by_external = dict(zip(main["external_id"].astype("int64"), main["range_id"].astype("int64")))
+        captured = {node: by_external.get(ext, graphs.NO_RANGE) for node, ext in graph_nodes.items()}
+        main, gpu_inner = graphs.replay_instances(main, gpu, gpu_inner, captured)
 
     projected = attribution.project(main, cpu, cpu_inner)
     if len(gpu):
@@ -154,7 +162,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
         frames.append(gpu_rows)
     kernels = launch.kernel_columns(_kernels_table(frames, main, steps, source, implementation))
 
-    figures = ranges_table[~ranges_table["step"].isin(list(exclude_steps))] if len(exclude_steps) else ranges_table
+    figures = ranges_table[~ranges_table["step"].isin(list(exclude_steps)).to_numpy() & ~graphs.capture_only(ranges_table)]
     layers = aggregate.layers_table(figures)
     heads = aggregate.heads_table(figures, layers)
     layers, heads = aggregate.with_launch_latency(layers, heads, kernels)
@@ -171,7 +179,13 @@ def _with_shapes(ranges_table: pd.DataFrame, calls, implementation: str) -> pd.D
     """Attach the call log's shapes to the layer/head ranges, with the analytic
     FLOPs and minimum bytes of each (null where a range has no logged call)."""
     attention = ranges_table[ranges_table["level"].isin(["layer", "head"])]
-    attention = attach_calls(attention, calls_frame(calls))
+    replays = attention["replay_of"].notna().to_numpy() if "replay_of" in attention else np.zeros(len(attention), dtype=bool)
+    attention = attach_calls(attention[~replays], calls_frame(calls))
+    if replays.any():  # a replay ran the call its captured range logged: the same shapes
+        instances = ranges_table[ranges_table["level"].isin(["layer", "head"]).to_numpy()][replays]
+        logged = attention.drop(columns=[c for c in instances.columns if c != "range_id"]).rename(columns={"range_id": "replay_of"})
+        instances = instances.merge(logged.astype({"replay_of": "Int64"}), on="replay_of", how="left")
+        attention = pd.concat([attention, instances], ignore_index=True)
     attention["flop"] = analytic.flop(attention, attention["phase"]) if len(attention) else []
     attention["analytic_min_bytes"] = analytic.min_bytes(attention, attention["phase"]) if len(attention) else []
     attention.loc[attention["q_heads"].isna(), ["flop", "analytic_min_bytes"]] = np.nan
@@ -294,9 +308,16 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
             new.append("PM samples do not overlap the kernels in time (different clocks?): sampled DRAM figures are null, "
                        "the analytic model is used")
         info.setdefault("pm_sampling", {})["samples"] = gaps
+    graph_nodes = cupti_records.graph_ranges(records)
+    unknown = sum(1 for r in records if r["kind"] == "kernel" and r.get("graph_node_id") and r["graph_node_id"] not in graph_nodes)
+    if unknown:
+        new.append(f"{unknown} kernels were replayed from CUDA graphs whose capture was not recorded (captured before "
+                   "profiling began): they count for the range around the graph launch, usually none; capture the "
+                   "graph inside the profiled block to attribute them to their layers")
     info["notices"] += new
     tables = tables_from_events(cupti_records.events_frame(header, records), calls, implementation, run_id,
-                                source="cupti", limits=limits, pm_samples=pm, exclude_steps=exclude_steps)
+                                source="cupti", limits=limits, pm_samples=pm, exclude_steps=exclude_steps,
+                                graph_nodes=graph_nodes)
     tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
     add_roofline(tables, device, calls)
     return tables, info, new
@@ -356,6 +377,11 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
         kernels = int((orphan & (events["kind"] == "kernel")).sum())
         notices.append(f"{int(orphan.sum())} GPU operations ({kernels} kernels) have no launch call in the trace (launched "
                        "before it started): counted, attributed to no range")
+    replayed = gpu & events["graph_node_id"].notna()
+    if replayed.any():
+        notices.append(f"{int(replayed.sum())} GPU operations were replayed from CUDA graphs: a torch.profiler trace does not "
+                       "record which range captured them, so they count for the range around the graph launch (often none); "
+                       "record with `--backend cupti` or `nsys --cuda-graph-trace=node` to attribute them to their layers")
     device = kineto.run_device(trace.get("devices") or [])
     limits = occupancy.limits_from_device(device["limits"]) if device else None
     tables = tables_from_events(events, calls, implementation_of(calls), run_id, source="torch", limits=limits)
@@ -424,7 +450,8 @@ def _process_pieces(parts, calls, implementation, devices, gpu_metrics, attentio
         if len(export.gpu):
             used.update(int(d) for d in export.gpu["device"].dropna().unique())
         ranges_table, kernels = _nsys_process(export, calls, implementation, devices, gpu_metrics, release=release)
-        attention.append(ranges_table[(ranges_table["level"] != "other").to_numpy()].astype({"level": object}))
+        calls_of_figures = (ranges_table["level"] != "other").to_numpy() & ~graphs.capture_only(ranges_table)
+        attention.append(ranges_table[calls_of_figures].astype({"level": object}))
         yield "ranges", ranges_table
         yield "kernels", kernels
         del ranges_table, kernels, export  # written by now: freed before the next process is built
@@ -499,9 +526,11 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
         release: empty ``export``'s ranges, launches and GPU work once projected
             (a transient part read for this call: its rows are not held twice).
     """
-    projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu)
+    projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu, graph_nodes=export.graph_nodes,
+                                              not_replayed=(STEP_DOMAIN,))
     if release:
         export.ranges, export.runtime, export.gpu = export.ranges.iloc[:0], export.runtime.iloc[:0], export.gpu.iloc[:0]
+        export.graph_nodes = export.graph_nodes.iloc[:0]
     steps = projected[(projected["domain"] == STEP_DOMAIN).to_numpy(dtype=bool, na_value=False)]
     ranges_table = labels.label_ranges(projected, steps, ours=(projected["domain"] == DOMAIN).to_numpy(dtype=bool, na_value=False))
     if len(work):

@@ -48,7 +48,7 @@ RANGES = pa.schema([
     ("name", S), ("path", S), ("depth", I), ("level", S), ("pid", S), ("tid", S),
     ("start_ns", I), ("end_ns", I), ("duration_ns", F), ("duration_basis", S),
     ("op_count", I), ("cpu_ops_ns", F), ("cpu_op_start_ns", I), ("cpu_op_end_ns", I),
-    ("gpu_start_ns", I), ("gpu_end_ns", I), ("gpu_op_count", I), ("external_id", I),
+    ("gpu_start_ns", I), ("gpu_end_ns", I), ("gpu_op_count", I), ("external_id", I), ("replay_of", I), ("graph_capture", B),
     ("kernel_busy_ns", F), ("kernel_gap_ns", F), ("cpu_launch_cost_ns", F),
     ("dram_read_sampled_bytes", F), ("dram_write_sampled_bytes", F), ("sm_warps_active_sampled_pct", F),
     ("phase", S), ("layer_name", S), ("layer", I), ("head", I), ("kv_head", I), ("model", S),
@@ -120,6 +120,8 @@ class Timeline:
         gpu_metrics: device-wide samples (``device``, ``metric``, ``timestamp_ns``, ``value``); empty without them.
         meta: the export's metadata (name → value).
         devices: the recording's GPUs (one row per device id; empty when the export does not describe them).
+        graph_nodes: CUDA graph nodes made or cloned (``node_id``, ``original_node_id`` (null: made, not
+            cloned), ``pid``, ``tid``, ``start_ns``, ``end_ns`` of the call that made it); empty without any.
     """
 
     ranges: pd.DataFrame
@@ -128,3 +130,10 @@ class Timeline:
     gpu_metrics: pd.DataFrame = field(default_factory=pd.DataFrame)
     meta: dict = field(default_factory=dict)
     devices: pd.DataFrame = field(default_factory=pd.DataFrame)
+    graph_nodes: pd.DataFrame = field(default_factory=lambda: Timeline.empty_graph_nodes())
+
+    @staticmethod
+    def empty_graph_nodes() -> pd.DataFrame:
+        return pd.DataFrame({"node_id": pd.Series(dtype="int64"), "original_node_id": pd.Series(dtype="Int64"),
+                             "pid": pd.Series(dtype=object), "tid": pd.Series(dtype=object),
+                             "start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64")})

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,6 +227,78 @@ def workload(args) -> int:
     return 0
 
 
+def cuda_graph(out: Path, args) -> int:
+    """A forward captured into a CUDA graph (``torch.cuda.graph``) while headcount
+    tags it, then replayed once per step: with ``--tagger-only`` under an
+    outside recorder (nsys), else under AttentionProfiler (cupti source) with
+    the report in ``OUT/report-graphed``. Dry run (no CUDA): the same
+    profile with the forward run eagerly, so the step and its check run."""
+    from headcount import AttentionProfiler
+    from headcount.tagging.tagger import AttentionTagger
+
+    model, inputs, torch = _model(args)
+    model.eval()
+    graphed = _cuda() and not args.dry_run
+    with torch.no_grad():
+        if graphed:  # warm-up on a side stream, as torch.cuda.graph asks
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    model(**inputs)
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            model(**inputs)
+        recorder = AttentionTagger([model], mode=args.mode) if args.tagger_only else \
+            AttentionProfiler(model, mode=args.mode, backend="cupti" if graphed else "auto", strict=graphed)
+        if args.tagger_only:
+            recorder.activate()
+        else:
+            recorder.__enter__()
+        try:
+            graph = None
+            if graphed:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    model(**inputs)
+            for i in range(args.steps):
+                with (nullcontext() if args.tagger_only else recorder.step(i)):
+                    graph.replay() if graph is not None else model(**inputs)
+                _sync()
+        finally:
+            if args.tagger_only:
+                recorder.deactivate()
+            else:
+                recorder.__exit__(None, None, None)
+    if not args.tagger_only:
+        recorder.save(out / "report-graphed", force=True)
+    _write(out / ("cuda-graph-tagged.json" if args.tagger_only else "cuda-graph.json"),
+           {"graphed": graphed, "steps": args.steps, "model": args.model, "batch": args.batch, "seq": args.seq, "mode": args.mode})
+    return 0
+
+
+def _graph_check(record, summary, name: str, report_dir: Path, steps: int) -> None:
+    """Every attention kernel a graph replayed lands in its layer, and every
+    (fwd, layer) is one call per replay, in its step."""
+    import pandas as pd
+
+    kernels, layers = pd.read_parquet(report_dir / "kernels"), pd.read_parquet(report_dir / "layers")
+    attn = kernels[kernels["name"].str.contains("flash|fmha|attention|scaled_dot_product", case=False, regex=True)]
+    replayed = attn[attn["graph_node_id"].notna()] if "graph_node_id" in attn else attn.iloc[:0]
+    fwd = layers[layers["phase"] == "fwd"]
+    calls_ok = len(fwd) and (fwd["calls"] == steps).all() and (fwd["steps"] == steps).all()
+    if not len(replayed):
+        status = "skip" if not _cuda() else "FAIL"
+        record(name, status if calls_ok else "FAIL", f"no replayed attention kernel (CPU: no CUDA graph); "
+               f"{len(fwd)} fwd layer rows, calls {sorted(set(fwd['calls']))}")
+        return
+    inside = replayed["layer"].notna()
+    record(name, "ok" if inside.all() and calls_ok else "FAIL",
+           f"{int(inside.sum())} of {len(replayed)} replayed attention kernels in their layer; fwd calls per layer "
+           f"{sorted(set(fwd['calls']))} (expected {steps})")
+    summary[name] = {"replayed_attention_kernels": len(replayed), "attributed": int(inside.sum()), "layers": len(fwd)}
+
+
 # ---------------------------------------------------------------- checks
 def check(out: Path) -> int:
     import numpy as np
@@ -383,6 +456,19 @@ def check(out: Path) -> int:
     elif (out / "profile-compiled.log").exists():
         record("torch.compile profile", "FAIL", (out / "profile-compiled.log").read_text().strip().splitlines()[-1][:300])
 
+    graph_doc = load("cuda-graph.json")
+    if (out / "report-graphed" / "layers").exists() and graph_doc:
+        _graph_check(record, summary, "CUDA graph replays in their layers (cupti)", out / "report-graphed", graph_doc["steps"])
+    elif (out / "cuda-graph.log").exists():
+        record("CUDA graph profile", "FAIL", (out / "cuda-graph.log").read_text().strip().splitlines()[-1][:300])
+    tagged_doc = load("cuda-graph-tagged.json")
+    if (out / "report-graph-nsys" / "layers").exists() and tagged_doc:
+        _graph_check(record, summary, "CUDA graph replays in their layers (nsys --cuda-graph-trace=node)", out / "report-graph-nsys",
+                     tagged_doc["steps"])
+    elif (out / "graph-nsys-parse.log").exists() or (out / "graph-nsys.log").exists():
+        log = out / ("graph-nsys-parse.log" if (out / "graph-nsys-parse.log").exists() else "graph-nsys.log")
+        record("CUDA graph under nsys", "FAIL", (log.read_text().strip().splitlines() or ["(empty log)"])[-1][:300])
+
     ov = load("overhead.json")
     if ov:
         record("collector overhead", "info", f"{ov['overhead_pct']:+.1f}% on a {ov['model']} training step "
@@ -406,10 +492,11 @@ def main(argv=None) -> int:
         s = sub.add_parser(name)
         s.add_argument("out")
         s.add_argument("--dry-run", action="store_true")
-    for name in ("overhead", "workload"):
+    for name in ("overhead", "workload", "cuda-graph"):
         s = sub.add_parser(name)
-        if name == "overhead":
+        if name in ("overhead", "cuda-graph"):
             s.add_argument("out")
+        s.add_argument("--tagger-only", action="store_true")
         s.add_argument("--model", default="bert-base")
         s.add_argument("--impl", default="sdpa")
         s.add_argument("--batch", type=int, default=16)
@@ -430,6 +517,8 @@ def main(argv=None) -> int:
         return overhead(Path(args.out), args)
     if args.cmd == "workload":
         return workload(args)
+    if args.cmd == "cuda-graph":
+        return cuda_graph(Path(args.out), args)
     return check(Path(args.out))
 
 

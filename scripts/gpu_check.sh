@@ -24,6 +24,9 @@
 #   8. runs the workload as a plain script under `headcount run` with nsys, cupti and
 #      (layer 0 of one step) ncu (run-nsys/, run-cupti/, run-ncu/);
 #   8b. profiles the same model under torch.compile in head mode (report-compiled/, records-compiled/);
+#   8c. captures its forward into a CUDA graph while tagged and replays it once per step, under
+#      the cupti source (report-graphed/) and under nsys --cuda-graph-trace=node (graph-nsys/,
+#      report-graph-nsys/): every replayed attention kernel must land in its layer;
 #   9. checks the numbers against physics and writes summary.json (exit 1 if a check fails).
 # Each step has a time limit and the whole check a deadline ($DEADLINE, default
 # 540 s; steps that no longer fit are skipped, the checks always run); a
@@ -186,6 +189,17 @@ fi
 step profile-compiled 240 $PY -m headcount.cli.main profile --compile --model $MODEL --impl sdpa --mode head --backend $BACKEND \
   --device $DEVICE --dtype $DTYPE --batch $BATCH --seq $SEQ --steps $HEAD_STEPS --trace-dir "$OUT/records-compiled" \
   -o "$OUT/report-compiled" --force
+
+# 8c. a CUDA-graphed forward: captured while tagged, replayed once per step ----------------------
+GRAPHARGS="--model $MODEL --batch ${GRAPH_BATCH:-4} --seq $SEQ --dtype $DTYPE --impl sdpa --steps 3 $DRYFLAG"
+step cuda-graph 180 $PY scripts/gpu_check.py cuda-graph "$OUT" $GRAPHARGS
+if [ "$DRY" = 0 ] && command -v nsys > /dev/null; then
+  mkdir -p "$OUT/graph-nsys"
+  step graph-nsys 180 nsys profile --trace=cuda,nvtx --cuda-graph-trace=node --sample=none --cpuctxsw=none \
+    -o "$OUT/graph-nsys/run" --force-overwrite true $PY scripts/gpu_check.py cuda-graph "$OUT" $GRAPHARGS --tagger-only
+  [ -f "$OUT/graph-nsys/run.nsys-rep" ] && step graph-nsys-parse 120 $PY -m headcount.cli.main parse \
+    "$OUT/graph-nsys/run.nsys-rep" -o "$OUT/report-graph-nsys" --force
+fi
 
 # 9. physics ---------------------------------------------------------------------
 log "start check"

@@ -162,31 +162,34 @@ class ReplayCupti:
         return [c for c, _ in self._exec]
 
     def replay_graph(self) -> None:
-        """A ``cudaGraphLaunch`` on this thread; every node's kernel runs, carrying its node id."""
-        for clone, name in self._exec:
-            self.launch(name, graph_node_id=clone)
+        """A ``cudaGraphLaunch`` on this thread: one launch call (one API record,
+        one correlation id) for every node's kernel, each carrying the id of the
+        executable graph's node it ran from."""
+        self.launch([(name, clone) for clone, name in self._exec], api="cudaGraphLaunch_v10000")
 
     # -- the GPU ----------------------------------------------------------
-    def launch(self, name: str, graph_node_id: int = 0) -> None:
-        """A ``cudaLaunchKernel`` call on this thread and the kernel it runs."""
+    def launch(self, name, api: str = "cudaLaunchKernel_v7000") -> None:
+        """A launch call on this thread and the kernels it runs: ``name`` is a
+        kernel's name (``cudaLaunchKernel``) or, for a graph launch, a list of
+        ``(kernel name, graph node id)``."""
         tid = threading.get_native_id()
-        h = zlib.crc32(name.encode())
+        kernels = name if isinstance(name, list) else [(name, 0)]
         if getattr(self, "_capturing", False):  # captured, not run: a graph node is made inside the launch call
             node_id = len(self._captured) + 1
             self._captured.append((node_id, name))
             self._resource_callback(real.CallbackIdResource.GRAPHNODE_CREATED, 0x10000 + node_id)
-            return
+            kernels = []  # the call is recorded; no kernel runs
         with self._lock:
             t0 = self._now + self.tick_ns
-            self._now = t0 + self.launch_cost_ns + self.op_gap_ns
+            self._now = t0 + self.launch_cost_ns + self.op_gap_ns * len(kernels)
             self._correlation += 1
             corr = self._correlation
             records = []
-            api = real.ActivityAPI()
-            api.kind = int(real.ActivityKind.RUNTIME)
-            api.cbid = int(real.runtime_api_trace_cbid.cudaLaunchKernel_v7000)
-            api.start, api.end = t0, t0 + self.launch_cost_ns
-            api.process_id, api.thread_id, api.correlation_id, api.return_value = os.getpid(), tid, corr, 0
+            call = real.ActivityAPI()
+            call.kind = int(real.ActivityKind.RUNTIME)
+            call.cbid = int(getattr(real.runtime_api_trace_cbid, api))
+            call.start, call.end = t0, t0 + self.launch_cost_ns
+            call.process_id, call.thread_id, call.correlation_id, call.return_value = os.getpid(), tid, corr, 0
             stack = self._stacks.get(tid)
             if stack and int(real.ActivityKind.EXTERNAL_CORRELATION) in self.enabled:
                 ext = real.ActivityExternalCorrelation()
@@ -194,24 +197,31 @@ class ReplayCupti:
                 ext.external_kind = int(real.ExternalCorrelationKind.CUSTOM0)
                 ext.external_id, ext.correlation_id = stack[-1], corr
                 records.append(ext)
-            k = real.ActivityKernel13()
-            k.kind = int(real.ActivityKind.CONCURRENT_KERNEL)
-            k.name = name
-            k.queued = api.start + self.launch_cost_ns // 2
-            k.submitted = api.end + 500
-            k.start = max(api.end + self.latency_ns, self._gpu_free + 1_000)
-            k.end = k.start + self.kernel_ns
-            self._gpu_free = k.end
-            k.correlation_id, k.device_id, k.context_id, k.stream_id = corr, 0, 1, 7
-            k.graph_node_id = graph_node_id
-            k.grid_x, k.grid_y, k.grid_z = 64 + h % 64, 1, 1
-            k.block_x, k.block_y, k.block_z = (128, 256, 512)[h % 3], 1, 1
-            k.registers_per_thread = (32, 64, 96, 128)[h % 4]
-            k.static_shared_memory, k.dynamic_shared_memory = 0, (0, 16384, 49152)[h % 3]
-            k.shared_memory_executed = 233472
-            records += [api, k]
+            records.append(call)
+            for kernel_name, graph_node_id in kernels:
+                records.append(self._kernel(call, corr, kernel_name, graph_node_id))
             self._pending += records
             self.launches += 1
+
+    def _kernel(self, api, corr: int, name: str, graph_node_id: int):
+        """The record of one kernel of launch call ``api``: runs on one stream, after the previous kernel."""
+        h = zlib.crc32(name.encode())
+        k = real.ActivityKernel13()
+        k.kind = int(real.ActivityKind.CONCURRENT_KERNEL)
+        k.name = name
+        k.queued = api.start + self.launch_cost_ns // 2
+        k.submitted = api.end + 500
+        k.start = max(api.end + self.latency_ns, self._gpu_free + 1_000)
+        k.end = k.start + self.kernel_ns
+        self._gpu_free = k.end
+        k.correlation_id, k.device_id, k.context_id, k.stream_id = corr, 0, 1, 7
+        k.graph_node_id = graph_node_id
+        k.grid_x, k.grid_y, k.grid_z = 64 + h % 64, 1, 1
+        k.block_x, k.block_y, k.block_z = (128, 256, 512)[h % 3], 1, 1
+        k.registers_per_thread = (32, 64, 96, 128)[h % 4]
+        k.static_shared_memory, k.dynamic_shared_memory = 0, (0, 16384, 49152)[h % 3]
+        k.shared_memory_executed = 233472
+        return k
 
 
 class ReplayPm:

@@ -149,3 +149,11 @@ def test_kineto_times_fall_back_to_the_digits(tmp_path, ts, dur, start_ns, lengt
     path.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "pid": 1, "tid": 1, "ts": %s, "dur": %s}]}' % (ts, dur))
     events = load_trace(path)
     assert (int(events["start_ns"].iloc[0]), int(events["end_ns"].iloc[0] - events["start_ns"].iloc[0])) == (start_ns, length_ns)
+
+
+def test_graph_node_clones_follow_back_to_the_range_that_made_them():
+    from headcount.attribute.graphs import NO_RANGE, follow_clones
+
+    made = {1: 10, 2: None}
+    origin = {11: 1, 21: 11, 12: 2, 30: 31, 31: 30}  # a clone of a clone; a node made outside; a cycle never made
+    assert follow_clones(made, origin) == {1: 10, 2: NO_RANGE, 11: 10, 21: 10, 12: NO_RANGE}

@@ -14,7 +14,7 @@ import torch
 from cupti import cupti as real_cupti
 from cupti_replay import LaunchOnEveryOp, ReplayCupti, ReplayPm
 
-from headcount import AttentionProfiler
+from headcount import AttentionProfiler, attention_range
 from headcount.api import resolve_backend
 from headcount.attribute import attribution
 from headcount.cli.main import main as cli_main
@@ -443,13 +443,108 @@ def test_graph_nodes_remember_the_range_that_captured_them(llama, tmp_path):
     assert header["stats"]["graph_nodes"] == {"created": len(clones), "cloned": len(clones), "callback_failures": 0}
     ranges = {r["id"]: r["name"] for r in records if r["kind"] == "range"}
     resolved = cupti_records.graph_ranges(records)
-    captured_in = {ranges[resolved[c]] for c in clones if c in resolved}
+    assert set(clones) <= set(resolved)  # every clone is followed back to the node it was made from
+    captured_in = {ranges[resolved[c]] for c in clones if resolved[c] != -1}
     # every layer's forward captured nodes (attention kernels inside fwd/layer.N), and clones resolve like originals
-    assert {f"layer.{i}" for i in range(4)} <= captured_in
-    assert all(resolved.get(c) == resolved.get(c - 1_000) for c in clones)
-    kernels = cupti_records.events_frame(header, records)
-    replayed = kernels[kernels["kind"] == "kernel"]
+    assert {f"layer.{i}" for i in range(model.config.num_hidden_layers)} <= captured_in
+    assert -1 in resolved.values()  # embeddings, MLPs: made outside every range
+    assert all(resolved[c] == resolved[c - 1_000] for c in clones)
+    events = cupti_records.events_frame(header, records)
+    replayed = events[events["kind"] == "kernel"]
     assert len(replayed) == len(clones) and set(replayed["graph_node_id"]) == set(clones)
+    launch = events[(events["kind"] == "runtime") & events["correlation_id"].isin(replayed["correlation_id"])]
+    assert launch["name"].tolist() == ["cudaGraphLaunch_v10000"]  # one launch call runs every node
+
+
+def _graph_session(model, inputs, tmp_path, mode="layer", replays=3, eager_steps=0):
+    """Capture one forward into a CUDA graph under the profiler (no step), then
+    replay it once per step; with ``eager_steps``, first run that many plain
+    (eager) steps, numbered after the replays. On the replayed GPU: stands in
+    for ``torch.cuda.graph`` capture and ``graph.replay()`` under CUPTI."""
+    replay = ReplayCupti()
+    rec = CuptiRecorder(cupti=replay, pm_sampling=False, record_dir=tmp_path)
+    rec.device_limits = LIMITS["9.0"]
+    prof = AttentionProfiler(model, mode=mode, recorder=rec)
+    with prof, torch.no_grad():
+        for i in range(eager_steps):
+            with prof.step(replays + i), LaunchOnEveryOp(replay):
+                model(**inputs)
+        replay.begin_capture()
+        with LaunchOnEveryOp(replay):
+            model(**inputs)
+        replay.end_capture()
+        for i in range(replays):
+            with prof.step(i):
+                replay.replay_graph()
+    return prof
+
+
+@pytest.mark.parametrize("mode", ["layer", "head"])
+def test_replayed_kernels_belong_to_the_range_that_captured_them(llama, tmp_path, mode):
+    """Each replay of a captured forward is one call per layer (and head), in
+    the step it replayed in, with exactly the kernels the same forward
+    launches per call when it runs eagerly, and the shapes the capture logged."""
+    model, inputs = llama
+    prof = _graph_session(model, inputs, tmp_path, mode=mode, replays=3, eager_steps=1)
+    stats = prof.get_stats()
+    level = "head" if mode == "head" else "layer"
+    ranges, kernels = stats["ranges"], stats["kernels"]
+    attention = ranges[ranges["level"] == level]
+    instances = attention[attention["replay_of"].notna()]
+    captured = attention[attention["replay_of"].isna() & attention["step"].isna()]
+    cfg = model.config
+    units = cfg.num_hidden_layers * (cfg.num_attention_heads if mode == "head" else 1)
+    assert len(captured) == units and len(instances) == 3 * units
+    assert sorted(instances["step"].unique()) == [0, 1, 2]
+    assert (captured["gpu_op_count"] == 0).all()  # a capture runs nothing
+    assert set(instances["replay_of"]) == set(captured["range_id"])
+    # the replay instance has its captured range's path and the call's shapes
+    by_id = captured.set_index("range_id")
+    for col in ("path", "q_len", "kv_len", "head_dim", "q_heads"):
+        assert (instances[col].to_numpy() == by_id.loc[instances["replay_of"].astype(int), col].to_numpy()).all(), col
+    assert instances["q_len"].notna().all() and instances["flop"].notna().all()
+
+    replayed = kernels[kernels["graph_node_id"].notna()]
+    assert replayed["range_id"].notna().any()
+    inside = replayed[replayed["layer"].notna()]
+    assert set(inside["range_id"].astype(int)) <= set(ranges.loc[ranges["replay_of"].notna(), "range_id"])  # never a capture's range
+    # per call, a replayed layer (head) runs exactly the kernels its eager call runs (same model, same launches)
+    table = stats["heads"] if mode == "head" else stats["layers"]
+    key = ["phase", "layer"] + (["head"] if mode == "head" else [])
+    eager = kernels[kernels["graph_node_id"].isna() & (kernels["step"] == 3) & kernels["layer"].notna()]
+    eager_per_call = (eager[eager["head"].notna()] if mode == "head" else eager).groupby(key).size()
+    rows = table.set_index(key)
+    assert (rows["calls"] == 4).all() and (rows["steps"] == 4).all()  # 3 replays + 1 eager step
+    assert (rows["kernels_per_call"] == eager_per_call.reindex(rows.index)).all()
+    assert rows["duration_ns"].gt(0).all()
+
+
+def _replayed_inside(model, inputs, tmp_path, layer) -> dict:
+    """Capture the forward under the profiler, then replay it once in step 0
+    inside a live ``attention_range(layer)`` (replayed GPU stand-in): the stats."""
+    replay = ReplayCupti()
+    rec = CuptiRecorder(cupti=replay, pm_sampling=False, record_dir=tmp_path)
+    prof = AttentionProfiler(model, recorder=rec)
+    with prof, torch.no_grad():
+        replay.begin_capture()
+        with LaunchOnEveryOp(replay):
+            model(**inputs)
+        replay.end_capture()
+        with prof.step(0), attention_range(layer):
+            replay.replay_graph()
+    return prof.get_stats()
+
+
+def test_kernels_made_outside_every_range_stay_outside_when_replayed(llama, tmp_path):
+    """A graph launched inside a tagged block does not pull the whole graph into
+    the range around its launch: nodes captured outside every range stay outside."""
+    model, inputs = llama
+    kernels = _replayed_inside(model, inputs, tmp_path, "around_replay")["kernels"]
+    replayed = kernels[kernels["graph_node_id"].notna()]
+    outside = replayed[replayed["range_id"].isna()]
+    assert len(outside) and "around_replay" not in set(replayed["layer_name"].dropna())
+    assert not outside["name"].str.contains("scaled_dot_product").any()  # attention stayed in its layers
+    assert set(replayed["layer"].dropna().astype(int)) == set(range(model.config.num_hidden_layers))
 
 
 def test_a_refused_graph_subscription_is_a_notice(llama, tmp_path):
@@ -465,3 +560,44 @@ def test_a_refused_graph_subscription_is_a_notice(llama, tmp_path):
             model(**inputs)
     assert any("CUDA graph nodes are not followed" in n for n in rec.notices)
     assert len(prof.get_stats()["layers"])  # tracing went on
+
+
+def test_a_piece_replayed_inside_its_own_live_range_keeps_it(llama, tmp_path):
+    """A graph split at every range edge (Inductor's CUDA graphs around headcount's
+    markers) replays each piece inside the live range of the path that captured
+    it: that range is the replay's call, no second instance is made. Here the
+    whole forward is replayed inside a live ``fwd/layer.0``: layer 0's kernels
+    stay in it, the other layers get replay instances (replayed GPU stand-in)."""
+    model, inputs = llama
+    stats = _replayed_inside(model, inputs, tmp_path, 0)
+    ranges, kernels = stats["ranges"], stats["kernels"]
+    live = ranges[(ranges["level"] == "layer") & (ranges["step"] == 0) & ranges["replay_of"].isna()]
+    assert live["layer_name"].tolist() == ["layer.0"] and int(live["gpu_op_count"].iloc[0]) > 0
+    instances = ranges[(ranges["level"] == "layer") & ranges["replay_of"].notna()]
+    assert sorted(instances["layer"]) == list(range(1, model.config.num_hidden_layers))
+    layer0 = kernels[(kernels["layer"] == 0) & kernels["graph_node_id"].notna()]
+    assert len(layer0) and (layer0["range_id"] == live["range_id"].iloc[0]).all()
+    assert (stats["layers"]["calls"] == 1).all()  # the capture is not a call, the live range is
+
+
+def test_a_graph_captured_before_profiling_is_said(llama, tmp_path):
+    """Replays of a graph whose capture was not recorded cannot be attributed:
+    a notice says so and what to do; the kernels stay outside every range."""
+    model, inputs = llama
+    replay = ReplayCupti()
+    with torch.no_grad():
+        replay.begin_capture()  # no subscriber yet: node creation goes unrecorded
+        with LaunchOnEveryOp(replay):
+            model(**inputs)
+        replay.end_capture()
+        rec = CuptiRecorder(cupti=replay, pm_sampling=False, record_dir=tmp_path)
+        prof = AttentionProfiler(model, recorder=rec)
+        with prof:
+            with prof.step(0):
+                replay.replay_graph()
+            with LaunchOnEveryOp(replay):
+                model(**inputs)  # one tagged eager call, so the block has ranges
+        stats = prof.get_stats()
+    assert any("replayed from CUDA graphs whose capture was not recorded" in n for n in prof.collector_info["notices"])
+    replayed = stats["kernels"][stats["kernels"]["graph_node_id"].notna()]
+    assert len(replayed) and replayed["range_id"].isna().all()

@@ -192,3 +192,135 @@ def test_parquetdir_split_across_workers_equals_the_sqlite_parse(nsys_rep_path, 
         a, b = (f.sort_values(keys).reset_index(drop=True) for f in (a, b))
         assert len(a) > 0 or name != "ranges"  # a CPU-only capture: ranges, no GPU work
         pd.testing.assert_frame_equal(a, b, check_dtype=False)
+
+
+def _graphed_export(nsys_sqlite_path, path, replays: int = 2, after_the_run: bool = False):
+    """Stands in for an export of ``nsys profile --trace=cuda,nvtx
+    --cuda-graph-trace=node`` of a CUDA-graphed model (no GPU here): the real
+    export of the tagged CPU run above, with the CUDA rows nsys would add.
+    The forward of step 0 is the capture: inside each of its head ranges one
+    graph node is made (``CUDA_GRAPH_NODE_EVENTS``, the schema nsys's own
+    recipes read), one more is made outside every attention range, and each
+    is cloned into the executable graph. In step 1, before its forward, the
+    graph is launched ``replays`` times (one ``cudaGraphLaunch`` each), every
+    clone's kernel carrying the launch's correlation id and its
+    ``graphNodeId``; ``after_the_run``: the launches follow the recorded run
+    instead (room for any number of them, outside every step). Kernel and
+    runtime tables use the schema of nsys 2026.2 (copied from the H100 fixture).
+
+    Returns:
+        ``(captured, outside_node)``: the captured head ranges (headcount's
+        ranges table rows) and the node made outside them.
+    """
+    import shutil
+
+    from headcount.build import tables_from_nsys
+    from headcount.parsers.nsys_sqlite import read_export
+
+    shutil.copy(nsys_sqlite_path, path)
+    ranges = tables_from_nsys(read_export(path), "plain")["ranges"]
+    ours = ranges[ranges["domain"] == "headcount"]
+    captured = ours[(ours["level"] == "head") & (ours["phase"] == "fwd") & (ours["step"] == 0)].sort_values("start_ns")
+    pid, tid = int(captured["pid"].iloc[0]), int(captured["tid"].iloc[0])
+    gtid = (pid << 24) | tid
+    fixture = Path(__file__).parent / "fixtures" / "nsys" / "h100x2_pytorch_nsys2026.2.sqlite"
+    with sqlite3.connect(fixture) as ref:
+        create = [sql for (sql,) in ref.execute("SELECT sql FROM sqlite_master WHERE name IN "
+                                                "('CUPTI_ACTIVITY_KIND_KERNEL', 'CUPTI_ACTIVITY_KIND_RUNTIME')")]
+    con = sqlite3.connect(path)
+    for sql in create:
+        con.execute(sql)
+    con.execute("CREATE TABLE CUDA_GRAPH_NODE_EVENTS (start INTEGER NOT NULL, end INTEGER NOT NULL, eventClass INTEGER NOT NULL, "
+                "globalTid INTEGER, nameId INTEGER NOT NULL, graphNodeId INTEGER NOT NULL, originalGraphNodeId INTEGER)")
+    next_string = con.execute("SELECT max(id) FROM StringIds").fetchone()[0] + 1
+    strings = {}
+
+    def string(text):
+        if text not in strings:
+            strings[text] = next_string + len(strings)
+            con.execute("INSERT INTO StringIds (id, value) VALUES (?, ?)", (strings[text], text))
+        return strings[text]
+
+    first_attention = int(ours.loc[ours["step"] == 0, "start_ns"].min())
+    nodes = [(int(r.start_ns) + (int(r.end_ns) - int(r.start_ns)) // 2, 100 + i) for i, r in enumerate(captured.itertuples())]
+    outside_node = 100 + len(nodes)
+    nodes.append((first_attention - 2, outside_node))
+    for t, node in nodes:
+        con.execute("INSERT INTO CUDA_GRAPH_NODE_EVENTS VALUES (?, ?, 0, ?, ?, ?, NULL)", (t, t + 1, gtid, string("cudaLaunchKernel"), node))
+    done = int(captured["end_ns"].max()) + 10
+    for _, node in nodes:  # instantiation clones every node
+        con.execute("INSERT INTO CUDA_GRAPH_NODE_EVENTS VALUES (?, ?, 0, ?, ?, ?, ?)", (done, done + 1, gtid, string("cudaGraphInstantiate"),
+                                                                                        node + 1000, node))
+    if after_the_run:
+        first = int(ranges["end_ns"].max()) + 1000
+    else:
+        step1 = int(ranges.loc[(ranges["name"] == "step.1"), "start_ns"].iloc[0])
+        assert int(ours.loc[ours["step"] == 1, "start_ns"].min()) - step1 > 20 * replays + 20, \
+            "no gap before step 1's forward to launch the graph in"
+        first = step1 + 10
+    names = {node: string(f"attention_node_{node}" if node != outside_node else "embedding_node") for _, node in nodes}
+    launch = string("cudaGraphLaunch_v10000")
+    calls, kernels = [], []
+    gpu_t = int(ranges["end_ns"].max()) + 10_000_000
+    for r in range(replays):
+        t, corr = first + 20 * r, 5000 + r
+        calls.append((t, t + 5, gtid, corr, launch))
+        for _, node in nodes:
+            kernels.append((gpu_t, gpu_t + 1000, corr, pid << 24, names[node], names[node], gpu_t, node + 1000))
+            gpu_t += 1500
+    con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, nameId, returnValue) "
+                    "VALUES (?, ?, 1, ?, ?, ?, 0)", calls)
+    con.executemany(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, correlationId, globalPid, "
+        "demangledName, shortName, registersPerThread, gridX, gridY, gridZ, blockX, blockY, blockZ, staticSharedMemory, "
+        "dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId, graphNodeId, graphId, tensorSizeMinusOneElements) "
+        "VALUES (?, ?, 0, 1, 7, ?, ?, ?, ?, 32, 8, 1, 1, 128, 1, 1, 0, 0, 0, 0, ?, ?, 1, '')", kernels)
+    con.commit()
+    con.close()
+    return captured, outside_node
+
+
+def test_graph_replays_in_an_export_belong_to_the_ranges_that_captured_them(nsys_sqlite_path, tmp_path):
+    """Every replayed kernel lands in a replay instance of the head range that
+    captured its node (path, step of the replay), one instance per replay; the
+    node made outside every attention range stays outside; the captured ranges
+    are not calls of the figures."""
+    from headcount.build import tables_from_nsys
+    from headcount.parsers.nsys_sqlite import read_export
+
+    path = tmp_path / "graphed.sqlite"
+    captured, outside_node = _graphed_export(nsys_sqlite_path, path, replays=2)
+    tables = tables_from_nsys(read_export(path), "graphed")
+    ranges, kernels = tables["ranges"], tables["kernels"]
+    assert kernels["graph_node_id"].notna().all() and len(kernels) == 2 * (len(captured) + 1)
+    instances = ranges[ranges["replay_of"].notna()]
+    heads = instances[instances["level"] == "head"]
+    assert len(heads) == 2 * len(captured) and set(heads["replay_of"]) == set(captured["range_id"])
+    assert set(instances["step"]) == {1}  # the replays ran in step 1
+    assert not (instances["domain"] == "headcount.step").any()  # steps are matched by time, never replayed
+    by_id = captured.set_index("range_id")
+    assert (heads["path"].astype(str).to_numpy() == by_id.loc[heads["replay_of"].astype(int), "path"].astype(str).to_numpy()).all()
+    inside = kernels[kernels["graph_node_id"] != outside_node + 1000]
+    assert set(inside["range_id"].astype(int)) == set(heads["range_id"])  # one kernel per head instance
+    assert (inside["step"] == 1).all() and inside["head"].notna().all()
+    assert kernels.loc[kernels["graph_node_id"] == outside_node + 1000, "range_id"].isna().all()
+    fwd = tables["heads"][tables["heads"]["phase"] == "fwd"]
+    assert (fwd["op_count"] == 2).all() and (fwd["calls"] == 3).all()  # 2 replays + step 1's own call (no kernels on CPU)
+    for table in ("layers", "heads"):  # the capture is not a call: the step-0 forward is gone from the figures
+        assert tables[table].loc[tables[table]["phase"] == "fwd", "steps"].eq(1).all()
+
+
+def test_headcount_parse_writes_the_replay_instances(nsys_sqlite_path, tmp_path):
+    """``headcount parse`` of the graphed export (stand-in as above): the report's
+    ranges carry ``replay_of`` and DuckDB finds each head's replays."""
+    import duckdb
+
+    from headcount.cli.main import main
+
+    path = tmp_path / "graphed.sqlite"
+    captured, _ = _graphed_export(nsys_sqlite_path, path, replays=3)
+    out = tmp_path / "report"
+    assert main(["parse", str(path), "-o", str(out)]) == 0
+    rows = duckdb.sql(f"SELECT replay_of, count(*), sum(gpu_op_count) FROM read_parquet('{out}/ranges/**/*.parquet', "
+                      "hive_partitioning=true) WHERE replay_of IS NOT NULL AND level = 'head' GROUP BY 1").fetchall()
+    assert sorted(r[0] for r in rows) == sorted(captured["range_id"]) and {(r[1], r[2]) for r in rows} == {(3, 3)}

@@ -60,6 +60,7 @@ def test_nsys_records_a_plain_script_per_layer_head_and_step(nsight_path, tmp_pa
     assert (raw / "run.nsys-rep").exists() and list(raw.glob("child-*.json"))
     manifest = json.loads(next((out / "manifests").glob("*/run.json")).read_text())
     assert manifest["tool_command"][1:3] == ["profile", "--trace=cuda,nvtx"]
+    assert "--cuda-graph-trace=node" in manifest["tool_command"]  # graph replays recorded per node, with their node events
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -358,7 +358,8 @@ def project(ranges: pd.DataFrame, ops: pd.DataFrame, innermost: np.ndarray, copy
 
 
 def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, keys: list[str] = ["pid", "tid"],
-                with_paths: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+                with_paths: bool = True, graph_nodes: pd.DataFrame | None = None,
+                not_replayed: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """NVTX ranges projected onto GPU time, as nsys's ``nvtx_gpu_proj_trace``.
 
     Args:
@@ -367,16 +368,26 @@ def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, 
         gpu: GPU work (``pid`` of the launching process, ``correlation_id``, ``start_ns``, ``end_ns``).
         keys: nesting groups (nsys: all domains of a thread together).
         with_paths: also build ``path`` (see :func:`nest_ranges`).
+        graph_nodes: CUDA graph node events (:class:`~headcount.tables.Timeline`):
+            GPU work replayed from a graph belongs to a replay instance of the
+            range that made its node (:mod:`headcount.attribute.graphs`), not to
+            the range around the graph launch.
+        not_replayed: domains whose ranges get no replay instances (steps).
 
     Returns:
         ``(ranges, gpu)``: ranges with ``parent_range_id``, ``depth``, ``path``,
         ``gpu_op_count``, ``gpu_start_ns``, ``gpu_end_ns``, ``child_count``
-        (children that launched GPU work); GPU work with its launch columns and
-        the ``range_id`` of its innermost range (-1 if none).
+        (children that launched GPU work) and ``replay_of``; GPU work with its
+        launch columns and the ``range_id`` of its innermost range (-1 if none).
     """
+    from headcount.attribute import graphs  # it builds on this module
+
     nested = nest_ranges(ranges, keys=keys, with_paths=with_paths)
     work = launches(gpu, runtime).reset_index(drop=True)
     inner = launched_in(work, nested)
+    if graph_nodes is not None and len(graph_nodes):
+        replayable = ~nested["domain"].isin(list(not_replayed)).to_numpy() if "domain" in nested else None
+        nested, inner = graphs.replay_instances(nested, work, inner, graphs.capture_ranges(graph_nodes, nested), replayable)
     work["range_id"] = inner
     projected = project(nested, work, inner, copy=False)
     projected.columns = [{"op_count": "gpu_op_count", "op_start_ns": "gpu_start_ns", "op_end_ns": "gpu_end_ns"}.get(c, c)

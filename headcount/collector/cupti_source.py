@@ -21,7 +21,8 @@ What is enabled and why:
 - the resource callbacks ``GRAPHNODE_CREATED`` and ``GRAPHNODE_CLONED``
   (:class:`GraphNodeLog`): which headcount range was open on the thread that
   captured each CUDA graph node (kernels replayed from a graph carry only their
-  node's id). Recorded, not yet used for attribution (docs/cupti.md).
+  node's id): each replay's kernels are attributed through it
+  (:mod:`headcount.attribute.graphs`, docs/cupti.md).
 
 Thread ids are the system's (``gettid``) so that API records and headcount's
 ranges name threads alike. Dropped records are counted (CUPTI's own count)

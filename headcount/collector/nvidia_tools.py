@@ -120,8 +120,15 @@ def nsys_argv(nsys: str, out_base: str, command: list[str], trace: str = "cuda,n
               capture: bool = False, extra: list[str] | None = None) -> list[str]:
     """The nsys command line: CUDA and NVTX traced (``osrt`` on request), no
     CPU sampling, GPU metrics of every device when asked and supported,
-    optional cudaProfilerApi capture range, the report written to ``out_base``."""
+    optional cudaProfilerApi capture range, the report written to ``out_base``.
+
+    With CUDA traced, CUDA graphs are traced per node (``--cuda-graph-trace=node``):
+    nsys's default traces a graph launch as one whole, without its kernels,
+    and the node events tell which range captured each replayed kernel
+    (:mod:`headcount.attribute.graphs`)."""
     argv = [nsys, "profile", f"--trace={trace}", "--sample=none", "--cpuctxsw=none", "-o", out_base, "--force-overwrite", "true"]
+    if "cuda" in trace.split(","):
+        argv.append("--cuda-graph-trace=node")
     if gpu_metrics_flag:
         argv.append(f"{gpu_metrics_flag}=all")
     if capture:

@@ -16,9 +16,9 @@ attribution runs on it unchanged:
                                    innermost headcount range open on the
                                    launching thread (CUPTI external correlation;
                                    for a kernel replayed from a CUDA graph, the
-                                   range around the graph launch — the range
-                                   that captured its node is :func:`graph_ranges`'
-                                   and is not used for attribution yet)
+                                   range around the graph launch: the range
+                                   that captured its node is :func:`graph_ranges`',
+                                   which attribution uses)
 ``queued_ns``, ``submitted_ns``    kernel queued to / submitted from the command
                                    buffer (null where CUPTI gives none)
 ``block_threads``                  threads per block
@@ -27,7 +27,6 @@ attribution runs on it unchanged:
 ``shared_memory_config_bytes``     shared memory per SM the driver configured
 ``local_memory_per_thread_bytes``
 ``graph_id``, ``launch_type``
-``graph_node_id``                  the CUDA graph node a replayed kernel ran from
 =================================  ============================================
 """
 
@@ -41,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from headcount.attribute.graphs import follow_clones
 from headcount.errors import HeadcountError
 from headcount.parsers.kineto import COLUMNS
 
@@ -48,7 +48,6 @@ FORMAT = "headcount-cupti-records"
 EXTRA = [
     "external_id", "queued_ns", "submitted_ns", "block_threads", "shared_memory_static_bytes",
     "shared_memory_dynamic_bytes", "shared_memory_config_bytes", "local_memory_per_thread_bytes", "graph_id", "launch_type",
-    "graph_node_id",
 ]
 
 
@@ -80,21 +79,14 @@ def read_records(path: str | Path) -> tuple[dict, list[dict]]:
 
 
 def graph_ranges(records: list[dict]) -> dict[int, int]:
-    """CUDA graph node id → the headcount range open when the node was made
-    (:class:`~headcount.collector.cupti_source.GraphNodeLog`), for the nodes of
-    captured graphs and, through their clone records, of executable graphs.
-    Nodes made outside every range are absent."""
-    made = {r["node_id"]: r["range_id"] for r in records if r["kind"] == "graph_node" and r.get("range_id") is not None}
+    """CUDA graph node id → ``id`` of the headcount range open when the node was
+    made (:class:`~headcount.collector.cupti_source.GraphNodeLog`; -1: made
+    outside every range), for the nodes of captured graphs and, through their
+    clone records, of executable graphs. Nodes whose making was not recorded
+    (a graph captured before recording began) are absent."""
+    made = {r["node_id"]: r.get("range_id") for r in records if r["kind"] == "graph_node"}
     origin = {r["node_id"]: r["original_node_id"] for r in records if r["kind"] == "graph_node_clone"}
-    out = dict(made)
-    for node in origin:
-        seen, current = set(), node
-        while current in origin and current not in made and current not in seen:  # a clone of a clone: follow it back
-            seen.add(current)
-            current = origin[current]
-        if current in made:
-            out[node] = made[current]
-    return out
+    return follow_clones(made, origin)
 
 
 def events_frame(header: dict, records: list[dict]) -> pd.DataFrame:
@@ -153,7 +145,7 @@ def events_frame(header: dict, records: list[dict]) -> pd.DataFrame:
     frame = frame.reindex(columns=[*COLUMNS, *EXTRA])
     for col in ("start_ns", "end_ns"):
         frame[col] = frame[col].astype(np.int64)
-    for col in ("correlation_id", "device", "stream", "registers_per_thread", "shared_memory_bytes", *EXTRA):
+    for col in ("correlation_id", "device", "stream", "registers_per_thread", "shared_memory_bytes", "graph_node_id", *EXTRA):
         if col != "launch_type":
             frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
     frame["est_achieved_occupancy_pct"] = pd.array([pd.NA] * len(frame), dtype="Float64")

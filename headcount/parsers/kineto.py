@@ -24,6 +24,8 @@ Output columns (one row per complete ``"ph": "X"`` event):
 ``args``              the op's recorded inputs (``Input Dims``, ``Input type``,
                       ``Concrete Inputs``) for ``aten::scaled_dot_product_attention``
                       only (what :mod:`headcount.attribute.modules` needs), else null
+``graph_node_id``     a kernel replayed from a CUDA graph: its node (Kineto's
+                      ``graph node id``); null otherwise
 ====================  =========================================================
 
 ``kind`` ``module`` marks an ``nn.Module: <Class>_<k>`` range of a trace
@@ -56,7 +58,7 @@ _KIND_BY_CAT = {
 
 COLUMNS = [
     "kind", "name", "pid", "tid", "start_ns", "end_ns", "correlation_id", "device", "stream",
-    "grid", "block", "registers_per_thread", "shared_memory_bytes", "est_achieved_occupancy_pct", "args",
+    "grid", "block", "registers_per_thread", "shared_memory_bytes", "est_achieved_occupancy_pct", "args", "graph_node_id",
 ]
 _GPU_SIDE = {"kernel", "memcpy", "memset", "runtime"}
 MODULE_PREFIX = "nn.Module: "
@@ -77,6 +79,7 @@ class _Args(msgspec.Struct, gc=False):
     input_dims: Any = msgspec.field(default=None, name="Input Dims")
     input_type: Any = msgspec.field(default=None, name="Input type")
     concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
+    graph_node: Any = msgspec.field(default=None, name="graph node id")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -339,5 +342,6 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
         "shared_memory_bytes": column([a.shared for a in gpu_args], "Int64"),
         "est_achieved_occupancy_pct": column([a.occupancy for a in gpu_args], "Float64"),
         "args": [sdpa.get(i) for i in range(n)] if sdpa else [None] * n,
+        "graph_node_id": column([a.graph_node or None for a in gpu_args], "Int64"),  # 0: not from a graph
     }, columns=COLUMNS)
     return frame

@@ -374,7 +374,7 @@ def plan_export(path: str | Path) -> ExportPlan:
 def by_process(export: Timeline):
     """The export's processes one at a time (NVTX ranges, launches and GPU work
     never cross processes), each a :class:`~headcount.tables.Timeline` of its rows."""
-    names = ("ranges", "runtime", "gpu")
+    names = ("ranges", "runtime", "gpu", "graph_nodes")
     pids = [pd.Categorical(getattr(export, name)["pid"]) for name in names]
     every = sorted({str(c) for p in pids for c in p.categories})
     if len(every) <= 1:
@@ -456,7 +456,8 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
         end_ns, end_missing), ``runtime`` (launch calls: pid, tid,
         correlation_id, start_ns, end_ns, name), ``gpu`` (kind, name, pid,
         device, stream, correlation_id, start_ns, end_ns, grid, block,
-        registers_per_thread, shared_memory_bytes), ``gpu_metrics`` (device-wide
+        registers_per_thread, shared_memory_bytes, graph_node_id), ``graph_nodes``
+        (CUDA graph node events), ``gpu_metrics`` (device-wide
         samples: device, metric, timestamp_ns, value; empty without
         ``--gpu-metrics-devices``), ``meta`` (export metadata). Names and
         other text are pandas Categoricals.
@@ -482,6 +483,7 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
         ranges = _read_ranges(src, tables, strings, only, last)
         runtime = _read_runtime(src, tables, strings, only)
         gpu = _read_gpu(src, tables, strings, only)
+        graph_nodes = _read_graph_nodes(src, tables, only)
         if plan is None:
             meta, metrics, devices = _read_meta(src, tables), _read_gpu_metrics(src, tables), _read_devices(src, tables)
         else:
@@ -490,7 +492,8 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
         src.close()
     if ranges.empty and gpu.empty and process is None and shard is None:
         raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
-    return Timeline(ranges=ranges, runtime=runtime, gpu=gpu, gpu_metrics=metrics, meta=meta, devices=devices)
+    return Timeline(ranges=ranges, runtime=runtime, gpu=gpu, gpu_metrics=metrics, meta=meta, devices=devices,
+                    graph_nodes=graph_nodes)
 
 
 # TARGET_INFO_GPU column → our name (units: bytes, Hz, counts; memoryBandwidth is bytes/s)
@@ -708,10 +711,13 @@ def _read_gpu(src, tables, strings, only=None) -> pd.DataFrame:
                    {dims('grid')} AS grid, {dims('block')} AS block,
                    ({plus_one('registersPerThread')} * {1 << _SHARED_BITS} + {shared}) * {1 << _SHARED_BITS}
                        + {plus_one('sharedMemoryExecuted')} AS resources,
-                   {col('bytes', 'bytes')}
+                   {col('bytes', 'bytes')}, {col('graphNodeId', 'graph_node_id')}
             FROM {table} g{f" WHERE {only('g.globalPid')}" if only else ""}""", {
             "name_id": "int?", "global_pid": "int?", "device_stream": "int!", "correlation_id": "int?",
-            "start_ns": "int?", "end_ns": "int?", "grid": "int?", "block": "int?", "resources": "int!", "bytes": "int"})
+            "start_ns": "int?", "end_ns": "int?", "grid": "int?", "block": "int?", "resources": "int!", "bytes": "int",
+            "graph_node_id": "int?"})
+        node = frame.pop("graph_node_id").to_numpy(np.int64)
+        frame["graph_node_id"] = pd.arrays.IntegerArray(np.maximum(node, 0), node <= 0)  # 0 and NULL: not from a graph
         packed = frame.pop("device_stream").to_numpy(np.int64)
         resources = frame.pop("resources").to_numpy(np.int64)
         frame["device"] = _unpacked(packed >> _STREAM_BITS)
@@ -736,7 +742,37 @@ def _read_gpu(src, tables, strings, only=None) -> pd.DataFrame:
     pid, _ = _split_tid(frame["global_pid"])
     frame["pid"] = _ids_as_text(pid)
     return frame[["kind", "name", "pid", "device", "stream", "correlation_id", "start_ns", "end_ns", "grid", "block",
-                  "registers_per_thread", "shared_memory_bytes", "bytes", "shared_memory_config_bytes"]]
+                  "registers_per_thread", "shared_memory_bytes", "bytes", "shared_memory_config_bytes", "graph_node_id"]]
+
+
+GRAPH_NODE_TABLES = ("CUDA_GRAPH_NODE_EVENTS", "CUDA_GRAPH_EVENTS")  # newer exports, older exports
+
+
+def _read_graph_nodes(src, tables, only=None) -> pd.DataFrame:
+    """CUDA graph node events (``--cuda-graph-trace=node``): a node made by the
+    call at ``start_ns``–``end_ns`` on thread (``pid``, ``tid``), or, with
+    ``original_node_id``, a clone of that node in an executable graph.
+    Newer exports hold them in ``CUDA_GRAPH_NODE_EVENTS``, older ones in
+    ``CUDA_GRAPH_EVENTS`` rows that carry a ``graphNodeId``. Id 0 is no id."""
+    for table in GRAPH_NODE_TABLES:
+        have = src.columns(table) if table in tables else set()
+        if not {"graphNodeId", "globalTid", "start", "end"} <= have:
+            continue
+        original = "e.originalGraphNodeId" if "originalGraphNodeId" in have else "NULL"
+        where = " AND ".join(["e.graphNodeId IS NOT NULL", "e.graphNodeId <> 0", *([only("e.globalTid")] if only else [])])
+        frame = _query(src, f"""
+            SELECT e.graphNodeId AS node_id, {original} AS original_node_id, e.globalTid AS global_tid,
+                   e.start AS start_ns, e."end" AS end_ns
+            FROM {table} e WHERE {where}""", {
+            "node_id": "int?", "original_node_id": "int?", "global_tid": "int?", "start_ns": "int?", "end_ns": "int?"})
+        pid, tid = _split_tid(frame["global_tid"])
+        original = frame["original_node_id"].to_numpy(np.int64)
+        return pd.DataFrame({
+            "node_id": frame["node_id"].to_numpy(np.int64),
+            "original_node_id": pd.arrays.IntegerArray(np.maximum(original, 0), original <= 0),
+            "pid": _ids_as_text(pid), "tid": _ids_as_text(tid),
+            "start_ns": frame["start_ns"].to_numpy(np.int64), "end_ns": frame["end_ns"].to_numpy(np.int64)})
+    return Timeline.empty_graph_nodes()
 
 
 def _read_gpu_metrics(src, tables) -> pd.DataFrame:
