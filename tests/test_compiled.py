@@ -181,3 +181,36 @@ def test_profile_command_compiles_before_measuring(tmp_path, capsys):
     heads = pd.read_parquet(out / "heads")
     measured = heads[heads["provenance"] == "measured"]
     assert len(measured) == 2 * 4 * 8 and (measured["calls"] == 2).all()  # phases x layers x heads, both steps
+
+
+def test_profile_compiled_against_uncompiled_in_one_report(tmp_path, capsys):
+    """``--compile none,default``: one run per mode in one report, and ``compare``
+    puts each compiled implementation against its uncompiled run."""
+    import pandas as pd
+
+    from headcount.cli.main import main
+    from headcount.reports.compare import comparison
+    from headcount.reports.query import connect
+
+    out = tmp_path / "r"
+    assert main(["profile", "--compile", "none,default", "--impl", "sdpa", "--steps", "1", "--batch", "1", "--seq", "32",
+                 "--no-backward", "-o", str(out)]) == 0
+    runs = pd.read_parquet(out / "runs")
+    assert runs["run_id"].nunique() == 2 and sorted(runs["compile_mode"].fillna("none")) == ["default", "none"]
+    con = connect(out)
+    table, _ = comparison(con.sql("SELECT * FROM layers").df(), con.sql("SELECT * FROM runs").df())
+    compiled = table[table["compile_mode"] == "default"]
+    plain = table[table["compile_mode"].isna()]
+    by_hand = plain["attention_ms_per_step"].iloc[0] / compiled["attention_ms_per_step"].iloc[0]
+    assert compiled["speedup_vs_uncompiled"].iloc[0] == pytest.approx(by_hand) and plain["speedup_vs_uncompiled"].isna().all()
+    capsys.readouterr()
+    assert main(["compare", str(out)]) == 0
+    assert "vs uncompiled" in capsys.readouterr().out
+
+
+def test_profile_refuses_an_unknown_compile_mode(tmp_path, capsys):
+    from headcount.cli.main import main
+
+    assert main(["profile", "--compile", "none,fast", "-o", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "--compile none,fast: unknown mode fast" in err and "none, default" in err

@@ -42,15 +42,16 @@ def run(args) -> int:
                               pd.concat(runs, ignore_index=True) if runs else pd.DataFrame(), args.baseline)
     shown = Table(title="Attention implementations",
                   caption="per step where steps are known; bytes provenance as given; speed-up within a run, or against a "
-                          "comparable run (same model config, shapes, dtype, mode) named in 'against run'")
-    cols = [("run", "run_id", "s"), ("impl", "implementation", "s"), ("source", "source", "s"), ("ms/step", "attention_ms_per_step", ",.3f"),
+                          "comparable run (same model config, shapes, dtype, mode) named in 'against run'; vs uncompiled: a torch.compile run "
+                          "against the same implementation uncompiled in a comparable run")
+    cols = [("run", "run_id", "s"), ("impl", "implementation", "s"), ("compile", "compile_mode", "s"), ("source", "source", "s"), ("ms/step", "attention_ms_per_step", ",.3f"),
             ("calls", "calls_per_step", ",.0f"), ("kernels/call", "kernels_per_call", ",.1f"),
             ("launch µs/call", "cpu_launch_cost_us_per_call", ",.1f"), ("latency p50 µs", "launch_latency_p50_us", ",.1f"),
             ("MB/step", "dram_mb_per_step", ",.2f"), ("bytes", "dram_bytes_provenance", "s"), ("GB/s", "bandwidth_gbps", ",.1f"),
             ("FLOP/B", "flop_per_byte", ",.1f"), ("bound", "bound", "s"), ("speed-up", "speedup", ",.2f"),
-            ("against run", "baseline_run", "s")]
+            ("against run", "baseline_run", "s"), ("vs uncompiled", "speedup_vs_uncompiled", ",.2f")]
     for label, _, _ in cols:
-        shown.add_column(label, justify="left" if label in ("run", "impl", "source", "bytes", "bound", "against run") else "right")
+        shown.add_column(label, justify="left" if label in ("run", "impl", "compile", "source", "bytes", "bound", "against run") else "right")
     for row in table.to_dict("records"):
         shown.add_row(*(_fmt(row[c], spec) if spec != "s" else ("–" if row[c] is None or pd.isna(row[c]) else str(row[c]))
                         for _, c, spec in cols))

@@ -26,6 +26,7 @@ from headcount.reports.metadata import new_run_id, runs_row
 
 DEFAULT_OUT = "headcount-report"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+UNCOMPILED = "none"  # in a --compile list: the model as is, for comparison
 
 EXAMPLES = """\
 examples:
@@ -35,6 +36,7 @@ examples:
   headcount profile --impl flex_attention --no-backward
   headcount profile --device cpu                 on the CPU even where a GPU is present
   headcount profile --compile                    the model under torch.compile (Inductor), warmed up first
+  headcount profile --compile none,default       uncompiled and compiled, one run each in one report
 """
 
 
@@ -55,9 +57,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="parameter and activation dtype (default float32)")
     p.add_argument("--steps", type=int, default=3, help="profiled steps per implementation, after one warm-up step (default 3)")
     p.add_argument("--no-backward", action="store_true", help="forward only (inference)")
-    p.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES, metavar="MODE",
+    p.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE[,MODE…]",
                    help="profile the model under torch.compile (Inductor) with this mode: "
-                   f"{', '.join(COMPILE_MODES)} (default when given without a value). The warm-up step compiles "
+                   f"{', '.join(COMPILE_MODES)} (default when given without a value); a comma-separated list "
+                   f"profiles each mode as its own run in the report, '{UNCOMPILED}' the model uncompiled "
+                   f"(e.g. {UNCOMPILED},default: compiled against uncompiled). The warm-up step compiles "
                    "(under the tags, so the compiled graph holds them) and is not measured")
     p.add_argument("--device", default="auto", help=f"where the model and inputs go: {env.CHOICES} "
                    "(auto: the current GPU when torch sees one, else cpu; default auto)")
@@ -77,7 +81,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _validate(args):
     """Check every option before anything heavy: returns ``(implementations,
-    model choice, device)``.
+    model choice, device, compile modes)`` (``None`` for an uncompiled run).
 
     Raises:
         HeadcountError: a bad option (exit 2), or a device this machine lacks (exit 3).
@@ -95,6 +99,11 @@ def _validate(args):
         raise HeadcountError("--impl is empty", hint="e.g. --impl eager,sdpa")
     if len(set(impls)) != len(impls):
         raise HeadcountError("--impl names an implementation twice", hint="list each once")
+    modes = [m.strip() for m in (args.compile or UNCOMPILED).split(",") if m.strip()]
+    unknown = [m for m in modes if m not in (UNCOMPILED, *COMPILE_MODES)]
+    if unknown or not modes or len(set(modes)) != len(modes):
+        raise HeadcountError(f"--compile {args.compile}: " + (f"unknown mode {unknown[0]}" if unknown else "each mode once, at least one"),
+                             hint=f"choose from {', '.join((UNCOMPILED, *COMPILE_MODES))}, e.g. --compile {UNCOMPILED},default")
     if args.backend == "cupti":  # the environment first (exit 3): no driver, no cupti-python
         try:
             cupti_source.require()
@@ -106,7 +115,7 @@ def _validate(args):
     choice = choose_model(args.model)
     check_options(choice, impls, args.seq, device)
     dataset.check_output(args.out, append=args.append, force=args.force)
-    return impls, choice, device
+    return impls, choice, device, [None if m == UNCOMPILED else m for m in modes]
 
 
 def _step(model, inputs, backward: bool) -> None:
@@ -140,10 +149,10 @@ def _warm_up(model, inputs, backward: bool, impl: str, tags=None) -> None:
 
 
 def run(args) -> int:
-    from headcount.api import AttentionProfiler, resolve_backend  # torch: imported only when a model is profiled
+    from headcount.api import resolve_backend  # torch: imported only when a model is profiled
 
     console = Console(stderr=True)
-    impls, choice, device = _validate(args)
+    impls, choice, device, modes = _validate(args)
     if device.type == "cpu" and args.backend == "auto":  # CUPTI would see no work of a model on the CPU
         backend, why = "torch", "backend auto: torch (--device cpu)"
     else:
@@ -161,32 +170,55 @@ def run(args) -> int:
     inputs = make_inputs(model, args.batch, args.seq)
     console.print(f"model: {description}; on {env.describe(device)['name']} ({device}); batch {args.batch} × seq {args.seq}, {args.dtype}, "
                   f"{'forward+backward' if backward else 'forward only'}, {args.mode} mode")
+    for n, mode in enumerate(modes):  # one run each: the report holds them side by side
+        out = _profile_run(args, console, model, description, inputs, impls, backend, backward, mode, several=len(modes) > 1,
+                           append=args.append or n > 0, force=args.force and n == 0)
+    if len(modes) > 1:
+        console.print(f"compare them: headcount compare {out}", highlight=False)
+    return 0
+
+
+def _profile_run(args, console, model, description, inputs, impls, backend, backward, compile_mode, several: bool,
+                 append: bool, force: bool):
+    """Profile every implementation once (``compile_mode``: under ``torch.compile``
+    with that mode, else as is) as one run of the report; prints its summary.
+    ``several``: one of several runs of this command (their trace folders are
+    named by compile mode too).
+
+    Returns:
+        The report directory.
+    """
+    from headcount.api import AttentionProfiler  # torch: imported only when a model is profiled
+
     run_id = new_run_id()
     runner = model
-    if args.compile:
+    if compile_mode:
         import torch
 
         from headcount.tagging.tagger import AttentionTagger
 
-        runner = torch.compile(model, mode=args.compile)
-        console.print(f"torch.compile(mode={args.compile!r}): each implementation's warm-up step compiles, unmeasured")
+        runner = torch.compile(model, mode=compile_mode)
+        console.print(f"torch.compile(mode={compile_mode!r}): each implementation's warm-up step compiles, unmeasured")
+    elif args.compile:
+        console.print("uncompiled (for comparison)")
     collected: dict[str, list[pd.DataFrame]] = {}
     metadata, timing = None, {}
+    label = f" [{compile_mode or 'uncompiled'}]" if args.compile else ""
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         for impl in impls:
-            task = progress.add_task(f"{impl}: warm-up", total=args.steps)
+            task = progress.add_task(f"{impl}{label}: warm-up", total=args.steps)
             set_implementation(model, impl)
-            _warm_up(runner, inputs, backward, impl, AttentionTagger([model], mode=args.mode) if args.compile else None)
+            _warm_up(runner, inputs, backward, impl, AttentionTagger([model], mode=args.mode) if compile_mode else None)
             extra = {"model": description, "model_config": config_dict(model), "batch": args.batch, "seq": args.seq,
-                     "dtype": args.dtype, "steps": args.steps, "backward": backward, "compile_mode": args.compile}
+                     "dtype": args.dtype, "steps": args.steps, "backward": backward, "compile_mode": compile_mode}
             trace_dir = None
             if args.trace_dir:
-                trace_dir = Path(args.trace_dir) / impl
+                trace_dir = Path(args.trace_dir) / (f"{impl}-{compile_mode or UNCOMPILED}" if several else impl)
                 trace_dir.mkdir(parents=True, exist_ok=True)
             prof = AttentionProfiler(model, mode=args.mode, backend=backend, run_id=run_id, metadata=extra, trace_dir=trace_dir,
                                      strict=True, pm_sampling=not args.no_pm_sampling, pm_interval_ns=int(args.pm_interval_us * 1000))
-            progress.update(task, description=f"{impl}: profiling")
+            progress.update(task, description=f"{impl}{label}: profiling")
             steps_s = 0.0
             with prof:
                 for i in range(args.steps):
@@ -197,13 +229,13 @@ def run(args) -> int:
                     progress.advance(task)
                 after_steps = time.perf_counter()
             stopped = time.perf_counter()  # the recorder's own stop (torch.profiler: stop and write its trace)
-            progress.update(task, description=f"{impl}: attributing")
+            progress.update(task, description=f"{impl}{label}: attributing")
             stats = prof.get_stats()
             # what the user waits for beyond the steps: stopping the recorder, reading and attributing its trace
             post_s = time.perf_counter() - after_steps
             timing[impl] = {"profiled_steps_s": round(steps_s, 4), "postprocess_s": round(post_s, 4),
                             "recorder_stop_s": round(stopped - after_steps, 4), "read_attribute_s": round(post_s - (stopped - after_steps), 4)}
-            console.print(f"{impl}: {args.steps} profiled steps {steps_s:.2f} s; stop {stopped - after_steps:.2f} s, "
+            console.print(f"{impl}{label}: {args.steps} profiled steps {steps_s:.2f} s; stop {stopped - after_steps:.2f} s, "
                           f"read and attribute {post_s - (stopped - after_steps):.2f} s ({100 * post_s / steps_s:.0f} % of the steps)",
                           highlight=False, soft_wrap=True)
             for name in ("kernels", "ranges", "layers", "heads"):
@@ -211,10 +243,11 @@ def run(args) -> int:
             meta = prof.run_metadata()
             collected.setdefault("runs", []).append(runs_row(meta))
             metadata = metadata or meta
-            progress.update(task, description=f"{impl}: done")
+            progress.update(task, description=f"{impl}{label}: done")
     tables = {name: pd.concat(frames, ignore_index=True) for name, frames in collected.items()}
     metadata = {**metadata, "implementations": impls, "timing": timing}
     metadata.pop("implementation", None)
-    out = dataset.write_run(args.out, run_id, tables, metadata, append=args.append, force=args.force)
+    out = dataset.write_run(args.out, run_id, tables, metadata, append=append, force=force)
     console_report.print_summary(tables["layers"], tables["heads"], out, console=Console(), kernels=tables["kernels"])
-    return 0
+    return out
+

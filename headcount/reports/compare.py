@@ -2,7 +2,9 @@
 attention implementation, what attention costs — from any mix of sources.
 
 Tables in, a table and notes out. Times are per step where steps are known
-(``steps``), else per profile. ``speedup`` is the baseline implementation's
+(``steps``), else per profile. ``speedup_vs_uncompiled`` (a run under
+``torch.compile``): the same implementation's attention time in a comparable
+uncompiled run over the row's. ``speedup`` is the baseline implementation's
 attention time over the row's:
 
 - within the row's own run when that run profiled the baseline;
@@ -19,9 +21,10 @@ import numpy as np
 import pandas as pd
 
 COLUMNS = [
-    "run_id", "implementation", "source", "device", "dtype", "batch", "seq", "duration_basis",
+    "run_id", "implementation", "compile_mode", "source", "device", "dtype", "batch", "seq", "duration_basis",
     "attention_ms_per_step", "calls_per_step", "kernels_per_call", "cpu_launch_cost_us_per_call", "launch_latency_p50_us",
-    "dram_mb_per_step", "dram_bytes_provenance", "bandwidth_gbps", "flop_per_byte", "bound", "speedup", "baseline_run", "model",
+    "dram_mb_per_step", "dram_bytes_provenance", "bandwidth_gbps", "flop_per_byte", "bound", "speedup", "baseline_run",
+    "speedup_vs_uncompiled", "model",
 ]
 # what two runs must share (all known) before a speed-up may compare them
 COMPARABLE = ("model_config", "batch", "seq", "dtype", "mode")
@@ -39,6 +42,18 @@ def comparable(a: dict, b: dict) -> bool:
         if x is None or y is None or pd.isna(x) or pd.isna(y) or str(x) != str(y):
             return False
     return True
+
+
+def _vs_uncompiled(row: dict, table: pd.DataFrame) -> float:
+    """A compiled row's speed-up over the same implementation uncompiled, in a
+    comparable run (attention time per step, theirs over its); NaN otherwise."""
+    if row.get("compile_mode") is None or pd.isna(row.get("compile_mode")):
+        return np.nan
+    plain = table[(table["implementation"] == row["implementation"]) & table["compile_mode"].isna()]
+    plain = plain[[comparable(row, other) for other in plain.to_dict("records")]]
+    if not len(plain) or not row["attention_ms_per_step"]:
+        return np.nan
+    return float(plain["attention_ms_per_step"].iloc[0] / row["attention_ms_per_step"])
 
 
 def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = None) -> tuple[pd.DataFrame, list[str]]:
@@ -63,7 +78,8 @@ def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = 
             if key is not None:
                 r = info.loc[key]
                 meta = {"source": r.get("source"), "device": r.get("device_name"), "dtype": r.get("dtype"), "batch": r.get("batch"),
-                        "seq": r.get("seq"), "model": r.get("model"), "model_config": r.get("model_config"), "mode": r.get("mode")}
+                        "seq": r.get("seq"), "model": r.get("model"), "model_config": r.get("model_config"), "mode": r.get("mode"),
+                        "compile_mode": r.get("compile_mode")}
         bound = g["roofline_class"].dropna().mode() if "roofline_class" in g else pd.Series(dtype=object)
         rows.append({
             "run_id": run_id, "implementation": impl, **meta, "duration_basis": g["duration_basis"].iloc[0],
@@ -104,6 +120,10 @@ def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = 
         values = sorted({str(v) for v in table[key] if not pd.isna(v)})
         if len(values) > 1:
             notes.append(f"not comparable as they stand: the runs differ in {label} ({', '.join(values)})")
+    table["speedup_vs_uncompiled"] = [_vs_uncompiled(row, table) for row in table.to_dict("records")]
+    if table["compile_mode"].notna().any() and table["speedup_vs_uncompiled"].isna().all():
+        notes.append("compiled runs have no comparable uncompiled run (same implementation, model config, batch, sequence "
+                     "length, dtype and mode): profile both, e.g. headcount profile --compile none,default")
     if table["mode"].nunique() > 1:
         notes.append("runs differ in mode (layer, head): head mode measures a different workload (one head at a time)")
     if table["duration_basis"].nunique() > 1:

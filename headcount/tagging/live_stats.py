@@ -35,6 +35,8 @@ class AttentionStatsCollector:
         self._seen: dict[str, int] = {}
 
     def observe(self, info, module, query, key, attention_mask, kwargs) -> None:
+        if query.is_cuda and torch.cuda.is_current_stream_capturing():
+            return  # copying the statistics to the CPU would end a CUDA graph capture with an error
         count = self._seen.get(info.name, 0)
         self._seen[info.name] = count + 1
         if count % self.every:
