@@ -231,7 +231,11 @@ def _gpu_rows(work: pd.DataFrame, inner: np.ndarray) -> pd.DataFrame:
     device = pd.Categorical(g["device"])  # a few GPUs for a million operations: named once each
     g["device"] = device.rename_categories([f"cuda:{int(d)}" for d in device.categories])
     g["range_id"] = inner
-    g["pid"] = g["launch_pid"].fillna(g["pid"])
+    launch, own = g["launch_pid"], g["pid"]
+    if all(isinstance(c.dtype, pd.CategoricalDtype) for c in (launch, own)) and not launch.cat.categories.equals(own.cat.categories):
+        both = launch.cat.categories.union(own.cat.categories)  # e.g. no launch call at all: no launching process known
+        launch, own = launch.cat.set_categories(both), own.cat.set_categories(both)
+    g["pid"] = launch.fillna(own)
     g["tid"] = g["launch_tid"]
     return g.drop(columns=["launch_pid", "launch_tid"])
 
@@ -664,14 +668,21 @@ def _nsys_file(path: Path, export: AbstractContextManager) -> Parsed:
         stack.close()
         raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     parsed = Parsed({}, nsys_sqlite.describe_device(plan.devices, plan.gpu_devices), plan.meta.get("EXPORT_PRODUCT_VERSION"))
-    parsed.stream = _nsys_stream(path, sqlite, plan, parsed.lines, stack)
+    parsed.stream = _nsys_stream(path, sqlite, plan, parsed.lines, stack, parsed.notices)
     return parsed
 
 
-def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitStack):
+def _noticed(parts, notices: list[str]):
+    """``parts`` (timelines), their reading notices added to ``notices`` as each is taken."""
+    for part in parts:
+        notices.extend(part.notices)
+        yield part
+
+
+def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitStack, notices: list[str]):
     counts: dict = {}
     with stack:
-        parts = _nsys_parts(sqlite, plan)
+        parts = _noticed(_nsys_parts(sqlite, plan), notices)
         for name, frame in nsys_pieces(parts, devices=plan.devices, gpu_metrics=plan.gpu_metrics, release=True):
             tally(counts, name, frame)
             yield name, frame

@@ -131,6 +131,7 @@ class Timeline:
     meta: dict = field(default_factory=dict)
     devices: pd.DataFrame = field(default_factory=pd.DataFrame)
     graph_nodes: pd.DataFrame = field(default_factory=lambda: Timeline.empty_graph_nodes())
+    notices: list[str] = field(default_factory=list)
 
     @staticmethod
     def empty_graph_nodes() -> pd.DataFrame:

@@ -88,7 +88,7 @@ def test_force_replaces(tmp_path, two_profiles):
     two_profiles[1].save(out, force=True)
     assert set(pd.read_parquet(out / "layers")["run_id"].astype(str)) == {two_profiles[1].run_id}
     assert json.loads((out / "headcount.json").read_text())["runs"] == [two_profiles[1].run_id]
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".headcount.lock"]  # kept: the lock of every writer
 
 
 def test_crash_mid_write_leaves_the_previous_report(tmp_path, two_profiles, monkeypatch):
@@ -138,3 +138,87 @@ def test_no_zeros_for_unmeasured_columns(tmp_path, two_profiles):
         assert kernels[col].isna().all(), col
     layers = pd.read_parquet(out / "layers")
     assert layers["dram_bytes_measured"].isna().all() and layers["roofline_class"].isna().all()
+
+
+class _Killed(BaseException):
+    """Stands for the writing process being killed at that instant: no
+    ``except`` of headcount's catches it (``finally`` blocks still run, where
+    a kill would close the files and release the locks as well)."""
+
+
+def _commit_killed_at(monkeypatch, k: int) -> int:
+    """Arm a kill at the ``k``-th rename, replace, unlink or rmtree that a
+    commit makes (0: never); returns how many such operations it made."""
+    import os
+    import shutil
+
+    seen = {"n": 0, "armed": False}
+    real_commit = dataset.commit
+
+    def counted(fn):
+        def wrapper(*a, **kw):
+            if seen["armed"]:
+                seen["n"] += 1
+                if seen["n"] == k:
+                    raise _Killed()
+            return fn(*a, **kw)
+        return wrapper
+
+    def armed_commit(*a, **kw):
+        seen["armed"] = True
+        try:
+            return real_commit(*a, **kw)
+        finally:
+            seen["armed"] = False
+
+    for name in ("rename", "replace", "unlink"):
+        monkeypatch.setattr(os, name, counted(getattr(os, name)))
+    monkeypatch.setattr(shutil, "rmtree", counted(shutil.rmtree))
+    monkeypatch.setattr(dataset, "commit", armed_commit)
+    return seen
+
+
+def _state(out) -> tuple[list[str], dict[str, set]]:
+    """The runs the marker lists, and the runs each table (and manifests) holds on disk."""
+    marker = json.loads((out / "headcount.json").read_text())["runs"]
+    held = {t: {p.name[len("run_id="):] for p in (out / t).glob("run_id=*")} for t in ("kernels", "ranges", "layers", "heads", "runs",
+                                                                                         "manifests")}
+    return marker, held
+
+
+@pytest.mark.parametrize("how", ["append", "force"])
+def test_a_commit_killed_at_any_step_is_completed_or_undone_by_the_next_command(tmp_path, two_profiles, monkeypatch, how):
+    """Killed at every rename/replace/unlink/rmtree of ``--append`` and ``--force``:
+    after the next headcount command (``query``) the directory is exactly the
+    old or the new complete report, read alike by headcount, pandas, pyarrow
+    and DuckDB, with nothing of the commit left behind."""
+    from headcount.cli.main import main
+
+    first, second = two_profiles
+    probe = tmp_path / "probe"
+    first.save(probe)
+    seen = _commit_killed_at(monkeypatch, 0)
+    second.save(probe, **{how: True})
+    steps = seen["n"]
+    monkeypatch.undo()
+    assert steps >= 8  # the journal, each table's rename, the marker, the clean-up
+    old, new = [first.run_id], ([first.run_id, second.run_id] if how == "append" else [second.run_id])
+    outcomes = set()
+    for k in range(1, steps + 1):
+        out = tmp_path / f"{how}-{k}"
+        first.save(out)
+        _commit_killed_at(monkeypatch, k)
+        with pytest.raises(_Killed):
+            second.save(out, **{how: True})
+        monkeypatch.undo()
+        assert main(["query", str(out), "SELECT run_id FROM runs"]) == 0  # the next command
+        marker, held = _state(out)
+        assert marker in (old, new), (k, marker)
+        assert all(runs == set(marker) for runs in held.values()), (k, held)
+        assert set(pd.read_parquet(out / "layers")["run_id"].astype(str)) == set(marker)
+        assert set(ds.dataset(out / "heads", partitioning="hive").to_table().column("run_id").to_pylist()) == set(marker)
+        assert {r[0] for r in duckdb.sql(f"SELECT DISTINCT run_id FROM read_parquet('{out}/runs/**/*.parquet', "
+                                         "hive_partitioning=true)").fetchall()} == set(marker)
+        assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".headcount.lock"], k
+        outcomes.add(tuple(marker))
+    assert outcomes == {tuple(old), tuple(new)}  # killed before the journal: the old report; after it: the new one

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-
 from headcount import calibrate, env
+from headcount.reports import terminal
 from headcount.reports.dataset import check_output
 
 
@@ -25,7 +24,7 @@ def run(args) -> int:
     if args.out:
         check_output(args.out, append=True)
     result = calibrate.copy_ceiling(device, args.mib << 20)
-    console = Console()
+    console = terminal.console()
     console.print(f"{result['device_name']}: copy ceiling {result['copy_ceiling_gbps']:,.1f} GB/s ({result['rule']})")
     if args.out:
         console.print(f"stored in {calibrate.save(result, args.out)}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 import pandas as pd
-from rich.console import Console
 from rich.table import Table
 
+from headcount.reports import terminal
 from headcount.reports.compare import comparison
 from headcount.reports.query import connect
 
@@ -55,7 +55,7 @@ def run(args) -> int:
     for row in table.to_dict("records"):
         shown.add_row(*(_fmt(row[c], spec) if spec != "s" else ("–" if row[c] is None or pd.isna(row[c]) else str(row[c]))
                         for _, c, spec in cols))
-    console = Console(width=max(Console().width, 200))  # a wide table: do not squeeze it into 80 columns when piped
+    console = terminal.console(width=max(terminal.console().width, 200))  # a wide table: do not squeeze it into 80 columns when piped
     console.print(shown)
     for note in notes:
         console.print(f"note: {note}")

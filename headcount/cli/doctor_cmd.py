@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from headcount import doctor, sources
+from headcount.reports import terminal
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "info": "cyan"}
 
@@ -37,8 +38,8 @@ def run(args) -> int:
         for col in ("check", "status", "detail", "what to do"):
             table.add_column(col, overflow="fold")
         for c in checks:
-            table.add_row(c.name, f"[{_STYLE[c.status]}]{c.status}[/]", c.detail, c.hint or "")
-        console = Console()
+            table.add_row(c.name, Text(c.status, style=_STYLE[c.status]), c.detail, c.hint or "")
+        console = terminal.console()
         console.print(table)
         console.print("backends: " + ", ".join(f"{b} {'usable' if ok else 'NOT usable'}" for b, ok in verdict.items()))
     if args.backend and not verdict[args.backend]:

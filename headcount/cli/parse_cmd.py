@@ -13,11 +13,9 @@ import argparse
 from contextlib import nullcontext
 from pathlib import Path
 
-from rich.console import Console
-
 from headcount import batch, sources
 from headcount.errors import HeadcountError, notice
-from headcount.reports import dataset
+from headcount.reports import dataset, terminal
 from headcount.reports.metadata import new_run_id
 
 EXAMPLES = """\
@@ -59,7 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    console = Console(stderr=True)
+    console = terminal.console(stderr=True)
     if args.jobs is not None and args.jobs < 1:
         raise HeadcountError(f"--jobs {args.jobs}: must be 1 or more", hint="e.g. --jobs 4")
     out = dataset.check_output(args.out, append=args.append, force=args.force)
@@ -88,28 +86,31 @@ def run(args) -> int:
     how = f"{what} on Ray" if plan is None else f"{what}, {plan.workers} worker processes" if plan.workers > 1 else what
     # a spinner is a thread: none while worker processes may be forked (a fork would inherit its locks)
     parallel = plan is None or plan.workers > 1
-    try:
-        with nullcontext() if parallel else console.status(f"reading {how}…"):
-            if parallel:
-                console.print(f"reading {how}…", highlight=False)
-            results = batch.run_files(files, str(out), {"locale": args.locale}, jobs=jobs, executor=args.executor, done=done, plan=plan)
-    except BaseException:
-        _discard(out, files, created)
-        raise
-    failed = [r for r in results if r.error]
-    good = [r.run_id for r in results if not r.error]
-    if failed and not args.keep_going:
-        _discard(out, files, created)
-        first = failed[0]
-        others = f"; {len(failed) - 1} more file(s) failed" if len(failed) > 1 else ""
-        raise HeadcountError(f"{first.error}{others}; nothing was written", hint=first.hint, exit_code=first.exit_code or 2)
-    if good:
-        dataset.commit(out, good, append=args.append, force=args.force)
-        Console().print(f"Report: {args.out}/ ({len(good)} run{'s' if len(good) > 1 else ''})")
+    with dataset.Claim(out, [run_id for _, run_id in files]):  # the workers' staging is this process's until committed
+        try:
+            with nullcontext() if parallel else console.status(f"reading {how}…"):
+                if parallel:
+                    console.print(f"reading {how}…", highlight=False)
+                results = batch.run_files(files, str(out), {"locale": args.locale}, jobs=jobs, executor=args.executor, done=done,
+                                          plan=plan)
+        except BaseException:
+            _discard(out, files, created)
+            raise
+        failed = [r for r in results if r.error]
+        good = [r.run_id for r in results if not r.error]
+        if failed and not args.keep_going:
+            _discard(out, files, created)
+            first = failed[0]
+            others = f"; {len(failed) - 1} more file(s) failed" if len(failed) > 1 else ""
+            raise HeadcountError(f"{first.error}{others}; nothing was written", hint=first.hint, exit_code=first.exit_code or 2)
+        dataset.discard(out, [r.run_id for r in failed])
+        if good:
+            dataset.commit(out, good, append=args.append, force=args.force)
+            terminal.console().print(f"Report: {args.out}/ ({len(good)} run{'s' if len(good) > 1 else ''})")
     for r in failed:
-        Console(stderr=True).print(f"headcount: error: {r.error}" + (f" ({r.hint})" if r.hint else ""), soft_wrap=True, highlight=False)
+        terminal.console(stderr=True).print(f"headcount: error: {r.error}" + (f" ({r.hint})" if r.hint else ""), soft_wrap=True, highlight=False)
     if failed:
-        Console(stderr=True).print(f"headcount: {len(failed)} of {len(files)} files failed; "
+        terminal.console(stderr=True).print(f"headcount: {len(failed)} of {len(files)} files failed; "
                                    f"{'the others were written' if good else 'nothing was written'}", highlight=False)
         return 1
     return 0
@@ -119,6 +120,7 @@ def _discard(out: Path, files, created: bool) -> None:
     """Remove the staged runs (and ``out`` itself when this command created it)."""
     dataset.discard(out, [run_id for _, run_id in files])
     if created:
+        (out / dataset.LOCK).unlink(missing_ok=True)
         try:
             out.rmdir()
         except OSError:

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from headcount import env, sources
@@ -21,7 +20,7 @@ from headcount.collector import cupti_source
 from headcount.errors import HeadcountError
 from headcount.models import DTYPES, IMPLEMENTATIONS, check_options, choose_model, config_dict, load_model, make_inputs, set_implementation
 from headcount.reports import console as console_report
-from headcount.reports import dataset
+from headcount.reports import dataset, terminal
 from headcount.reports.metadata import new_run_id, runs_row
 
 DEFAULT_OUT = "headcount-report"
@@ -151,7 +150,7 @@ def _warm_up(model, inputs, backward: bool, impl: str, tags=None) -> None:
 def run(args) -> int:
     from headcount.api import resolve_backend  # torch: imported only when a model is profiled
 
-    console = Console(stderr=True)
+    console = terminal.console(stderr=True)
     impls, choice, device, modes = _validate(args)
     if device.type == "cpu" and args.backend == "auto":  # CUPTI would see no work of a model on the CPU
         backend, why = "torch", "backend auto: torch (--device cpu)"
@@ -248,6 +247,6 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
     metadata = {**metadata, "implementations": impls, "timing": timing}
     metadata.pop("implementation", None)
     out = dataset.write_run(args.out, run_id, tables, metadata, append=append, force=force)
-    console_report.print_summary(tables["layers"], tables["heads"], out, console=Console(), kernels=tables["kernels"])
+    console_report.print_summary(tables["layers"], tables["heads"], out, console=terminal.console(), kernels=tables["kernels"])
     return out
 

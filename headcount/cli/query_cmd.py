@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from rich.console import Console
 from rich.table import Table
 
+from headcount.reports import terminal
 from headcount.reports.query import run_query
 
 EXAMPLES = """\
@@ -41,11 +41,11 @@ def run(args) -> int:
     table = run_query(args.report, args.sql)
     if args.csv:
         pacsv.write_csv(table, args.csv)
-        Console(stderr=True).print(f"{table.num_rows} rows → {Path(args.csv)}")
+        terminal.console(stderr=True).print(f"{table.num_rows} rows → {Path(args.csv)}")
         return 0
     if args.parquet:
         pq.write_table(table, args.parquet)
-        Console(stderr=True).print(f"{table.num_rows} rows → {Path(args.parquet)}")
+        terminal.console(stderr=True).print(f"{table.num_rows} rows → {Path(args.parquet)}")
         return 0
     shown = Table(show_header=True, header_style="bold", caption=f"{table.num_rows} rows" + (
         f", first {args.max_rows} shown" if table.num_rows > args.max_rows else ""))
@@ -53,5 +53,5 @@ def run(args) -> int:
         shown.add_column(name, overflow="fold")
     for row in table.slice(0, args.max_rows).to_pylist():
         shown.add_row(*("" if v is None else f"{v:,.4g}" if isinstance(v, float) else str(v) for v in row.values()))
-    Console().print(shown)
+    terminal.console().print(shown)
     return 0

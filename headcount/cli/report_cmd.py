@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rich.console import Console
-
 from headcount import calibrate
 from headcount.errors import HeadcountError
 from headcount.reports import console as console_report
+from headcount.reports import terminal
 from headcount.reports.html import load_tables, render
 
 
@@ -39,7 +38,7 @@ def run(args) -> int:
         os.replace(tmp, target)
     except OSError as exc:
         raise HeadcountError(f"{target}: cannot write the page ({exc.strerror or exc})", hint="choose a writable path with -o") from exc
-    console_report.print_summary(tables["layers"], tables["heads"], None, console=Console(), runs=tables["runs"],
+    console_report.print_summary(tables["layers"], tables["heads"], None, console=terminal.console(), runs=tables["runs"],
                                  ranges=tables["ranges_summary"])
-    Console().print(f"HTML: {target}")
+    terminal.console().print(f"HTML: {target}")
     return 0

@@ -13,12 +13,10 @@ import argparse
 import shutil
 from pathlib import Path
 
-from rich.console import Console
-
 from headcount import sources
 from headcount.errors import HeadcountError
 from headcount.reports import console as console_report
-from headcount.reports import dataset
+from headcount.reports import dataset, terminal
 from headcount.reports.metadata import new_run_id, run_metadata, runs_row
 from headcount.wrap import assemble, launcher, tools
 from headcount.wrap import child as child_mod
@@ -100,7 +98,7 @@ def _validate(args) -> list[str]:
 
 
 def run(args) -> int:
-    console = Console(stderr=True)
+    console = terminal.console(stderr=True)
     command = _validate(args)
     out = Path(args.out)
     run_id = new_run_id()
@@ -136,28 +134,29 @@ def run(args) -> int:
         raise err
     staged = []  # every rank's run staged, then all committed together: never a report with some ranks only
     try:
-        for r in runs:
-            if assemble.empty(r.tables):
-                console.print(f"{r.run_id}: nothing recorded ({'; '.join(r.info.get('notices', []))})")
-                continue
-            # the program's device and versions, as its own process saw them (never this launcher's)
-            meta = run_metadata(r.run_id, args.backend, tool_info.get("tool_version"), args.mode,
-                                {**r.info, **tool_info, "program_exit_status": status, "steps": r.info.get("steps_seen"),
-                                 "complete": bool(r.info.get("complete", True)) and status == 0},
-                                device=r.info.get("device") or {"kind": None, "name": None},
-                                program=r.info.get("program") or {})
-            with dataset.StagedRun(out, r.run_id, meta) as run:
-                staged.append(r.run_id)
-                for name in ("kernels", "ranges", "layers", "heads"):
-                    run.write(name, r.tables[name])
-                run.write("runs", runs_row(meta))
-        dataset.commit(out, staged, append=args.append, force=args.force)
+        with dataset.Claim(out, [r.run_id for r in runs]):
+            for r in runs:
+                if assemble.empty(r.tables):
+                    console.print(f"{r.run_id}: nothing recorded ({'; '.join(r.info.get('notices', []))})")
+                    continue
+                # the program's device and versions, as its own process saw them (never this launcher's)
+                meta = run_metadata(r.run_id, args.backend, tool_info.get("tool_version"), args.mode,
+                                    {**r.info, **tool_info, "program_exit_status": status, "steps": r.info.get("steps_seen"),
+                                     "complete": bool(r.info.get("complete", True)) and status == 0},
+                                    device=r.info.get("device") or {"kind": None, "name": None},
+                                    program=r.info.get("program") or {})
+                with dataset.StagedRun(out, r.run_id, meta) as run:
+                    staged.append(r.run_id)
+                    for name in ("kernels", "ranges", "layers", "heads"):
+                        run.write(name, r.tables[name])
+                    run.write("runs", runs_row(meta))
+            dataset.commit(out, staged, append=args.append, force=args.force)
     except BaseException:
         dataset.discard(out, staged)
         raise
     written = len(staged)
     first = next(r for r in runs if not assemble.empty(r.tables))
-    console_report.print_summary(first.tables["layers"], first.tables["heads"], None, console=Console(),
+    console_report.print_summary(first.tables["layers"], first.tables["heads"], None, console=terminal.console(),
                                  kernels=first.tables["kernels"])
-    Console().print(f"Report: {out}/ ({written} run{'s' if written > 1 else ''}: {', '.join(r.run_id for r in runs)}); raw files: {raw}/")
+    terminal.console().print(f"Report: {out}/ ({written} run{'s' if written > 1 else ''}: {', '.join(r.run_id for r in runs)}); raw files: {raw}/")
     return status

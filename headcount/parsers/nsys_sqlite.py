@@ -62,12 +62,21 @@ class _SqliteSource:
         if magic != _SQLITE_MAGIC:
             raise HeadcountError(f"{path}: not an SQLite file", hint="export the report with `nsys export --type sqlite`")
         self.con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        self.bad_text = 0  # strings that were not UTF-8 (read with U+FFFD in their place)
+        self.con.text_factory = self._decode
         try:
             self.con.execute("PRAGMA schema_version").fetchone()
             self.con.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.DatabaseError as exc:
             self.con.close()
             raise HeadcountError(f"{path}: damaged or truncated SQLite export ({exc})", hint="export the report again") from exc
+
+    def _decode(self, raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.bad_text += 1
+            return raw.decode("utf-8", errors="replace")
 
     def int_expr(self, col: str) -> str:
         return f"IFNULL({col}, {NULL_INT})"  # a CAST would cost a third of the read
@@ -76,13 +85,16 @@ class _SqliteSource:
         return f"MIN({expr}, {bound})"
 
     def tables(self) -> set[str]:
-        return {r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+        return {r[0] for r in self.rows("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
 
     def columns(self, table: str) -> set[str]:
-        return {r[1] for r in self.con.execute(f"PRAGMA table_info({table})")}
+        return {r[1] for r in self.rows(f"PRAGMA table_info({table})")}
 
     def rows(self, sql: str) -> list[tuple]:
-        return self.con.execute(sql).fetchall()
+        try:
+            return self.con.execute(sql).fetchall()
+        except sqlite3.Error as exc:
+            raise _damaged(self.path, exc) from exc
 
     def batches(self, sql: str):
         """The result as Arrow record batches, read as they are consumed."""
@@ -137,10 +149,15 @@ class _ParquetDirSource:
         return set(self._tables)
 
     def columns(self, table: str) -> set[str]:
-        return {r[0] for r in self.con.execute(f"SELECT column_name FROM (DESCRIBE {table})").fetchall()}
+        return {r[0] for r in self.rows(f"SELECT column_name FROM (DESCRIBE {table})")}
 
     def rows(self, sql: str) -> list[tuple]:
-        return self.con.execute(sql).fetchall()
+        import duckdb
+
+        try:
+            return self.con.execute(sql).fetchall()
+        except duckdb.Error as exc:
+            raise _damaged(self.path, exc) from exc
 
     def batches(self, sql: str):
         yield from self.con.cursor().sql(sql).to_arrow_reader(BATCH_ROWS)
@@ -150,6 +167,17 @@ class _ParquetDirSource:
 
 
 NULL_INT = -1  # no timestamp, id, count or size in an nsys export is negative
+
+
+def _is_int(value) -> bool:
+    """A value an integer column may hold (SQLite lets any column hold text or blobs)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _damaged(path: Path, exc: BaseException) -> HeadcountError:
+    """The one error for a file the database engine cannot read as asked."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return HeadcountError(f"{path}: damaged or truncated export ({first})", hint="export the report again")
 
 
 def _query(src, sql: str | list[str], types: dict[str, str]) -> pd.DataFrame:
@@ -184,8 +212,10 @@ def _columns(src, sql: str | list[str], types: dict[str, str]) -> dict:
         else:
             parts = [_compact(src.batches(selects[0]), types)]
     except Exception as exc:  # noqa: BLE001 - sqlite3, ADBC and DuckDB raise different types for a damaged file
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise HeadcountError(f"{src.path}: damaged or truncated export ({first})", hint="export the report again") from exc
+        if "utf-8" not in str(exc).lower() and "utf8" not in str(exc).lower():
+            raise _damaged(src.path, exc) from exc
+        parts = _text_as_bytes(src, sql, types)  # text that is not UTF-8: read as bytes, decoded with U+FFFD
+    src.odd_values = getattr(src, "odd_values", 0) + sum(part.pop("__odd__") for part in parts)
     columns = {}
     for col, kind in types.items():
         if kind == "text":
@@ -217,19 +247,62 @@ def _columns(src, sql: str | list[str], types: dict[str, str]) -> dict:
 BATCH_ROWS = 262_144  # rows per Arrow batch from the database: what is held in Arrow form at a time
 
 
+def _text_as_bytes(src, sql: str | list[str], types: dict[str, str]) -> list[dict]:
+    """:func:`_compact` of a query whose text is not all UTF-8: text columns read
+    as bytes and decoded with U+FFFD for what is not UTF-8 (counted in
+    ``src.bad_text``). The slow path, taken only for such files."""
+    cols = [f"{src.int_expr(col)} AS {col}" if kind != "text" else f"CAST(IFNULL({col}, '') AS BLOB) AS {col}"
+            for col, kind in types.items()]
+    parts = []
+    for part in [sql] if isinstance(sql, str) else sql:
+        try:
+            batches = list(src.batches(f"SELECT {', '.join(cols)} FROM ({part})"))
+        except Exception as exc:  # noqa: BLE001 - as in _columns
+            raise _damaged(src.path, exc) from exc
+        decoded = []
+        for batch in batches:
+            arrays = []
+            for name in batch.schema.names:
+                column = batch.column(name)
+                if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+                    text = []
+                    for raw in column.to_pylist():
+                        try:
+                            text.append(None if raw is None else raw.decode("utf-8"))
+                        except UnicodeDecodeError:
+                            src.bad_text = getattr(src, "bad_text", 0) + 1
+                            text.append(raw.decode("utf-8", errors="replace"))
+                    column = pa.array(text, type=pa.string())
+                arrays.append(column)
+            decoded.append(pa.RecordBatch.from_arrays(arrays, names=batch.schema.names))
+        parts.append(_compact(iter(decoded), types))
+    return parts
+
+
 def _compact(batches, types: dict[str, str]) -> dict:
     """Record batches → per column an int64 array (``int``), or ``(codes, words)``
     (``text``: dictionary-encoded batch by batch; codes index ``words``, -1 for null)."""
     ints = {col: [] for col, kind in types.items() if kind != "text"}
     texts = {col: ([], {}) for col, kind in types.items() if kind == "text"}
+    odd = 0  # values of an integer column that are not integers (text, blobs): read as missing
     for batch in batches:
         for col in ints:
-            ints[col].append(batch.column(col).to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+            column = batch.column(col)
+            if not (pa.types.is_integer(column.type) or pa.types.is_null(column.type)):
+                if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):  # bytes: they may not be UTF-8
+                    column = column.cast(pa.binary())
+                values = pd.to_numeric(pd.Series([v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v
+                                                  for v in column.to_pylist()], dtype=object), errors="coerce")
+                bad = values.isna() & pd.Series(column.is_valid().to_pylist())
+                odd += int(bad.sum())
+                ints[col].append(values.fillna(NULL_INT).to_numpy(np.float64).astype(np.int64))
+                continue
+            ints[col].append(column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
         for col, (codes, words) in texts.items():
             encoded = pc.dictionary_encode(batch.column(col).cast(pa.string()))  # an empty batch can come typed as integers
             remap = np.array([words.setdefault(w, len(words)) for w in encoded.dictionary.to_pylist()] + [-1], dtype=np.int64)
             codes.append(remap[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)].astype(np.int32))
-    out = {}
+    out = {"__odd__": odd}
     for col in list(ints):  # column by column, each list let go once joined: never two copies of every column
         parts = ints.pop(col)
         out[col] = np.concatenate(parts) if parts else np.zeros(0, np.int64)
@@ -341,7 +414,7 @@ def plan_export(path: str | Path) -> ExportPlan:
             used = set()
             for table in GPU_TABLES:
                 if table in tables and "deviceId" in src.columns(table):
-                    used.update(int(d) for (d,) in _rows(src, f"SELECT DISTINCT deviceId FROM {table}") if d is not None)
+                    used.update(d for (d,) in _rows(src, f"SELECT DISTINCT deviceId FROM {table}") if _is_int(d))
             bulk = ("NVTX_EVENTS", *API_TABLES, *GPU_TABLES)
             anything = any(_rows(src, f"SELECT 1 FROM {t} LIMIT 1") for t in bulk if t in tables)
             return ExportPlan(None, not anything, {}, None, meta, devices, metrics, sorted(used))
@@ -362,8 +435,8 @@ def plan_export(path: str | Path) -> ExportPlan:
             if table in tables:
                 device = "deviceId" if "deviceId" in src.columns(table) else "NULL"
                 for p, d in _rows(src, f"SELECT DISTINCT {_pid_of('globalPid')}, {device} FROM {table}"):
-                    pids.update([int(p)] if p is not None else [])
-                    used.update([int(d)] if d is not None else [])
+                    pids.update([p] if _is_int(p) else [])
+                    used.update([d] if _is_int(d) else [])
         metrics = _read_gpu_metrics(src, tables)
         devices = _read_devices(src, tables)
     finally:
@@ -386,7 +459,8 @@ def by_process(export: Timeline):
             frame = getattr(export, name)
             code = [str(c) for c in p.categories].index(pid) if pid in {str(c) for c in p.categories} else -2
             parts[name] = frame.iloc[np.flatnonzero(p.codes == code)].reset_index(drop=True)
-        yield Timeline(**parts, gpu_metrics=export.gpu_metrics, meta=export.meta, devices=export.devices)
+        yield Timeline(**parts, gpu_metrics=export.gpu_metrics, meta=export.meta, devices=export.devices,
+                       notices=export.notices if pid == every[0] else [])
         del parts  # this process is done with: not held while the next one is cut out
 
 
@@ -484,6 +558,14 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
         runtime = _read_runtime(src, tables, strings, only)
         gpu = _read_gpu(src, tables, strings, only)
         graph_nodes = _read_graph_nodes(src, tables, only)
+        notices = []
+        ranges, runtime, gpu = (_plausible(frame, what, notices) for frame, what in (
+            (ranges, "NVTX ranges"), (runtime, "CUDA API calls"), (gpu, "GPU operations")))
+        if getattr(src, "bad_text", 0):
+            notices.append(f"{src.bad_text} strings were not UTF-8: shown with U+FFFD where their bytes were")
+        if getattr(src, "odd_values", 0):
+            notices.append(f"{src.odd_values} values where the schema has integers were not integers (text, blobs, "
+                           "StringIds rows without an integer id): read as missing")
         if plan is None:
             meta, metrics, devices = _read_meta(src, tables), _read_gpu_metrics(src, tables), _read_devices(src, tables)
         else:
@@ -493,7 +575,27 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
     if ranges.empty and gpu.empty and process is None and shard is None:
         raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     return Timeline(ranges=ranges, runtime=runtime, gpu=gpu, gpu_metrics=metrics, meta=meta, devices=devices,
-                    graph_nodes=graph_nodes)
+                    graph_nodes=graph_nodes, notices=notices)
+
+
+def _plausible(frame: pd.DataFrame, what: str, notices: list[str]) -> pd.DataFrame:
+    """``frame`` without rows that break physics: no start time, or an end before
+    the start (a range left open is not one); what was dropped goes into ``notices``."""
+    if not len(frame) or "start_ns" not in frame:
+        return frame
+    start = pd.to_numeric(frame["start_ns"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
+    end = pd.to_numeric(frame["end_ns"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
+    no_start = np.isnan(start) | (start < 0)
+    backwards = ~no_start & ~np.isnan(end) & (end < start)
+    if "end_missing" in frame:
+        backwards &= ~frame["end_missing"].to_numpy(dtype=bool)
+    bad = no_start | backwards | (np.isnan(end) & ~frame.get("end_missing", pd.Series(False, index=frame.index)).to_numpy(dtype=bool))
+    if not bad.any():
+        return frame
+    reasons = [f"{int(n)} {why}" for n, why in ((no_start.sum(), "without a start time"), (backwards.sum(), "ending before they start"),
+                                                  ((bad & ~no_start & ~backwards).sum(), "without an end time")) if n]
+    notices.append(f"{int(bad.sum())} {what} dropped as implausible ({', '.join(reasons)})")
+    return frame[~bad].reset_index(drop=True)
 
 
 # TARGET_INFO_GPU column → our name (units: bytes, Hz, counts; memoryBandwidth is bytes/s)
@@ -538,8 +640,9 @@ def _read_ranges(src, tables, strings, only=None, last_ns: int | Callable[[], in
     if "NVTX_EVENTS" not in tables:
         return pd.DataFrame(columns=cols)
     have = src.columns("NVTX_EVENTS")
-    domain_id = src.least("IFNULL(e.domainId + 1, 0)", (1 << _DOMAIN_BITS) - 1) if "domainId" in have else "0"
-    text_id = src.least("IFNULL(e.textId + 1, 0)", (1 << _TEXT_BITS) - 1) if "textId" in have else "0"
+    # ids + 1 (0: none) in fields of their own: a negative id is none, a too large one the field's last value
+    domain_id = src.least("IFNULL(CASE WHEN e.domainId >= 0 THEN e.domainId + 1 END, 0)", (1 << _DOMAIN_BITS) - 1) if "domainId" in have else "0"
+    text_id = src.least("IFNULL(CASE WHEN e.textId >= 0 THEN e.textId + 1 END, 0)", (1 << _TEXT_BITS) - 1) if "textId" in have else "0"
     crossed = "CAST(e.endGlobalTid IS NOT NULL AS INTEGER)" if "endGlobalTid" in have else "0"
     types = ",".join(str(t) for t in (*RANGE_EVENT_TYPES, DOMAIN_CREATE))
     # registered names (textId) are looked up in numpy: a join per row costs more than the read
@@ -620,7 +723,12 @@ def _names(text: pd.Categorical, text_id: np.ndarray, strings: tuple[np.ndarray,
 def _string_ids(src, tables) -> tuple[np.ndarray, list[str]]:
     """``StringIds`` (id → string), sorted by id, read once per export."""
     if not hasattr(src, "_strings"):
-        rows = sorted(src.rows("SELECT id, value FROM StringIds")) if "StringIds" in tables else []
+        raw = src.rows("SELECT id, value FROM StringIds") if "StringIds" in tables else []
+        # ids that are not integers cannot be referred to; a value that is not text is shown as text
+        rows = sorted((int(i), v if isinstance(v, str) else "" if v is None else
+                       v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v))
+                      for i, v in raw if isinstance(i, int) and not isinstance(i, bool))
+        src.odd_values = getattr(src, "odd_values", 0) + len(raw) - len(rows)
         src._strings = (np.array([i for i, _ in rows], dtype=np.int64), [v for _, v in rows])
     return src._strings
 
@@ -633,9 +741,11 @@ def _by_string_id(ids: np.ndarray, strings: tuple[np.ndarray, list[str]]) -> pd.
     pos = np.minimum(np.searchsorted(known, ids), len(known) - 1)
     codes = np.where((known[pos] == ids) & (ids >= 0), pos, -1)
     used, codes = unique_inverse(codes)
-    categories = [values[u] for u in used if u >= 0]
+    # two ids may hold one string (a damaged or hand-made export): one category each string
+    words, word_of = pd.factorize(np.array([values[u] for u in used if u >= 0], dtype=object))
     codes = codes.reshape(-1) - (1 if len(used) and used[0] < 0 else 0)
-    return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=object))
+    codes = np.where(codes >= 0, words[np.maximum(codes, 0)] if len(words) else -1, -1)
+    return pd.Categorical.from_codes(codes, categories=pd.Index(np.asarray(word_of, dtype=object), dtype=object))
 
 
 def _read_runtime(src, tables, strings, only=None) -> pd.DataFrame:
@@ -649,12 +759,13 @@ def _read_runtime(src, tables, strings, only=None) -> pd.DataFrame:
             SELECT r.globalTid AS global_tid, r.correlationId AS correlation_id, r.start AS start_ns, r.end AS end_ns,
                    {name_id} AS name_id
             FROM {table} r{f" WHERE {only('r.globalTid')}" if only else ""}""",
-                       {"global_tid": "int?", "correlation_id": "int", "start_ns": "int", "end_ns": "int", "name_id": "int?"})
+                       {"global_tid": "int?", "correlation_id": "int?", "start_ns": "int?", "end_ns": "int?", "name_id": "int?"})
         frame["name"] = _by_string_id(frame.pop("name_id").to_numpy(np.int64), _string_ids(src, tables))
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=["pid", "tid", "correlation_id", "start_ns", "end_ns", "name"])
     frame = _concat(frames)
+    frame = frame[frame["correlation_id"].to_numpy(np.int64) != NULL_INT].reset_index(drop=True)  # no id: launches nothing we can see
     pid, tid = _split_tid(frame["global_tid"])
     return pd.DataFrame({
         "pid": _ids_as_text(pid), "tid": _ids_as_text(tid), "correlation_id": frame["correlation_id"].to_numpy(np.int64),
@@ -666,9 +777,11 @@ def _read_runtime(src, tables, strings, only=None) -> pd.DataFrame:
 def _dims(packed: np.ndarray) -> pd.Categorical:
     """Grid or block sizes packed as x·2³² + y·2¹⁶ + z (-1: none) as ``(x, y, z)`` text, built once per distinct size."""
     used, codes = unique_inverse(packed)
-    text = [f"({u >> 32}, {(u >> 16) & 0xFFFF}, {u & 0xFFFF})" for u in used.tolist() if u >= 0]
-    codes = codes.reshape(-1) - (1 if len(used) and used[0] < 0 else 0)
-    return pd.Categorical.from_codes(codes, categories=pd.Index(text, dtype=object))
+    valid = used >= 0
+    text = [f"({u >> 32}, {(u >> 16) & 0xFFFF}, {u & 0xFFFF})" for u in used[valid].tolist()]
+    remap = np.full(len(used), -1, dtype=np.int64)
+    remap[valid] = np.arange(int(valid.sum()))
+    return pd.Categorical.from_codes(remap[codes.reshape(-1)], categories=pd.Index(text, dtype=object))
 
 
 # small GPU-activity columns travel packed in pairs, each value + 1 (0: NULL): device | stream (40 bits);
@@ -692,25 +805,31 @@ def _read_gpu(src, tables, strings, only=None) -> pd.DataFrame:
         def col(name, alias, default="NULL"):
             return f"g.{name} AS {alias}" if name in have else f"{default} AS {alias}"
 
-        def dims(prefix):  # y and z of a grid or block are at most 65535 (CUDA's limits)
+        def dims(prefix):  # y and z of a grid or block are at most 65535 (CUDA's limits); outside them: unknown
             if {f"{prefix}X", f"{prefix}Y", f"{prefix}Z"} <= have:
-                return f"CAST(g.{prefix}X AS BIGINT) * 4294967296 + g.{prefix}Y * 65536 + g.{prefix}Z"
+                x, y, z = (f"CAST(g.{prefix}{a} AS BIGINT)" for a in "XYZ")
+                return (f"CASE WHEN {x} BETWEEN 0 AND 2147483647 AND {y} BETWEEN 0 AND 65535 AND {z} BETWEEN 0 AND 65535 "
+                        f"THEN {x} * 4294967296 + {y} * 65536 + {z} END")
             return "NULL"
 
         name_col = next((c for c in ("shortName", "demangledName") if c in have), None) if kind == "kernel" and strings else None
 
-        def plus_one(name):  # a column + 1, 0 for NULL or absent (packed below)
-            return f"(IFNULL(CAST(g.{name} AS BIGINT), -1) + 1)" if name in have else "0"
+        def plus_one(expr, bits=_SHARED_BITS):  # a value + 1, 0 for NULL, absent, negative or too wide for its field
+            value = f"CAST({expr} AS BIGINT)"
+            return f"(CASE WHEN {value} BETWEEN 0 AND {(1 << bits) - 2} THEN {value} + 1 ELSE 0 END)"
 
-        shared = ("(IFNULL(CAST(g.staticSharedMemory + g.dynamicSharedMemory AS BIGINT), -1) + 1)"
+        def field(name, bits=_SHARED_BITS):
+            return plus_one(f"g.{name}", bits) if name in have else "0"
+
+        shared = (plus_one("g.staticSharedMemory + g.dynamicSharedMemory")
                   if {"staticSharedMemory", "dynamicSharedMemory"} <= have else "0")
         frame = _query(src, f"""
             SELECT {f"g.{name_col}" if name_col else "NULL"} AS name_id, g.globalPid AS global_pid,
-                   {plus_one('deviceId')} * {1 << _STREAM_BITS} + {plus_one('streamId')} AS device_stream,
+                   {field('deviceId', 20)} * {1 << _STREAM_BITS} + {field('streamId', _STREAM_BITS)} AS device_stream,
                    g.correlationId AS correlation_id, g.start AS start_ns, g.end AS end_ns,
                    {dims('grid')} AS grid, {dims('block')} AS block,
-                   ({plus_one('registersPerThread')} * {1 << _SHARED_BITS} + {shared}) * {1 << _SHARED_BITS}
-                       + {plus_one('sharedMemoryExecuted')} AS resources,
+                   ({field('registersPerThread', 14)} * {1 << _SHARED_BITS} + {shared}) * {1 << _SHARED_BITS}
+                       + {field('sharedMemoryExecuted')} AS resources,
                    {col('bytes', 'bytes')}, {col('graphNodeId', 'graph_node_id')}
             FROM {table} g{f" WHERE {only('g.globalPid')}" if only else ""}""", {
             "name_id": "int?", "global_pid": "int?", "device_stream": "int!", "correlation_id": "int?",

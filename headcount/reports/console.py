@@ -9,7 +9,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from headcount.reports import findings
+from headcount.reports import findings, terminal
 from headcount.reports.figures import number, with_spread
 
 
@@ -90,7 +90,7 @@ def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: C
     with their spread over calls, and which rows stand out beyond it; then
     NVTX ranges that are not headcount's (``ranges``:
     :func:`headcount.reports.query.range_summary`), and where the report is."""
-    console = console or Console()
+    console = console or terminal.console()
     run_ids = list(dict.fromkeys(layers["run_id"])) if "run_id" in layers and len(layers) else ([None] if len(layers) else [])
     for run_id in run_ids:
         run_layers = _by_run(layers, run_id) if run_id is not None else layers

@@ -12,17 +12,41 @@ Readers (all runs at once)::
     pyarrow.dataset.dataset("OUT/heads", partitioning="hive")
     duckdb: SELECT * FROM read_parquet('OUT/heads/**/*.parquet', hive_partitioning=true)
 
-Atomic: every file of a run is written under ``OUT/.staging-<id>/`` (hidden,
-so no reader globs it), then each ``run_id=<id>`` directory is renamed into
-place, and ``headcount.json`` is replaced last. A crash leaves either the
-previous report or the new run, never a half-written file a reader picks up.
+Writes (docs/report-format.md § Writing safely):
+
+- every file of a run is written under ``OUT/.staging-<id>/`` (hidden, so no
+  reader globs it), held by the committing process's claim
+  (:class:`Claim`: a lock on ``.staging-<id>/.claim``);
+- the commit runs under an exclusive lock on ``OUT/.headcount.lock``
+  (:func:`report_lock`): one writer at a time, the others wait (and say by
+  whom), and the "already holds a report" check is made under it;
+- the commit's steps are written first to a journal
+  (``OUT/.headcount-commit.json``): move the old report aside (``--force``),
+  rename each ``run_id=<id>`` directory into place, replace
+  ``headcount.json`` (listing the runs), remove what was set aside. A crash
+  at any point leaves the journal, and the next headcount command on the
+  directory (a write, ``query``, ``report``, ``compare``) completes the
+  commit from the step it reached (:func:`recover`); staging that no live
+  process claims is removed then. ``--force`` removes the old report only
+  after the new one is in place.
+
+Readers that go through headcount (:func:`listed_runs`) see only the runs
+``headcount.json`` lists, so never a run half committed; a plain glob of
+``OUT/<table>`` can, during a commit, see a run's tables before its ``runs``
+row.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +60,15 @@ from headcount.reports.metadata import SCHEMA_VERSION
 from headcount.tables import TABLES
 
 MARKER = "headcount.json"
+LOCK = ".headcount.lock"  # flock'ed by the process committing to the report
+JOURNAL = ".headcount-commit.json"  # the steps of a commit under way (recover() finishes them)
+CLAIM = ".claim"  # in a staging directory: flock'ed by the process that will commit it
+LOCK_WAIT_S = 600.0  # how long a writer waits for another one's commit
+
+
+def _ours(name: str) -> bool:
+    """headcount's own entries of an output directory besides the report (hidden, or raw/)."""
+    return name.startswith((".staging-", ".trash-", ".headcount")) or name == "raw"
 
 
 CHUNK_BYTES = 48 << 20  # Arrow bytes converted and written at a time (one Parquet row group): bounds the copy
@@ -136,8 +169,9 @@ def check_output(out: str | Path, append: bool = False, force: bool = False) -> 
     if out.exists() and not out.is_dir():
         raise HeadcountError(f"{out}: exists and is not a directory", hint="choose another output path with -o")
     if out.exists():
+        recover(out)  # a commit a crash interrupted is completed first
         # raw/: the tools' own files that `headcount run` keeps beside the report
-        entries = [p for p in out.iterdir() if not p.name.startswith(".staging-") and p.name != "raw"]
+        entries = [p for p in out.iterdir() if not _ours(p.name)]
         is_report = (out / MARKER).exists()
         if entries and not is_report:
             raise HeadcountError(
@@ -177,9 +211,116 @@ def read_marker(out: Path) -> dict:
 
 
 def _write_json_atomic(path: Path, doc: dict) -> None:
-    tmp = path.with_name("." + path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
+    """Write ``path`` through a temporary file of this writer's own, then replace it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".headcount-{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(doc, indent=2, sort_keys=True, default=str))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def listed_runs(out: str | Path) -> list[str]:
+    """The runs ``headcount.json`` lists: those fully committed (what readers
+    going through headcount see)."""
+    return [str(r) for r in read_marker(Path(out)).get("runs", [])]
+
+
+@contextmanager
+def report_lock(out: Path, wait_s: float | None = None):
+    """Hold the report's exclusive lock (``OUT/.headcount.lock``, ``flock``):
+    one commit at a time. A writer that finds it held says so on stderr, once,
+    and waits up to ``wait_s`` (default :data:`LOCK_WAIT_S`).
+
+    Raises:
+        HeadcountError: still held after ``wait_s``; the lock file cannot be made.
+    """
+    wait_s = LOCK_WAIT_S if wait_s is None else wait_s
+    key = str(out.absolute())
+    held = _HELD.__dict__.setdefault("paths", set())
+    if key in held:  # this process holds it already (a commit recovering first): re-entrant
+        yield
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise HeadcountError(f"{out}: cannot write the report ({exc.strerror or exc})", hint="check free space and permissions") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            sys.stderr.write(f"headcount: {out}: the report is being written by PID {holder}, waiting…\n")
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise HeadcountError(f"{out}: still being written by PID {holder} after {wait_s:.0f} s",
+                                             hint="wait for that writer to finish, or write to another directory with -o") from None
+                    time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        held.add(key)
+        yield
+    finally:
+        held.discard(key)
+        os.close(fd)  # releases the lock
+
+
+_HELD = threading.local()  # .paths: reports whose lock this thread holds
+
+
+class Claim:
+    """Held by the process that will commit ``run_ids``: their staging directories
+    are live while it holds them (an ``flock`` on ``.staging-<id>/.claim``; a
+    process that dies releases it, and :func:`recover` then removes its staging).
+    Staging written by worker processes or Ray tasks is claimed by their parent."""
+
+    def __init__(self, out: str | Path, run_ids: list[str]):
+        self.out, self.run_ids, self._fds = Path(out), list(run_ids), []
+
+    def __enter__(self) -> "Claim":
+        try:
+            for run_id in self.run_ids:
+                staging = self.out / f".staging-{run_id}"
+                staging.mkdir(parents=True, exist_ok=True)
+                fd = os.open(staging / CLAIM, os.O_RDWR | os.O_CREAT, 0o644)
+                self._fds.append(fd)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh run id: nobody else holds it
+        except OSError as exc:
+            self.__exit__(None, None, None)
+            raise HeadcountError(f"{self.out}: cannot write the report ({exc.strerror or exc})",
+                                 hint="check free space and permissions") from exc
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Release the claim and remove what is still staged for these runs
+        (runs that were not committed), unless a commit's journal needs it."""
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+        discard(self.out, self.run_ids)
+
+
+def _claimed(staging: Path) -> bool:
+    """A live process holds this staging directory's claim."""
+    try:
+        fd = os.open(staging / CLAIM, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 class StagedRun:
@@ -265,52 +406,141 @@ class StagedRun:
 
 def commit(out: str | Path, run_ids: list[str], append: bool = False, force: bool = False) -> Path:
     """Move staged runs (:class:`StagedRun`, closed) into the report at ``out``
-    and list them in ``headcount.json`` (replaced last, atomically).
+    and list them in ``headcount.json``: under the report's lock, through a
+    journal (see the module docstring).
 
     Raises:
-        HeadcountError: see :func:`check_output`; a schema-version mismatch on
-            ``append``; an I/O error (runs not yet moved stay staged and are removed).
+        HeadcountError: see :func:`check_output` (checked again under the lock:
+            of two first writers, the second is refused); a schema-version
+            mismatch on ``append``; an I/O error before the journal was written
+            (the staged runs are removed, the report is as it was) or after it
+            (the next headcount command on ``out`` completes the commit).
     """
-    out = check_output(out, append=append, force=force)
-    if append and not force:
-        existing = read_marker(out).get("schema_version")
-        if existing and existing != SCHEMA_VERSION:
-            raise HeadcountError(f"{out}: holds a report of schema {existing}, this headcount writes {SCHEMA_VERSION}",
-                                 hint="write to a new directory, or --force to replace the old report")
-    try:
-        previous = read_marker(out)
-        trash = None
-        if force and previous:
-            trash = out / f".trash-{run_ids[0]}"
-            trash.mkdir()
-            for entry in out.iterdir():
-                if entry.name in (*TABLES, "manifests", MARKER):
-                    entry.rename(trash / entry.name)
-            previous = {}
-        for run_id in run_ids:
-            staging = out / f".staging-{run_id}"
-            for entry in staging.iterdir():
-                target_parent = out / entry.name
-                target_parent.mkdir(exist_ok=True)
-                for part in entry.iterdir():
-                    part.rename(target_parent / part.name)
-        _write_json_atomic(out / MARKER, {
-            "schema_version": SCHEMA_VERSION,
-            "tool": "headcount",
-            "tables": sorted(TABLES),
-            "runs": [*previous.get("runs", []), *run_ids],
-        })
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
-    except OSError as exc:
-        raise HeadcountError(f"{out}: cannot write the report ({exc.strerror or exc})", hint="check free space and permissions") from exc
-    finally:
-        discard(out, run_ids)
+    out = Path(out)
+    journal = None
+    with report_lock(out):
+        try:
+            recover(out, locked=True)
+            check_output(out, append=append, force=force)
+            previous = read_marker(out)
+            if append and not force and previous.get("schema_version") not in (None, SCHEMA_VERSION):
+                raise HeadcountError(f"{out}: holds a report of schema {previous['schema_version']}, this headcount writes "
+                                     f"{SCHEMA_VERSION}", hint="write to a new directory, or --force to replace the old report")
+            replace = bool(force and previous)
+            journal = {
+                "runs": list(run_ids),
+                "keep_runs": [] if replace else [str(r) for r in previous.get("runs", [])],
+                "set_aside": sorted(e.name for e in out.iterdir() if e.name in (*TABLES, "manifests", MARKER)) if replace else [],
+                "trash": f".trash-{run_ids[0]}" if replace else None,
+                "step": "set_aside" if replace else "place",
+            }
+            _write_json_atomic(out / JOURNAL, journal)
+            _run_journal(out, journal)
+        except OSError as exc:
+            if journal is None:
+                discard(out, run_ids)
+            raise HeadcountError(f"{out}: cannot write the report ({exc.strerror or exc})" +
+                                 ("; the next headcount command on it completes the commit" if journal else ""),
+                                 hint="check free space and permissions") from exc
+        except HeadcountError:
+            if journal is None:
+                discard(out, run_ids)
+            raise
     return out
 
 
+_STEPS = ("set_aside", "place", "mark", "clean")
+
+
+def _run_journal(out: Path, journal: dict) -> None:
+    """Carry out a commit's steps from the one the journal names; each step can
+    be repeated after a crash (it does only what is left of it)."""
+    for step in _STEPS[_STEPS.index(journal["step"]):]:
+        if journal["step"] != step:
+            journal["step"] = step
+            _write_json_atomic(out / JOURNAL, journal)
+        if step == "set_aside":
+            trash = out / journal["trash"]
+            trash.mkdir(exist_ok=True)
+            for name in journal["set_aside"]:
+                if (out / name).exists() and not (trash / name).exists():
+                    (out / name).rename(trash / name)
+        elif step == "place":
+            for run_id in journal["runs"]:
+                staging = out / f".staging-{run_id}"
+                if not staging.exists():
+                    continue
+                for entry in staging.iterdir():
+                    if not entry.is_dir():  # the claim file
+                        continue
+                    (out / entry.name).mkdir(exist_ok=True)
+                    for part in entry.iterdir():
+                        if not (out / entry.name / part.name).exists():
+                            part.rename(out / entry.name / part.name)
+        elif step == "mark":
+            runs = list(dict.fromkeys([*journal["keep_runs"], *journal["runs"]]))
+            _write_json_atomic(out / MARKER, {"schema_version": SCHEMA_VERSION, "tool": "headcount", "tables": sorted(TABLES),
+                                              "runs": runs})
+        else:
+            if journal["trash"]:
+                shutil.rmtree(out / journal["trash"], ignore_errors=True)
+            _remove_staging(out, journal["runs"])
+    (out / JOURNAL).unlink(missing_ok=True)
+
+
+def recover(out: str | Path, locked: bool = False) -> bool:
+    """Finish a commit a crash interrupted (its journal), and remove staging
+    no live process claims, ``.trash-*`` left behind and temporary files.
+    Does nothing where the directory cannot be written (a reader then sees
+    the runs ``headcount.json`` lists).
+
+    Args:
+        locked: the caller holds :func:`report_lock` already.
+
+    Returns:
+        Whether an interrupted commit was completed.
+    """
+    out = Path(out)
+    if not out.is_dir() or not os.access(out, os.W_OK | os.X_OK):
+        return False
+    stale = [e for e in out.iterdir() if e.name.startswith((".staging-", ".trash-", f".headcount-{MARKER}.", f".headcount-{JOURNAL}."))]
+    if not (out / JOURNAL).exists() and not stale:
+        return False
+    if not locked:
+        with report_lock(out):
+            return recover(out, locked=True)
+    completed = False
+    if (out / JOURNAL).exists():
+        try:
+            journal = json.loads((out / JOURNAL).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise HeadcountError(f"{out / JOURNAL}: unreadable commit journal ({exc})",
+                                 hint="a commit was interrupted; remove the journal and check the report, or use --force") from exc
+        _run_journal(out, journal)
+        completed = True
+    for entry in out.iterdir():
+        if entry.name.startswith(".staging-") and not _claimed(entry):
+            shutil.rmtree(entry, ignore_errors=True)
+        elif entry.name.startswith(".trash-"):
+            shutil.rmtree(entry, ignore_errors=True)
+        elif entry.name.startswith((f".headcount-{MARKER}.", f".headcount-{JOURNAL}.")):
+            entry.unlink(missing_ok=True)
+    return completed
+
+
 def discard(out: str | Path, run_ids: list[str]) -> None:
-    """Remove what is staged for ``run_ids`` under ``out`` (every writer's pieces); nothing else."""
+    """Remove what is staged for ``run_ids`` under ``out`` (every writer's
+    pieces); nothing else, and nothing an interrupted commit's journal still
+    needs (:func:`recover` completes that commit)."""
+    pending = set()
+    try:
+        pending = set(json.loads((Path(out) / JOURNAL).read_text()).get("runs", []))
+    except (OSError, json.JSONDecodeError, AttributeError):
+        pass
+    _remove_staging(out, [r for r in run_ids if r not in pending])
+
+
+def _remove_staging(out: str | Path, run_ids: list[str]) -> None:
     for run_id in run_ids:
         shutil.rmtree(Path(out) / f".staging-{run_id}", ignore_errors=True)
 
@@ -338,7 +568,8 @@ def write_run(
             an I/O error (the report is left as it was).
     """
     check_output(out, append=append, force=force)
-    with StagedRun(out, run_id, metadata) as staged:
-        for name, frame in tables.items():
-            staged.write(name, frame)
-    return commit(out, [run_id], append=append, force=force)
+    with Claim(out, [run_id]):
+        with StagedRun(out, run_id, metadata) as staged:
+            for name, frame in tables.items():
+                staged.write(name, frame)
+        return commit(out, [run_id], append=append, force=force)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from headcount.errors import HeadcountError
-from headcount.reports.dataset import MARKER
+from headcount.reports.dataset import MARKER, listed_runs, recover
 from headcount.tables import TABLES
 
 if TYPE_CHECKING:
@@ -27,15 +27,18 @@ def connect(out: str | Path) -> "duckdb.DuckDBPyConnection":
         HeadcountError: ``out`` is not a headcount report.
     """
     out = Path(out)
+    recover(out)  # a commit a crash interrupted is completed first (where the directory can be written)
     if not (out / MARKER).exists():
         raise HeadcountError(f"{out}: not a headcount report (no {MARKER})", hint="pass the directory headcount profile/run/parse wrote")
     import duckdb
 
+    listed = listed_runs(out)
     con = duckdb.connect()
     for name in TABLES:
-        if list((out / name).glob("**/*.parquet")):
-            pattern = str(out / name / "**" / "*.parquet").replace("'", "''")
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{pattern}', hive_partitioning = true, union_by_name = true)")
+        files = [p for p in (out / name).glob("run_id=*/*.parquet") if p.parent.name[len("run_id="):] in listed]
+        if files:  # only the runs the marker lists: a commit under way is not seen half done
+            paths = ", ".join("'" + str(p).replace("'", "''") + "'" for p in sorted(files))
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{paths}], hive_partitioning = true, union_by_name = true)")
     return con
 
 

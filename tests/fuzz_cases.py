@@ -1,0 +1,244 @@
+"""Damaged and odd inputs made from the real fixtures, and what ``headcount
+parse`` made of each (the fuzz harness: ``tests/test_fuzz.py`` runs a
+fixed-seed subset, ``benchmarks/fuzz.py`` a thousand cases per format).
+
+Each mutation family is something a damaged disk, another nsys or ncu
+version, or a user's own script produces: values the schema allows (NULL,
+empty, invalid UTF-8, text in an integer column), rows that break physics
+(end before start, negative bytes), tables and columns missing or renamed,
+bytes cut, flipped or appended.
+
+A case's outcome (:func:`run_case`):
+
+- ``error``: a one-line ``HeadcountError``, non-zero exit;
+- ``accepted``: a report was written, and every number in it passes the
+  plausibility rules (:func:`implausible`) or a notice says what was dropped;
+- ``crash``: anything else escaped (a traceback);
+- ``hang``: no answer within the time limit;
+- ``silent``: accepted with numbers that break the rules and no notice;
+- ``touched``: the input's bytes changed or a file appeared beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+import shutil
+import signal
+import sqlite3
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NSYS_BASE = FIXTURES / "nsys" / "h200_nvfuser_nsys2024.6.sqlite"
+
+
+# ---------------------------------------------------------------- nsys SQLite
+def _sql(path: Path, *statements) -> None:
+    """Run ``statements``; one SQLite refuses (a constraint, a damaged file) leaves the case as it is."""
+    try:
+        con = sqlite3.connect(path)
+    except sqlite3.Error:
+        return
+    try:
+        for st in statements:
+            if isinstance(st, tuple):
+                con.execute(*st)
+            else:
+                con.execute(st)
+        con.commit()
+    except sqlite3.Error:
+        pass
+    finally:
+        con.close()
+
+
+def _some(path: Path, table: str, rng: random.Random) -> str:
+    """``rowid IN (…)`` for 1–5 rows of ``table`` picked by ``rng`` (deterministic per seed)."""
+    try:
+        con = sqlite3.connect(path)
+        n = con.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0] or 1
+        con.close()
+    except sqlite3.Error:
+        n = 1
+    return "rowid IN (" + ", ".join(str(rng.randint(1, n)) for _ in range(rng.randint(1, 5))) + ")"
+
+
+def _columns(path: Path, table: str) -> list[str]:
+    try:
+        con = sqlite3.connect(path)
+        try:
+            return [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return []
+
+
+SQLITE_TABLES = ("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "StringIds", "CUPTI_ACTIVITY_KIND_MEMCPY")
+
+
+def _sqlite_mutation(path: Path, rng: random.Random) -> str:
+    """Apply one mutation to the SQLite file at ``path``; returns its name."""
+    family = rng.choice([
+        "null_value", "empty_text", "bad_utf8", "text_in_int", "real_in_int", "blob", "negative", "end_before_start",
+        "huge", "drop_table", "empty_table", "drop_column", "rename_column", "duplicate_rows", "truncate", "flip_bytes",
+        "append_garbage", "stringid_odd",
+    ])
+    table = rng.choice(SQLITE_TABLES)
+    cols = _columns(path, table)
+    if not cols and family not in ("truncate", "flip_bytes", "append_garbage"):
+        family = "flip_bytes"
+    col = rng.choice(cols) if cols else None
+    if family in ("null_value", "empty_text", "bad_utf8", "text_in_int", "real_in_int", "blob", "negative", "huge"):
+        value = {"null_value": None, "empty_text": "", "bad_utf8": b"\xff\xfe\x80abc".decode("latin-1").encode("latin-1"),
+                 "text_in_int": "12abc", "real_in_int": 3.75, "blob": b"\x00\x01\x02", "negative": -rng.randint(1, 10**12),
+                 "huge": 2**63 - 1}[family]
+        if family == "bad_utf8":  # bytes that are not UTF-8, stored as TEXT
+            _sql(path, (f"UPDATE {table} SET \"{col}\" = CAST(? AS TEXT) WHERE {_some(path, table, rng)}", (value,)))
+        else:
+            _sql(path, (f"UPDATE {table} SET \"{col}\" = ? WHERE {_some(path, table, rng)}", (value,)))
+        return f"{family}:{table}.{col}"
+    if family == "end_before_start":
+        if "start" in cols and "end" in cols:
+            _sql(path, f"UPDATE {table} SET \"end\" = start - {rng.randint(1, 10**6)} WHERE {_some(path, table, rng)}")
+        return f"{family}:{table}"
+    schema_change = {  # SQLite refuses some (a key or indexed column): the case then stays a plain copy
+        "drop_table": f"DROP TABLE IF EXISTS {table}", "empty_table": f"DELETE FROM {table}",
+        "drop_column": f"ALTER TABLE {table} DROP COLUMN \"{col}\"",
+        "rename_column": f"ALTER TABLE {table} RENAME COLUMN \"{col}\" TO \"{col}_renamed\"",
+        "duplicate_rows": f"INSERT INTO {table} SELECT * FROM {table} WHERE {_some(path, table, rng)}",
+    }.get(family)
+    if schema_change:
+        _sql(path, schema_change)
+        return f"{family}:{table}" + (f".{col}" if "column" in family else "")
+    if family == "stringid_odd":
+        kind = rng.choice(["null_id", "real_id", "blob_value", "null_value", "duplicate"])
+        some = _some(path, "StringIds", rng)
+        stmt = {"null_id": "INSERT INTO StringIds (id, value) VALUES ((SELECT max(id) + 1 FROM StringIds), NULL)",
+                "real_id": f"UPDATE StringIds SET value = 2.5 WHERE {some}",
+                "blob_value": f"UPDATE StringIds SET value = X'00FF' WHERE {some}",
+                "null_value": f"UPDATE StringIds SET value = NULL WHERE {some}",
+                "duplicate": "SELECT 1"}[kind]
+        _sql(path, stmt)
+        return f"{family}:{kind}"
+    data = bytearray(path.read_bytes())
+    if family == "truncate":
+        cut = rng.randint(0, len(data) - 1)
+        path.write_bytes(bytes(data[:cut]))
+        return f"{family}:{cut}"
+    if family == "flip_bytes":
+        for _ in range(rng.randint(1, 16)):
+            i = rng.randint(0, len(data) - 1)
+            data[i] ^= 1 << rng.randint(0, 7)
+        path.write_bytes(bytes(data))
+        return family
+    path.write_bytes(bytes(data) + bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 4096))))
+    return family
+
+
+def make_sqlite_case(dest: Path, seed: int) -> str:
+    rng = random.Random(seed)
+    path = dest / f"case-{seed}.sqlite"
+    shutil.copy(NSYS_BASE, path)
+    names = [_sqlite_mutation(path, rng) for _ in range(rng.choice([1, 1, 1, 2, 3]))]
+    return path, "+".join(names)
+
+
+# ---------------------------------------------------------------- plausibility
+PCT = ("theoretical_occupancy_pct", "est_achieved_occupancy_pct", "achieved_occupancy_pct", "dram_throughput_pct", "tensor_pipe_pct",
+       "dram_read_sampled_pct", "dram_write_sampled_pct", "sm_active_sampled_pct", "sm_warps_active_sampled_pct")
+BYTES = ("dram_bytes", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "shared_memory_bytes")
+
+
+def implausible(out: Path) -> list[str]:
+    """The plausibility rules a written report breaks: durations < 0, end <
+    start, percentages outside [0, 100], bytes < 0 (kernels and ranges)."""
+    broken = []
+    for table in ("kernels", "ranges"):
+        if not (out / table).exists():
+            continue
+        frame = pd.read_parquet(out / table)
+        if "duration_ns" in frame and (pd.to_numeric(frame["duration_ns"], errors="coerce") < 0).any():
+            broken.append(f"{table}: negative duration")
+        if {"start_ns", "end_ns"} <= set(frame.columns) and (frame["end_ns"] < frame["start_ns"]).any():
+            broken.append(f"{table}: end before start")
+        for col in PCT:
+            if col in frame:
+                v = pd.to_numeric(frame[col], errors="coerce")
+                if ((v < 0) | (v > 100)).any():
+                    broken.append(f"{table}: {col} outside [0, 100]")
+        for col in BYTES:
+            if col in frame and (pd.to_numeric(frame[col], errors="coerce") < 0).any():
+                broken.append(f"{table}: negative {col}")
+    return broken
+
+
+# ---------------------------------------------------------------- one case
+@dataclass
+class Outcome:
+    case: str
+    mutation: str
+    kind: str  # error, accepted, crash, hang, silent, touched
+    detail: str = ""
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+def _fingerprint(path: Path) -> tuple:
+    return hashlib.sha256(path.read_bytes()).hexdigest(), sorted(p.name for p in path.parent.iterdir())
+
+
+def run_case(path: Path, mutation: str, out: Path, timeout_s: int = 60) -> Outcome:
+    """``headcount parse PATH -o OUT`` in this process; see the module docstring for the outcomes."""
+    from headcount.cli.main import main
+
+    before = _fingerprint(path)
+    err, std = io.StringIO(), io.StringIO()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(timeout_s)
+    try:
+        with redirect_stderr(err), redirect_stdout(std):
+            rc = main(["parse", str(path), "-o", str(out), "--jobs", "1"])
+    except _Timeout:
+        return Outcome(path.name, mutation, "hang", f"no answer in {timeout_s} s")
+    except BaseException as exc:  # noqa: BLE001 - a crash is what is being counted
+        return Outcome(path.name, mutation, "crash", "".join(traceback.format_exception_only(type(exc), exc)).strip()[:300])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    if _fingerprint(path) != before:
+        return Outcome(path.name, mutation, "touched", "the input or its directory changed")
+    stderr = err.getvalue()
+    if rc != 0:
+        lines = [ln for ln in stderr.splitlines() if ln.startswith("headcount: error:")]
+        if len(lines) != 1:
+            return Outcome(path.name, mutation, "crash", f"exit {rc} without one error line: {stderr[-300:]}")
+        return Outcome(path.name, mutation, "error", lines[0][:300])
+    broken = implausible(out)
+    if broken and "dropped" not in stderr and "implausible" not in stderr:
+        return Outcome(path.name, mutation, "silent", "; ".join(broken))
+    return Outcome(path.name, mutation, "accepted", "; ".join(broken))
+
+
+def run_sqlite_cases(work: Path, seeds) -> list[Outcome]:
+    outcomes = []
+    for seed in seeds:
+        case_dir = work / f"c{seed}"
+        case_dir.mkdir(parents=True)
+        path, mutation = make_sqlite_case(case_dir, seed)
+        outcomes.append(run_case(path, mutation, work / f"out{seed}"))
+        shutil.rmtree(work / f"out{seed}", ignore_errors=True)
+        shutil.rmtree(case_dir, ignore_errors=True)
+    return outcomes
