@@ -2,7 +2,8 @@
 from the real fixtures (``tests/fuzz_cases.py``), each parsed by ``headcount
 parse`` in this process, and the outcome table (issue 14's acceptance).
 
-Formats so far: nsys SQLite. Prints one row per format (error, accepted,
+Formats: nsys SQLite, ncu CSV (raw and details pages, C and en_US), Kineto
+JSON, .ncu-rep (read in a child process). Prints one row per format (error, accepted,
 crash, hang, silent, touched) and every case that is not an error or an
 accepted report, with its mutation, so that it can be replayed by seed.
 
@@ -30,7 +31,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0, help="first seed (case k uses seed + k)")
     args = p.parse_args()
     rows, failures = [], []
-    for name, run in (("nsys SQLite", fuzz_cases.run_sqlite_cases),):
+    formats = (("nsys SQLite", fuzz_cases.run_sqlite_cases), ("ncu CSV", fuzz_cases.run_csv_cases),
+               ("Kineto JSON", fuzz_cases.run_kineto_cases), (".ncu-rep", fuzz_cases.run_ncurep_cases))
+    for name, run in formats:
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()
             outcomes = run(Path(tmp), range(args.seed, args.seed + args.cases))

@@ -363,7 +363,13 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
 
     events = trace["events"]
     notices: list[str] = []
-    ours = (events["kind"] == "range") & events["name"].str.startswith(DOMAIN + "@")
+    if not len(events):
+        raise HeadcountError("the trace holds no complete event (ph \"X\")", hint="record with torch.profiler.profile() around some work")
+    backwards = (events["end_ns"] < events["start_ns"]).to_numpy()
+    if backwards.any():  # a negative duration: no such event happened; said, never passed on
+        notices.append(f"{int(backwards.sum())} events with a negative duration dropped as implausible")
+        events = events[~backwards].reset_index(drop=True)
+    ours = (events["kind"] == "range") & events["name"].astype(str).str.startswith(DOMAIN + "@")
     calls, by_modules = [], False
     if not ours.any():
         extra, calls = modules.attention_ranges(events)
@@ -706,7 +712,8 @@ def _ncu_file(path: Path, run_id: str, options: dict, read) -> Parsed:
     device = ncu_metrics.run_device(kernels)
     k = tables["kernels"]
     return Parsed(tables, device, None, [f"{path}: {len(k)} kernels, {int(k['incomplete'].sum())} incomplete, "
-                                         f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"])
+                                         f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"],
+                  list(kernels.attrs.get("notices", [])))
 
 
 def from_ncu_csv(path: Path, run_id: str, options: dict) -> Parsed:

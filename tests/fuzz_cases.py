@@ -142,12 +142,181 @@ def _sqlite_mutation(path: Path, rng: random.Random) -> str:
     return family
 
 
-def make_sqlite_case(dest: Path, seed: int) -> str:
+def make_sqlite_case(dest: Path, seed: int) -> tuple[Path, str]:
     rng = random.Random(seed)
     path = dest / f"case-{seed}.sqlite"
     shutil.copy(NSYS_BASE, path)
     names = [_sqlite_mutation(path, rng) for _ in range(rng.choice([1, 1, 1, 2, 3]))]
     return path, "+".join(names)
+
+
+# ---------------------------------------------------------------- ncu CSV
+CSV_BASES = [FIXTURES / "ncu" / n for n in ("rtx2080ti_two_kernels.raw.C.csv", "rtx2080ti_two_kernels.raw.en_US.csv",
+                                            "rtx2080ti_two_kernels.details.C.csv", "h800_flash_fwd_raw.C.csv")]
+
+
+def _csv_mutation(text: str, rng: random.Random) -> tuple[str, str]:
+    import csv as csv_module
+
+    family = rng.choice(["bom", "units_moved", "unquoted", "long_id", "locale_mix", "bad_unit", "duplicate_row", "truncate",
+                         "flip", "garbage", "drop_column", "empty_cell", "nan_cell", "negative", "huge", "blank_lines",
+                         "prof_lines", "crlf", "header_only"])
+    try:
+        rows = list(csv_module.reader(io.StringIO(text, newline="")))
+    except csv_module.Error:  # an earlier mutation broke the CSV: only text-level ones apply now
+        rows = []
+    if family == "bom":
+        return "\ufeff" + text, family
+    if family in ("truncate", "flip", "garbage", "blank_lines", "prof_lines", "crlf"):
+        if family == "truncate":
+            return text[:rng.randint(0, len(text) - 1)], family
+        if family == "flip":
+            chars = list(text)
+            for _ in range(rng.randint(1, 20)):
+                i = rng.randint(0, len(chars) - 1)
+                chars[i] = chr(rng.choice([0x22, 0x2C, 0x0A, 0x41, 0xFFFD, 0x2E, 0x00]))
+            return "".join(chars), family
+        if family == "garbage":
+            return text + "".join(chr(rng.randint(1, 0x2FF)) for _ in range(rng.randint(1, 5000))), family
+        if family == "blank_lines":
+            lines = text.splitlines()
+            lines.insert(rng.randint(0, len(lines)), "")
+            return "\n".join(lines), family
+        if family == "prof_lines":
+            return "==PROF== Connected\n==WARNING== odd\n" + text, family
+        return text.replace("\n", "\r\n"), family
+    if len(rows) < 3 or not rows[0]:
+        return text, family
+    header = rows[0]
+    r = rng.randint(1, len(rows) - 1)
+    c = rng.randint(0, len(header) - 1)
+    if family == "units_moved":
+        rows.append(rows.pop(1))
+    elif family == "long_id":
+        if "ID" in header:
+            rows[r][header.index("ID")] = "9" * 30
+    elif family == "locale_mix":
+        for row in rows[1:]:
+            for i, cell in enumerate(row):
+                if rng.random() < 0.2 and "." in cell:
+                    row[i] = cell.replace(".", ",")
+    elif family == "bad_unit":
+        rows[1][c] = rng.choice(["furlong", "Gbyte/s", "msecond", "", "%%"])
+    elif family == "duplicate_row":
+        rows.append(list(rows[r]))
+    elif family == "drop_column":
+        rows = [row[:c] + row[c + 1:] for row in rows]
+    elif family in ("empty_cell", "nan_cell", "negative", "huge", "header_only"):
+        if family == "header_only":
+            rows = rows[:1]
+        elif c < len(rows[r]):
+            rows[r][c] = {"empty_cell": "", "nan_cell": rng.choice(["nan", "inf", "-inf", "n/a", "no data"]),
+                          "negative": f"-{rng.randint(1, 10**9)}", "huge": "1" + "0" * rng.randint(20, 400)}[family]
+    out = io.StringIO()
+    quoting = csv_module.QUOTE_MINIMAL if family == "unquoted" else csv_module.QUOTE_ALL
+    csv_module.writer(out, quoting=quoting, lineterminator="\n").writerows(rows)
+    return out.getvalue(), family
+
+
+def make_csv_case(dest: Path, seed: int) -> tuple[Path, str]:
+    rng = random.Random(seed)
+    base = rng.choice(CSV_BASES)
+    text = base.read_text(encoding="utf-8", errors="replace")
+    names = []
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        text, name = _csv_mutation(text, rng)
+        names.append(name)
+    path = dest / f"case-{seed}.csv"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    return path, f"{base.name}:" + "+".join(names)
+
+
+# ---------------------------------------------------------------- Kineto JSON
+KINETO_BASE = FIXTURES / "kineto" / "h100_bert-small_sdpa_kineto.json.gz"
+
+
+def make_kineto_case(dest: Path, seed: int) -> tuple[Path, str]:
+    import gzip
+    import json
+
+    rng = random.Random(seed)
+    raw = gzip.open(KINETO_BASE).read()
+    family = rng.choice(["drop_key", "null_value", "string_number", "negative_dur", "huge_ts", "duplicate_events",
+                         "wrong_type", "truncate", "flip", "not_json", "empty_events", "no_events", "nested_garbage",
+                         "bad_utf8", "float_ts"])
+    path = dest / f"case-{seed}.json"
+    if family in ("truncate", "flip", "bad_utf8", "not_json"):
+        data = bytearray(raw)
+        if family == "truncate":
+            data = data[:rng.randint(0, len(data) - 1)]
+        elif family == "flip":
+            for _ in range(rng.randint(1, 20)):
+                data[rng.randint(0, len(data) - 1)] = rng.choice(b'{}[]",:0aZ\xff')
+        elif family == "bad_utf8":
+            i = raw.find(b'"name"', rng.randint(0, len(raw) - 100))
+            data[i + 9:i + 11] = b"\xff\xfe"
+        else:
+            data = bytearray(b"not json at all " * rng.randint(1, 100))
+        path.write_bytes(bytes(data))
+        return path, family
+    doc = json.loads(raw)
+    events = doc.get("traceEvents", [])
+    picks = [rng.randrange(len(events)) for _ in range(rng.randint(1, 10))] if events else []
+    for i in picks:
+        ev = events[i]
+        key = rng.choice(list(ev)) if ev else "ts"
+        if family == "drop_key":
+            ev.pop(key, None)
+        elif family == "null_value":
+            ev[key] = None
+        elif family == "string_number":
+            ev[key] = str(ev.get(key))
+        elif family == "negative_dur":
+            ev["dur"] = -abs(float(ev.get("dur", 1) or 1))
+        elif family == "huge_ts":
+            ev["ts"] = 1e300
+        elif family == "wrong_type":
+            ev[key] = rng.choice([[], {}, True, "x"])
+        elif family == "nested_garbage":
+            ev["args"] = {"correlation": "x", "grid": "(a, b)", "External id": [1]}
+        elif family == "float_ts":
+            ev["ts"] = float(ev.get("ts", 0) or 0) + 0.123456789
+    if family == "duplicate_events":
+        events.extend(events[i] for i in picks)
+    elif family == "empty_events":
+        doc["traceEvents"] = []
+    elif family == "no_events":
+        doc.pop("traceEvents", None)
+    path.write_text(json.dumps(doc))
+    return path, family
+
+
+# ---------------------------------------------------------------- .ncu-rep
+NCU_REP_BASE = FIXTURES / "ncu" / "rtx2080ti_two_kernels.ncu-rep"
+
+
+def make_ncurep_case(dest: Path, seed: int) -> tuple[Path, str]:
+    """Byte damage to a real report: cut, a run of bytes deleted (what made
+    NVIDIA's reader abort), bytes flipped, garbage appended, or a header only."""
+    rng = random.Random(seed)
+    data = bytearray(NCU_REP_BASE.read_bytes())
+    family = rng.choice(["truncate", "delete_run", "flip", "append", "header_only"])
+    if family == "truncate":
+        data = data[:rng.randint(4, len(data) - 1)]
+    elif family == "delete_run":
+        i = rng.randint(4, len(data) - 200)
+        del data[i:i + rng.choice([1, 8, 100, 1000])]
+    elif family == "flip":
+        for _ in range(rng.randint(1, 32)):
+            i = rng.randint(4, len(data) - 1)
+            data[i] ^= 1 << rng.randint(0, 7)
+    elif family == "append":
+        data += bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 4096)))
+    else:
+        data = data[:4]
+    path = dest / f"case-{seed}.ncu-rep"
+    path.write_bytes(bytes(data))
+    return path, family
 
 
 # ---------------------------------------------------------------- plausibility
@@ -232,13 +401,29 @@ def run_case(path: Path, mutation: str, out: Path, timeout_s: int = 60) -> Outco
     return Outcome(path.name, mutation, "accepted", "; ".join(broken))
 
 
-def run_sqlite_cases(work: Path, seeds) -> list[Outcome]:
+def _run_cases(make, work: Path, seeds) -> list[Outcome]:
     outcomes = []
     for seed in seeds:
         case_dir = work / f"c{seed}"
         case_dir.mkdir(parents=True)
-        path, mutation = make_sqlite_case(case_dir, seed)
+        path, mutation = make(case_dir, seed)
         outcomes.append(run_case(path, mutation, work / f"out{seed}"))
         shutil.rmtree(work / f"out{seed}", ignore_errors=True)
         shutil.rmtree(case_dir, ignore_errors=True)
     return outcomes
+
+
+def run_sqlite_cases(work: Path, seeds) -> list[Outcome]:
+    return _run_cases(make_sqlite_case, work, seeds)
+
+
+def run_csv_cases(work: Path, seeds) -> list[Outcome]:
+    return _run_cases(make_csv_case, work, seeds)
+
+
+def run_kineto_cases(work: Path, seeds) -> list[Outcome]:
+    return _run_cases(make_kineto_case, work, seeds)
+
+
+def run_ncurep_cases(work: Path, seeds) -> list[Outcome]:
+    return _run_cases(make_ncurep_case, work, seeds)

@@ -1,5 +1,5 @@
-"""Fuzzed inputs (``tests/fuzz_cases.py``), a fixed-seed subset: every damaged
-or odd nsys export gets a one-line error or a report whose numbers pass the
+"""Fuzzed inputs (``tests/fuzz_cases.py``), a fixed-seed subset of each format
+(nsys SQLite, ncu CSV, Kineto JSON, .ncu-rep): every damaged or odd file gets a one-line error or a report whose numbers pass the
 plausibility rules (or a notice says what was dropped); never a traceback, a
 hang, a changed input or a file beside it. ``benchmarks/fuzz.py`` runs a
 thousand cases per format."""
@@ -7,10 +7,14 @@ thousand cases per format."""
 from __future__ import annotations
 
 import fuzz_cases
+import pytest
 
 
-def test_fuzzed_nsys_exports(tmp_path):
-    outcomes = fuzz_cases.run_sqlite_cases(tmp_path, range(40))
+@pytest.mark.parametrize("run, cases", [(fuzz_cases.run_sqlite_cases, 40), (fuzz_cases.run_csv_cases, 40),
+                                        (fuzz_cases.run_kineto_cases, 40), (fuzz_cases.run_ncurep_cases, 12)],
+                         ids=["nsys-sqlite", "ncu-csv", "kineto-json", "ncu-rep"])
+def test_fuzzed_inputs(tmp_path, run, cases):
+    outcomes = run(tmp_path, range(cases))
     bad = [o for o in outcomes if o.kind not in ("error", "accepted")]
     assert not bad, "\n".join(f"{o.kind} {o.mutation}: {o.detail}" for o in bad)
     kinds = {o.kind for o in outcomes}
@@ -35,3 +39,59 @@ def test_invalid_utf8_and_odd_values_are_said(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "strings were not UTF-8" in err and "were not integers" in err
     assert "1 GPU operations dropped as implausible (1 ending before they start)" in err
+
+
+def test_a_fifo_is_refused_at_once(tmp_path, capsys):
+    import os
+
+    from headcount.cli.main import main
+
+    fifo = tmp_path / "trace.sqlite"
+    os.mkfifo(fifo)
+    assert main(["parse", str(fifo), "-o", str(tmp_path / "r")]) == 2  # returns: nothing was opened for reading
+    assert "not a regular file" in capsys.readouterr().err
+
+
+def test_a_wal_export_in_a_read_only_directory_parses_untouched(tmp_path):
+    import hashlib
+    import os
+    import shutil
+    import sqlite3
+
+    from headcount.cli.main import main
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    path = folder / "wal.sqlite"
+    shutil.copy(fuzz_cases.NSYS_BASE, path)
+    with sqlite3.connect(path) as con:
+        con.execute("PRAGMA journal_mode=WAL")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    os.chmod(folder, 0o555)
+    try:
+        assert main(["parse", str(path), "-o", str(tmp_path / "r")]) == 0
+    finally:
+        os.chmod(folder, 0o755)
+    assert sorted(p.name for p in folder.iterdir()) == ["wal.sqlite"]  # no -shm, no -wal
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+def test_an_aborting_ncu_rep_reader_is_one_line(tmp_path, monkeypatch, capsys):
+    """The .ncu-rep reader runs in a child process, so a C++ abort in it is one
+    error line. The child here is a stand-in that aborts as NVIDIA's reader
+    does on a damaged report (its message, then SIGABRT)."""
+    import shutil
+    import stat
+
+    from headcount.cli.main import main
+    from headcount.parsers import ncu_rep
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'F1203 check.cpp:42] Check failed: count >= 0' >&2\nkill -ABRT $$\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(ncu_rep.sys, "executable", str(fake))
+    report = tmp_path / "damaged.ncu-rep"
+    shutil.copy(fuzz_cases.FIXTURES / "ncu" / "rtx2080ti_two_kernels.ncu-rep", report)
+    assert main(["parse", str(report), "-o", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "damaged .ncu-rep: the reader aborted (signal SIGABRT: F1203 check.cpp:42] Check failed" in err[0]

@@ -197,3 +197,29 @@ def test_layers_from_ncu_kernels_under_headcount_ranges():
     assert pd.isna(bwd["duration_ns"]) and bool(bwd["incomplete"])  # the nan kernel: null, never 0
     heads = tables["heads"]
     assert sorted(heads["head"]) == [0, 1]
+
+
+def test_bom_odd_values_and_repeated_ids_are_handled_and_said(tmp_path, capsys):
+    """A byte-order mark is no part of the header; an occupancy above 100 %, a
+    negative duration and a repeated kernel row are dropped, said in a notice
+    and the kernel marked incomplete."""
+    import csv as csv_module
+
+    from headcount.cli.main import main
+
+    rows = list(csv_module.reader((FIX / "rtx2080ti_two_kernels.raw.C.csv").read_text().splitlines()))
+    header = rows[0]
+    occupancy = header.index("sm__warps_active.avg.pct_of_peak_sustained_active")
+    duration = header.index("gpu__time_duration.sum")
+    rows[2][occupancy], rows[3][duration] = "250", "-5"
+    rows.append(rows[3])
+    path = tmp_path / "bom.csv"
+    with path.open("w", encoding="utf-8-sig", newline="") as fh:  # writes the BOM
+        csv_module.writer(fh, quoting=csv_module.QUOTE_ALL).writerows(rows)
+    assert main(["parse", str(path), "-o", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "1 achieved_occupancy_pct outside [0, 100] %" in err and "1 duration_ns negative" in err
+    assert "1 rows repeating a kernel ID dropped" in err
+    kernels = pd.read_parquet(tmp_path / "r" / "kernels")
+    assert len(kernels) == 2 and kernels["incomplete"].tolist() == [True, True]
+    assert kernels["achieved_occupancy_pct"].isna().iloc[0] and kernels["duration_ns"].isna().iloc[1]

@@ -66,6 +66,8 @@ def run(args) -> int:
         path = Path(name)
         if not path.exists():
             raise HeadcountError(f"{path}: no such file", hint="check the path")
+        if not (path.is_file() or path.is_dir()):  # a FIFO or a device would block or never end
+            raise HeadcountError(f"{path}: not a regular file (a FIFO, socket or device)", hint="pass the exported file itself")
         sources.for_path(path)
     files = [(name, new_run_id()) for name in args.files]
     jobs = args.jobs or batch.default_jobs()

@@ -272,8 +272,13 @@ def _times(kept: list, source: str) -> tuple[np.ndarray, np.ndarray]:
 def _as_text(values: list) -> np.ndarray:
     """``values`` as an object array of ``str``, converted once per distinct value
     (pid/tid can be numbers or text such as ``"stream 7"``)."""
-    codes, uniques = pd.factorize(np.array(values, dtype=object), use_na_sentinel=False)
+    codes, uniques = pd.factorize(np.array(_hashable(values), dtype=object), use_na_sentinel=False)
     return np.array([str(u) for u in uniques], dtype=object)[codes]
+
+
+def _hashable(values: list) -> list:
+    """``values`` with lists and dicts (a damaged or hand-made trace) as their text."""
+    return [v if v is None or isinstance(v, (str, int, float)) else repr(v) for v in values]
 
 
 def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
@@ -294,7 +299,7 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
         except _Inexact:  # times with more than three decimals: as their decimal digits say
             return events_frame(msgspec.convert(events, list[_ExactEvent]), source)
     # the kind of each distinct category once (Kineto writes them in lower case), then per event by code
-    codes, cats = pd.factorize(np.array([ev.cat for ev in events], dtype=object), use_na_sentinel=False)
+    codes, cats = pd.factorize(np.array(_hashable([ev.cat for ev in events]), dtype=object), use_na_sentinel=False)
     kind_of = np.array([_KIND_BY_CAT.get(c) or _KIND_BY_CAT.get(str(c).lower()) or
                         ("module?" if str(c).lower() == "python_function" else None) for c in cats], dtype=object)
     kind_all = kind_of[codes]

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import csv
-import io
 import re
 from pathlib import Path
 
@@ -70,21 +69,32 @@ def _number(cell: str, thousands: str, decimal: str) -> float | None:
     return to_float(text)
 
 
-def _rows(path: Path) -> list[list[str]]:
+def _rows(path: Path):
+    """The CSV's rows, read as a stream (never the whole file at once): a file
+    that stops being CSV fails at that row, whatever its size. ncu's own
+    ``==PROF==`` lines are skipped; a byte-order mark is dropped.
+
+    Raises:
+        HeadcountError: missing, unreadable, binary, or malformed at some row.
+    """
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as fh:
+            head = fh.read(4096)
     except FileNotFoundError as exc:
         raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
     except OSError as exc:
         raise HeadcountError(f"{path}: cannot be read ({exc.strerror})", hint="check its permissions") from exc
-    if b"\x00" in raw[:4096]:
+    if b"\x00" in head:
         raise HeadcountError(f"{path}: not an ncu CSV (binary data)", hint="for a .ncu-rep report, pass the .ncu-rep file itself")
-    text = raw.decode("utf-8", errors="replace")
-    lines = [line for line in text.splitlines() if not line.startswith("==")]
-    try:
-        return [row for row in csv.reader(io.StringIO("\n".join(lines)), strict=True) if row]
-    except csv.Error as exc:
-        raise HeadcountError(f"{path}: malformed CSV ({exc}); the file may be cut mid-row", hint="export it again with `ncu --import … --csv`") from exc
+    with path.open("r", encoding="utf-8-sig", errors="replace", newline="") as fh:
+        lines = (line for line in fh if not line.startswith("=="))
+        try:
+            for row in csv.reader(lines, strict=True):
+                if row:
+                    yield row
+        except csv.Error as exc:
+            raise HeadcountError(f"{path}: malformed CSV ({exc}); the file may be cut mid-row",
+                                 hint="export it again with `ncu --import … --csv`") from exc
 
 
 def read_csv(path: str | Path, locale: str | None = None) -> pd.DataFrame:
@@ -99,13 +109,18 @@ def read_csv(path: str | Path, locale: str | None = None) -> pd.DataFrame:
     """
     path = Path(path)
     rows = _rows(path)
-    if not rows:
+    first = next(rows, None)
+    if first is None:
         raise HeadcountError(f"{path}: empty file", hint="export the report with `ncu --import R --csv --page raw`")
-    header = rows[0]
+    header = [h.strip() for h in first]
+    if "ID" not in header:
+        raise HeadcountError(f"{path}: not an ncu CSV (no ID column)", hint="export with `ncu --import R --csv --page raw`")
+    if len(set(header)) != len(header):
+        raise HeadcountError(f"{path}: not an ncu CSV (a column name repeats)", hint="export it again with `ncu --import … --csv`")
     if "Metric Name" in header and "Metric Value" in header:
-        kernels = _details(path, header, rows[1:], locale)
+        kernels = _details(path, header, rows, locale)
     elif "ID" in header and "Kernel Name" in header:
-        kernels = _raw(path, header, rows[1:], locale)
+        kernels = _raw(path, header, rows, locale)
     else:
         raise HeadcountError(f"{path}: not an ncu CSV (no ID / Kernel Name columns)", hint="export with `ncu --import R --csv --page raw`")
     if not kernels:
@@ -127,17 +142,27 @@ def _identity(record: dict) -> dict:
     }
 
 
-def _raw(path: Path, header: list[str], rows: list[list[str]], locale) -> list[dict]:
+def _checked(path: Path, rows, width: int, at_least: bool = False):
+    """``rows`` as a list, each checked as it is read: ``width`` columns (or more
+    than ``width`` with ``at_least``); the first row that is not is an error."""
+    kept = []
+    for n, row in enumerate(rows, start=2):
+        if (len(row) <= width) if at_least else (len(row) != width):
+            raise HeadcountError(f"{path}: row {n} has {len(row)} columns where {'more than ' if at_least else ''}{width} "
+                                 "belong (a file cut mid-row, or not ncu's CSV past that point)", hint="export it again")
+        kept.append(row)
+    return kept
+
+
+def _raw(path: Path, header: list[str], rows, locale) -> list[dict]:
+    rows = _checked(path, rows, len(header))
     units = [""] * len(header)
     if rows and not rows[0][0].strip():  # the units row: identity columns are empty
         units, rows = rows[0], rows[1:]
     wanted = [i for i, name in enumerate(header) if "__" in name]
-    thousands, decimal = _separators((r[i] for r in rows if len(r) == len(header) for i in wanted), locale)
+    thousands, decimal = _separators((r[i] for r in rows for i in wanted), locale)
     kernels = []
-    for n, row in enumerate(rows, start=3):
-        if len(row) != len(header):
-            where = "the last row" if n == len(rows) + 2 else f"row {n}"
-            raise HeadcountError(f"{path}: {where} has {len(row)} of {len(header)} columns (file cut mid-row?)", hint="export it again")
+    for row in rows:
         record = dict(zip(header, row))
         kernel = _identity(record)
         kernel["metrics"] = {header[i]: (_number(row[i], thousands, decimal), units[i] if i < len(units) else "") for i in wanted}
@@ -145,12 +170,10 @@ def _raw(path: Path, header: list[str], rows: list[list[str]], locale) -> list[d
     return kernels
 
 
-def _details(path: Path, header: list[str], rows: list[list[str]], locale) -> list[dict]:
+def _details(path: Path, header: list[str], rows, locale) -> list[dict]:
     col = {name: i for i, name in enumerate(header)}
     need = max(col["Metric Name"], col["Metric Value"], col.get("Metric Unit", 0))
-    for n, row in enumerate(rows, start=2):
-        if len(row) <= need:
-            raise HeadcountError(f"{path}: row {n} has {len(row)} columns, fewer than a metric needs (file cut mid-row?)", hint="export it again")
+    rows = _checked(path, rows, need, at_least=True)
     thousands, decimal = _separators((r[col["Metric Value"]] for r in rows), locale)
     kernels: dict[str, dict] = {}
     for row in rows:

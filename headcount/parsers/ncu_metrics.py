@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 
 # The one table of ncu metrics: headcount column → (ncu metric names, first present wins;
@@ -132,14 +131,60 @@ def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
     static, dynamic = frame.pop("shared_memory_static_bytes"), frame.pop("shared_memory_dynamic_bytes")
     frame["shared_memory_bytes"] = (static + dynamic).astype("Float64")
     for col in ("duration_ns", "registers_per_thread", "ncu_id", "stream", "block_threads"):
-        frame[col] = pd.to_numeric(frame[col], errors="coerce").round().astype("Int64")
+        values = pd.to_numeric(frame[col], errors="coerce")
+        frame[col] = values.where(values.abs() < 2**62).round().astype("Int64")  # a 30-digit ID is no ID
     total = frame["dram_read_bytes"] + frame["dram_write_bytes"]
     frame["dram_bytes"] = frame["dram_bytes"].where(frame["dram_bytes"].notna(), total)
     for col in ("dram_bytes", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "dram_throughput_pct", "achieved_occupancy_pct",
                 "theoretical_occupancy_pct", "tensor_pipe_pct", "shared_memory_config_bytes"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Float64")
-    frame["device"] = frame["device"].map(lambda d: None if d is None or (isinstance(d, float) and np.isnan(d)) else f"cuda:{int(float(d))}")
-    frame["pid"] = frame["pid"].map(lambda p: None if p is None else str(int(float(p))))
+    frame["device"] = frame["device"].map(_device)
+    frame["pid"] = frame["pid"].map(_pid)
+    return _plausible(frame)
+
+
+def _device(d) -> str | None:
+    value = to_float(d)
+    return None if value is None or value < 0 or value != int(value) else f"cuda:{int(value)}"
+
+
+def _pid(p) -> str | None:
+    value = to_float(p)
+    return None if value is None or value < 0 or value != int(value) else str(int(value))
+
+
+_PCT = ("dram_throughput_pct", "achieved_occupancy_pct", "theoretical_occupancy_pct", "tensor_pipe_pct")
+_NON_NEGATIVE = ("duration_ns", "dram_bytes", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "shared_memory_bytes",
+                 "registers_per_thread")
+
+
+def _plausible(frame: pd.DataFrame) -> pd.DataFrame:
+    """Values that break physics (a percentage outside [0, 100], a negative
+    duration, byte count or register count) become null and mark their kernel
+    ``incomplete``; a kernel ID seen twice keeps its first row. What was done
+    is said once, in ``frame.attrs["notices"]``."""
+    duplicated = frame["ncu_id"].notna() & frame["ncu_id"].duplicated()
+    if duplicated.any():
+        frame = frame[~duplicated].reset_index(drop=True)
+    notices, flagged = [], pd.Series(False, index=frame.index)
+    for cols, bad_of, what in ((_PCT, lambda v: (v < 0) | (v > 100), "outside [0, 100] %"),
+                               (_NON_NEGATIVE, lambda v: v < 0, "negative")):
+        for col in cols:
+            if col not in frame:
+                continue
+            bad = bad_of(pd.to_numeric(frame[col], errors="coerce")).fillna(False).astype(bool)
+            if bad.any():
+                frame.loc[bad, col] = pd.NA
+                flagged |= bad
+                notices.append(f"{int(bad.sum())} {col} {what}")
+    if flagged.any():
+        frame["incomplete"] = frame["incomplete"].astype(bool) | flagged
+    said = []
+    if notices:
+        said.append(f"implausible values dropped, their kernels marked incomplete: {', '.join(notices)}")
+    if duplicated.any():
+        said.append(f"{int(duplicated.sum())} rows repeating a kernel ID dropped")
+    frame.attrs["notices"] = said
     return frame
 
 

@@ -9,6 +9,10 @@ them rounded.
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -65,8 +69,15 @@ def _nvtx_path(action) -> str | None:
 def read_report(path: str | Path) -> pd.DataFrame:
     """Read every profiled kernel of an ``.ncu-rep`` into headcount's kernels table.
 
+    NVIDIA's reader is C++ and aborts the whole process on some damaged files,
+    so it runs in a child process (:func:`read_here` through ``python -m
+    headcount.parsers.ncu_rep``): an abort becomes one line. Records without a
+    kernel name and without a metric (what damage leaves) are dropped, and
+    ``frame.attrs["notices"]`` says how many.
+
     Raises:
-        HeadcountError: no ncu_report module, the file is missing, not a report, or empty.
+        HeadcountError: no ncu_report module, the file is missing, not a report,
+            empty, or the reader aborted on it.
     """
     path = Path(path)
     if not path.is_file():
@@ -74,6 +85,35 @@ def read_report(path: str | Path) -> pd.DataFrame:
     with path.open("rb") as fh:
         if fh.read(4) != b"NVR\x00":  # the magic of every .ncu-rep seen so far
             raise HeadcountError(f"{path}: not a readable Nsight Compute report (no NVR header)", hint="pass a file written by `ncu -o`")
+    with tempfile.TemporaryDirectory(prefix="headcount-ncu-") as tmp:
+        result = Path(tmp) / "kernels.pkl"
+        try:
+            done = subprocess.run([sys.executable, "-m", "headcount.parsers.ncu_rep", str(path), str(result)],
+                                  capture_output=True, text=True, timeout=READ_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            raise HeadcountError(f"{path}: the .ncu-rep reader gave no answer in {READ_TIMEOUT_S} s",
+                                 hint="export it with `ncu --import R --csv --page raw` and pass the CSV") from exc
+        if done.returncode == 0:
+            frame, notices = pd.read_pickle(result)
+            frame.attrs["notices"] = notices
+            return frame
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        said = [ln for ln in lines if ln.startswith(_ERROR)]
+        if said:
+            _, message, hint = (said[-1].split("\t") + ["", ""])[:3]
+            raise HeadcountError(message, hint=hint or None)
+        why = (f"signal {signal.Signals(-done.returncode).name}" if done.returncode < 0 else f"exit status {done.returncode}")
+        last = lines[-1].strip()[:200] if lines else "no message"
+        raise HeadcountError(f"{path}: damaged .ncu-rep: the reader aborted ({why}: {last})",
+                             hint="record it again, or export what ncu can read with `ncu --import R --csv --page raw`")
+
+
+READ_TIMEOUT_S = 600
+_ERROR = "HEADCOUNT-ERROR\t"
+
+
+def read_here(path: Path) -> tuple[pd.DataFrame, list[str]]:
+    """:func:`read_report`'s work, in this process: ``(kernels, notices)``."""
     ncu_report = _module()
     try:
         context = ncu_report.load_report(str(path))
@@ -81,7 +121,7 @@ def read_report(path: str | Path) -> pd.DataFrame:
         raise HeadcountError(f"{path}: not a readable Nsight Compute report ({str(exc).strip()[:200]})",
                              hint="a report from a newer ncu needs a newer ncu-report package") from exc
     wanted = {n for names in METRICS.values() for n in names}
-    kernels = []
+    kernels, empty = [], 0
     for r in range(context.num_ranges()):
         rng = context.range_by_idx(r)
         for a in range(rng.num_actions()):
@@ -90,12 +130,16 @@ def read_report(path: str | Path) -> pd.DataFrame:
             metrics = {}
             for name in wanted & names:
                 metrics[name] = (_metric(action, name), action.metric_by_name(name).unit())
+            kernel_name = action.name(ncu_report.IAction.NameBase_DEMANGLED)
+            if not kernel_name and not any(v is not None for v, _ in metrics.values()):
+                empty += 1  # no name, no value: what a damaged record reads as
+                continue
             dims = [_metric(action, f"launch__{k}_dim_{ax}") for k in ("grid", "block") for ax in "xyz"]
             grid = f"({int(dims[0])}, {int(dims[1])}, {int(dims[2])})" if None not in dims[:3] else None
             block = f"({int(dims[3])}, {int(dims[4])}, {int(dims[5])})" if None not in dims[3:] else None
             kernels.append({
                 "ncu_id": len(kernels),
-                "name": action.name(ncu_report.IAction.NameBase_DEMANGLED),
+                "name": kernel_name,
                 "pid": None,
                 "device": _metric(action, "launch__device_id"),
                 "stream": _metric(action, "launch__stream_id"),
@@ -105,6 +149,23 @@ def read_report(path: str | Path) -> pd.DataFrame:
                 "device_name": _text(action, DEVICE_NAME),
                 "metrics": metrics,
             })
+    notices = [f"{empty} records without a kernel name or any metric dropped (a damaged report?)"] if empty else []
     if not kernels:
-        raise HeadcountError(f"{path}: holds no profiled kernel", hint="check that ncu profiled something")
-    return kernels_frame(kernels, "ncu")
+        raise HeadcountError(f"{path}: holds no profiled kernel" + (f" ({empty} damaged records)" if empty else ""),
+                             hint="check that ncu profiled something, or record it again")
+    return kernels_frame(kernels, "ncu"), notices
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m headcount.parsers.ncu_rep REPORT RESULT``: :func:`read_here`, pickled to RESULT."""
+    path, result = Path(argv[0]), Path(argv[1])
+    try:
+        pd.to_pickle(read_here(path), result)
+    except HeadcountError as exc:
+        print(f"{_ERROR}{exc.message}\t{exc.hint or ''}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

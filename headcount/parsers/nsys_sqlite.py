@@ -61,7 +61,8 @@ class _SqliteSource:
             raise HeadcountError(f"{path}: cannot be read ({exc.strerror})", hint="check its permissions") from exc
         if magic != _SQLITE_MAGIC:
             raise HeadcountError(f"{path}: not an SQLite file", hint="export the report with `nsys export --type sqlite`")
-        self.con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        # immutable: no lock, no -shm/-wal file beside an export (a WAL-mode file in a read-only directory reads too)
+        self.con = sqlite3.connect(_uri(path), uri=True)
         self.bad_text = 0  # strings that were not UTF-8 (read with U+FFFD in their place)
         self.con.text_factory = self._decode
         try:
@@ -100,7 +101,7 @@ class _SqliteSource:
         """The result as Arrow record batches, read as they are consumed."""
         import adbc_driver_sqlite.dbapi as adbc
 
-        with adbc.connect(f"file:{self.path.absolute()}?mode=ro") as con, con.cursor() as cur:
+        with adbc.connect(_uri(self.path)) as con, con.cursor() as cur:
             cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})  # the driver's default: 1024
             cur.execute(sql)
             yield from cur.fetch_record_batch()
@@ -167,6 +168,13 @@ class _ParquetDirSource:
 
 
 NULL_INT = -1  # no timestamp, id, count or size in an nsys export is negative
+
+
+def _uri(path: Path) -> str:
+    """The read-only, immutable SQLite URI of ``path`` (any character in its name quoted)."""
+    from urllib.parse import quote
+
+    return f"file:{quote(str(path.absolute()))}?mode=ro&immutable=1"
 
 
 def _is_int(value) -> bool:
