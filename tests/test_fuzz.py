@@ -95,3 +95,19 @@ def test_an_aborting_ncu_rep_reader_is_one_line(tmp_path, monkeypatch, capsys):
     assert main(["parse", str(report), "-o", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "damaged .ncu-rep: the reader aborted (signal SIGABRT: F1203 check.cpp:42] Check failed" in err[0]
+
+
+def test_schema_drift_is_named_as_such(tmp_path, capsys):
+    import shutil
+    import sqlite3
+
+    from headcount.cli.main import main
+
+    path = tmp_path / "drift.sqlite"
+    shutil.copy(fuzz_cases.NSYS_BASE, path)
+    with sqlite3.connect(path) as con:
+        con.execute('ALTER TABLE NVTX_EVENTS RENAME COLUMN "start" TO "startNs"')
+        con.execute("DROP TABLE StringIds")
+    assert main(["parse", str(path), "-o", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "an export schema headcount does not know (" in err and "no such column: e.start" in err

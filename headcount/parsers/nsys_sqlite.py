@@ -68,7 +68,7 @@ class _SqliteSource:
         try:
             self.con.execute("PRAGMA schema_version").fetchone()
             self.con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:  # a damaged schema can make SQLite's own message undecodable
             self.con.close()
             raise HeadcountError(f"{path}: damaged or truncated SQLite export ({exc})", hint="export the report again") from exc
 
@@ -94,7 +94,7 @@ class _SqliteSource:
     def rows(self, sql: str) -> list[tuple]:
         try:
             return self.con.execute(sql).fetchall()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:
             raise _damaged(self.path, exc) from exc
 
     def batches(self, sql: str):
@@ -183,8 +183,12 @@ def _is_int(value) -> bool:
 
 
 def _damaged(path: Path, exc: BaseException) -> HeadcountError:
-    """The one error for a file the database engine cannot read as asked."""
+    """The one error for a file the database engine cannot read as asked: a
+    schema headcount does not know (a table or column missing or renamed), or damage."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if any(k in first.lower() for k in ("no such column", "no such table", "not found in from clause", "does not exist")):
+        return HeadcountError(f"{path}: an export schema headcount does not know ({first})",
+                              hint="export it with the nsys that recorded it; if it is that nsys's own schema, report it")
     return HeadcountError(f"{path}: damaged or truncated export ({first})", hint="export the report again")
 
 
@@ -569,6 +573,10 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
         notices = []
         ranges, runtime, gpu = (_plausible(frame, what, notices) for frame, what in (
             (ranges, "NVTX ranges"), (runtime, "CUDA API calls"), (gpu, "GPU operations")))
+        if len(ranges) and "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:
+            notices.append("no kernel table: recorded without CUDA tracing (`nsys profile --trace=cuda,nvtx`)?")
+        if "CUPTI_ACTIVITY_KIND_KERNEL" in tables and not strings:
+            notices.append("no StringIds table: kernel and API call names are missing")
         if getattr(src, "bad_text", 0):
             notices.append(f"{src.bad_text} strings were not UTF-8: shown with U+FFFD where their bytes were")
         if getattr(src, "odd_values", 0):
