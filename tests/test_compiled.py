@@ -164,7 +164,12 @@ def test_activation_checkpointing_keeps_forward_and_backward_ranges():
     with prof:
         compiled(**inputs).loss.backward()
     layers = prof.get_stats()["layers"]
-    assert sorted(zip(layers["phase"], layers["layer"])) == [("bwd", 0), ("bwd", 1), ("fwd", 0), ("fwd", 1)]
+    grid = sorted(zip(layers["phase"], layers["layer"].astype(int)))
+    assert [g for g in grid if g[0] != "recompute"] == [("bwd", 0), ("bwd", 1), ("fwd", 0), ("fwd", 1)]
+    # transformers 5.25's checkpointing breaks Dynamo's graph (4 breaks untagged, 1 with 5.24): the checkpointed
+    # layers then run outside the compiled graph and their recompute is tagged; with 5.24 Inductor recomputes
+    # them inside it, untagged. Never one layer only
+    assert [g for g in grid if g[0] == "recompute"] in ([], [("recompute", 0), ("recompute", 1)])
 
 
 def test_profile_command_compiles_before_measuring(tmp_path, capsys):

@@ -197,9 +197,9 @@ def run_device(kernels: pd.DataFrame) -> dict | None:
         return None
     first = kernels[kernels["device_name"].notna()].iloc[0]
 
-    def num(col):
-        v = first.get(col)
-        return None if v is None or pd.isna(v) else int(v)
+    def num(col):  # a device attribute: a small non-negative integer, else unknown
+        v = to_float(first.get(col))
+        return int(v) if v is not None and 0 <= v < 2**31 and v == int(v) else None
 
     major, minor = num("device_cc_major"), num("device_cc_minor")
     return {"kind": "cuda", "name": str(first["device_name"]),

@@ -149,7 +149,7 @@ def _to_arrow(frame: pd.DataFrame, schema: pa.Schema, table: str, words_of: dict
                 if numeric and not pd.api.types.is_numeric_dtype(values.dtype):
                     values = pd.to_numeric(values, errors="raise")
                 columns[field.name] = pa.array(values, type=field.type, from_pandas=True)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError) as exc:
+            except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError, OverflowError) as exc:
                 raise HeadcountError(f"table {table}: column {field.name} does not fit its schema ({exc})") from exc
         else:
             columns[field.name] = pa.nulls(len(frame), type=field.type)
