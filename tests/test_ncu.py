@@ -223,3 +223,19 @@ def test_bom_odd_values_and_repeated_ids_are_handled_and_said(tmp_path, capsys):
     kernels = pd.read_parquet(tmp_path / "r" / "kernels")
     assert len(kernels) == 2 and kernels["incomplete"].tolist() == [True, True]
     assert kernels["achieved_occupancy_pct"].isna().iloc[0] and kernels["duration_ns"].isna().iloc[1]
+
+
+def test_a_unit_headcount_does_not_know_is_never_guessed(tmp_path, capsys):
+    import csv as csv_module
+
+    from headcount.cli.main import main
+
+    rows = list(csv_module.reader((FIX / "rtx2080ti_two_kernels.raw.C.csv").read_text().splitlines()))
+    rows[1][rows[0].index("gpu__time_duration.sum")] = "furlong"
+    path = tmp_path / "units.csv"
+    with path.open("w", newline="") as fh:
+        csv_module.writer(fh, quoting=csv_module.QUOTE_ALL).writerows(rows)
+    assert main(["parse", str(path), "-o", str(tmp_path / "r")]) == 0
+    assert "2 duration_ns in 'furlong'" in capsys.readouterr().err
+    kernels = pd.read_parquet(tmp_path / "r" / "kernels")
+    assert kernels["duration_ns"].isna().all() and kernels["incomplete"].all()

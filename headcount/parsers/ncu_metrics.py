@@ -105,7 +105,7 @@ def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
         The kernels table (schema of :data:`headcount.tables.KERNELS`),
         plus ``incomplete`` and ``missing_metrics``.
     """
-    rows = []
+    rows, odd_units = [], {}
     for k in kernels:
         metrics = k["metrics"]
         row = {key: k.get(key) for key in ("ncu_id", "name", "pid", "device", "stream", "grid", "block", "nvtx_path", "device_name")}
@@ -115,6 +115,10 @@ def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
             value = None
             if present is not None:
                 raw, unit = metrics[present]
+                if raw is not None and not unit_known(column, unit):  # never a number scaled by a guess
+                    odd_units.setdefault((column, str(unit).strip()), 0)
+                    odd_units[(column, str(unit).strip())] += 1
+                    raw = None
                 broken |= raw is None
                 value = None if raw is None else raw * unit_factor(unit)
             elif column in CORE:
@@ -140,7 +144,28 @@ def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Float64")
     frame["device"] = frame["device"].map(_device)
     frame["pid"] = frame["pid"].map(_pid)
-    return _plausible(frame)
+    frame = _plausible(frame)
+    if odd_units:
+        frame.attrs["notices"] = [*frame.attrs.get("notices", []), "values in units headcount does not know read as missing, "
+                                  "their kernels marked incomplete: " + ", ".join(f"{n} {col} in '{unit}'" for (col, unit), n in odd_units.items())]
+    return frame
+
+
+def unit_known(column: str, unit: str | None) -> bool:
+    """Whether ``unit`` is one headcount can convert for ``column`` (times for
+    ``_ns``, byte multiples for ``_bytes``, ``%`` for ``_pct``; no unit is
+    taken as the base unit; other columns are counts and not checked)."""
+    unit = (unit or "").strip()
+    if not unit:
+        return True
+    base = unit.partition("/")[0]
+    if column.endswith("_ns"):
+        return base in _TIME
+    if column.endswith("_bytes"):
+        return base.endswith("byte") and base[:-4] in _SCALE
+    if column.endswith("_pct"):
+        return unit == "%"
+    return True
 
 
 def _device(d) -> str | None:
