@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from headcount.errors import HeadcountError
-from headcount.parsers.ncu_metrics import DEVICE_NAME, DISPLAY_NAMES, kernels_frame, to_float
+from headcount.parsers.ncu_metrics import DEVICE_NAME, DISPLAY_NAMES, METRICS, kernels_frame, to_float
 
 # details-page display names -> raw metric names
 
@@ -143,26 +143,48 @@ def _identity(record: dict) -> dict:
 
 
 def _checked(path: Path, rows, width: int, at_least: bool = False):
-    """``rows`` as a list, each checked as it is read: ``width`` columns (or more
-    than ``width`` with ``at_least``); the first row that is not is an error."""
-    kept = []
+    """``rows``, each checked as it is read: ``width`` columns (or more than
+    ``width`` with ``at_least``); the first row that is not is an error."""
     for n, row in enumerate(rows, start=2):
         if (len(row) <= width) if at_least else (len(row) != width):
             raise HeadcountError(f"{path}: row {n} has {len(row)} columns where {'more than ' if at_least else ''}{width} "
                                  "belong (a file cut mid-row, or not ncu's CSV past that point)", hint="export it again")
-        kept.append(row)
-    return kept
+        yield row
+
+
+# the metrics the kernels table is built from: only these are kept per kernel (a raw page may hold ~1,000 columns)
+_READ = {name for names in METRICS.values() for name in names}
+
+
+def _body(path: Path):
+    """The rows after the header, read again from the file (the second pass)."""
+    rows = _rows(path)
+    next(rows, None)
+    return rows
 
 
 def _raw(path: Path, header: list[str], rows, locale) -> list[dict]:
-    rows = _checked(path, rows, len(header))
-    units = [""] * len(header)
-    if rows and not rows[0][0].strip():  # the units row: identity columns are empty
-        units, rows = rows[0], rows[1:]
-    wanted = [i for i, name in enumerate(header) if "__" in name]
-    thousands, decimal = _separators((r[i] for r in rows for i in wanted), locale)
+    """Two passes over the file, neither keeping its rows: the first checks every
+    row's width, finds the units row and infers the number format; the second
+    keeps, per kernel, its identity and the metrics headcount reads."""
+    evidence = [i for i, name in enumerate(header) if "__" in name]
+    wanted = [i for i, name in enumerate(header) if name in _READ]
+    found: dict = {}
+
+    def cells():
+        for n, row in enumerate(_checked(path, rows, len(header))):
+            if n == 0 and not row[0].strip():  # the units row: identity columns are empty
+                found["units"] = row
+                continue
+            yield from (row[i] for i in evidence)
+
+    inferred = _separators(cells(), None)  # reads every row once
+    thousands, decimal = _separators((), locale) if locale else inferred
+    units = found.get("units") or [""] * len(header)
     kernels = []
-    for row in rows:
+    for n, row in enumerate(_body(path)):
+        if n == 0 and "units" in found:
+            continue
         record = dict(zip(header, row))
         kernel = _identity(record)
         kernel["metrics"] = {header[i]: (_number(row[i], thousands, decimal), units[i] if i < len(units) else "") for i in wanted}
@@ -171,12 +193,14 @@ def _raw(path: Path, header: list[str], rows, locale) -> list[dict]:
 
 
 def _details(path: Path, header: list[str], rows, locale) -> list[dict]:
+    """Two passes as :func:`_raw`: widths and number format first, then the
+    metrics headcount reads, per kernel."""
     col = {name: i for i, name in enumerate(header)}
     need = max(col["Metric Name"], col["Metric Value"], col.get("Metric Unit", 0))
-    rows = _checked(path, rows, need, at_least=True)
-    thousands, decimal = _separators((r[col["Metric Value"]] for r in rows), locale)
+    inferred = _separators((r[col["Metric Value"]] for r in _checked(path, rows, need, at_least=True)), None)
+    thousands, decimal = _separators((), locale) if locale else inferred
     kernels: dict[str, dict] = {}
-    for row in rows:
+    for row in _body(path):
         record = dict(zip(header, row))
         key = record["ID"]
         kernel = kernels.get(key)
@@ -184,7 +208,7 @@ def _details(path: Path, header: list[str], rows, locale) -> list[dict]:
             kernel = kernels[key] = {**_identity(record), "metrics": {}}
         name = record["Metric Name"]
         metric = DISPLAY_NAMES.get(name, name)
-        if metric in kernel["metrics"] and name in DISPLAY_NAMES:
-            continue  # a display name repeated in another section: keep the first
+        if metric not in _READ or (metric in kernel["metrics"] and name in DISPLAY_NAMES):
+            continue  # not read; or a display name repeated in another section: keep the first
         kernel["metrics"][metric] = (_number(record["Metric Value"], thousands, decimal), record.get("Metric Unit", ""))
     return list(kernels.values())
