@@ -29,6 +29,7 @@ from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling
 from headcount.errors import HeadcountError
 from headcount.parsers import ncu_metrics, nsys_sqlite
+from headcount.parsers.plausible import drop_implausible
 from headcount.tables import Timeline
 from headcount.tagging.naming import DOMAIN, STEP_DOMAIN, parse_path
 
@@ -365,10 +366,7 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
     notices: list[str] = []
     if not len(events):
         raise HeadcountError("the trace holds no complete event (ph \"X\")", hint="record with torch.profiler.profile() around some work")
-    backwards = (events["end_ns"] < events["start_ns"]).to_numpy()
-    if backwards.any():  # a negative duration: no such event happened; said, never passed on
-        notices.append(f"{int(backwards.sum())} events with a negative duration dropped as implausible")
-        events = events[~backwards].reset_index(drop=True)
+    events = drop_implausible(events, "events", notices)  # a negative duration: no such event happened
     ours = (events["kind"] == "range") & events["name"].astype(str).str.startswith(DOMAIN + "@")
     calls, by_modules = [], False
     if not ours.any():

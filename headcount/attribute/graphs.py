@@ -116,8 +116,9 @@ def replay_instances(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray
     ids = ranges["range_id"].to_numpy(np.int64)
     present = positions(ids, capturing) >= 0
     rows, capturing = rows[present], capturing[present]
+    levels = ancestor_rows(ranges, capturing)  # levels[0]: the capturing range's row, then its parent's, …
     made = np.zeros(len(ranges), dtype=bool)  # ranges in which nodes of the replayed kernels were made
-    for level in ancestor_rows(ranges, capturing):
+    for level in levels:
         made[level[level >= 0]] = True
     ranges["graph_capture"] = made
     # a replay launched inside a range of the capturing range's own path has that range for
@@ -127,7 +128,7 @@ def replay_instances(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray
     text = ranges[label].astype(object).to_numpy()
     live = positions(ids, inner[rows])
     same = (live >= 0) & (text[np.maximum(live, 0)] == text[positions(ids, capturing)])
-    rows, capturing = rows[~same], capturing[~same]
+    rows, capturing, levels = rows[~same], capturing[~same], [level[~same] for level in levels]
     if not len(rows):
         return ranges, inner
 
@@ -135,7 +136,6 @@ def replay_instances(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray
     pid_code, _ = pd.factorize(work["launch_pid"].to_numpy()[rows])
     correlation = pd.to_numeric(work["correlation_id"]).to_numpy(np.int64)[rows]
     replay, _ = pd.factorize(pid_code.astype(np.int64) * (int(correlation.max()) + 1) + correlation)
-    levels = ancestor_rows(ranges, capturing)  # levels[0]: the capturing range's row, then its parent's, …
     if replayable is not None:
         levels = [np.where((level >= 0) & replayable[np.maximum(level, 0)], level, -1) for level in levels]
     own_row = np.full(len(rows), -1, dtype=np.int64)  # the innermost replayable range of each kernel

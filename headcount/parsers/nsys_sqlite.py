@@ -35,6 +35,7 @@ from pandas.api.types import union_categoricals
 
 from headcount.arrays import unique_inverse
 from headcount.errors import HeadcountError
+from headcount.parsers.plausible import drop_implausible
 from headcount.tables import Timeline
 
 RANGE_EVENT_TYPES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
@@ -571,7 +572,7 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
         gpu = _read_gpu(src, tables, strings, only)
         graph_nodes = _read_graph_nodes(src, tables, only)
         notices = []
-        ranges, runtime, gpu = (_plausible(frame, what, notices) for frame, what in (
+        ranges, runtime, gpu = (drop_implausible(frame, what, notices) for frame, what in (
             (ranges, "NVTX ranges"), (runtime, "CUDA API calls"), (gpu, "GPU operations")))
         if len(ranges) and "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:
             notices.append("no kernel table: recorded without CUDA tracing (`nsys profile --trace=cuda,nvtx`)?")
@@ -592,26 +593,6 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
         raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     return Timeline(ranges=ranges, runtime=runtime, gpu=gpu, gpu_metrics=metrics, meta=meta, devices=devices,
                     graph_nodes=graph_nodes, notices=notices)
-
-
-def _plausible(frame: pd.DataFrame, what: str, notices: list[str]) -> pd.DataFrame:
-    """``frame`` without rows that break physics: no start time, or an end before
-    the start (a range left open is not one); what was dropped goes into ``notices``."""
-    if not len(frame) or "start_ns" not in frame:
-        return frame
-    start = pd.to_numeric(frame["start_ns"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
-    end = pd.to_numeric(frame["end_ns"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
-    no_start = np.isnan(start) | (start < 0)
-    backwards = ~no_start & ~np.isnan(end) & (end < start)
-    if "end_missing" in frame:
-        backwards &= ~frame["end_missing"].to_numpy(dtype=bool)
-    bad = no_start | backwards | (np.isnan(end) & ~frame.get("end_missing", pd.Series(False, index=frame.index)).to_numpy(dtype=bool))
-    if not bad.any():
-        return frame
-    reasons = [f"{int(n)} {why}" for n, why in ((no_start.sum(), "without a start time"), (backwards.sum(), "ending before they start"),
-                                                  ((bad & ~no_start & ~backwards).sum(), "without an end time")) if n]
-    notices.append(f"{int(bad.sum())} {what} dropped as implausible ({', '.join(reasons)})")
-    return frame[~bad].reset_index(drop=True)
 
 
 # TARGET_INFO_GPU column → our name (units: bytes, Hz, counts; memoryBandwidth is bytes/s)

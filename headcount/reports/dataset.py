@@ -420,8 +420,7 @@ def commit(out: str | Path, run_ids: list[str], append: bool = False, force: boo
     journal = None
     with report_lock(out):
         try:
-            recover(out, locked=True)
-            check_output(out, append=append, force=force)
+            check_output(out, append=append, force=force)  # completes an interrupted commit first (recover)
             previous = read_marker(out)
             if append and not force and previous.get("schema_version") not in (None, SCHEMA_VERSION):
                 raise HeadcountError(f"{out}: holds a report of schema {previous['schema_version']}, this headcount writes "
@@ -488,14 +487,11 @@ def _run_journal(out: Path, journal: dict) -> None:
     (out / JOURNAL).unlink(missing_ok=True)
 
 
-def recover(out: str | Path, locked: bool = False) -> bool:
+def recover(out: str | Path) -> bool:
     """Finish a commit a crash interrupted (its journal), and remove staging
-    no live process claims, ``.trash-*`` left behind and temporary files.
-    Does nothing where the directory cannot be written (a reader then sees
-    the runs ``headcount.json`` lists).
-
-    Args:
-        locked: the caller holds :func:`report_lock` already.
+    no live process claims, ``.trash-*`` left behind and temporary files,
+    under the report's lock. Does nothing where the directory cannot be
+    written (a reader then sees the runs ``headcount.json`` lists).
 
     Returns:
         Whether an interrupted commit was completed.
@@ -506,26 +502,24 @@ def recover(out: str | Path, locked: bool = False) -> bool:
     stale = [e for e in out.iterdir() if e.name.startswith((".staging-", ".trash-", f".headcount-{MARKER}.", f".headcount-{JOURNAL}."))]
     if not (out / JOURNAL).exists() and not stale:
         return False
-    if not locked:
-        with report_lock(out):
-            return recover(out, locked=True)
-    completed = False
-    if (out / JOURNAL).exists():
-        try:
-            journal = json.loads((out / JOURNAL).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise HeadcountError(f"{out / JOURNAL}: unreadable commit journal ({exc})",
-                                 hint="a commit was interrupted; remove the journal and check the report, or use --force") from exc
-        _run_journal(out, journal)
-        completed = True
-    for entry in out.iterdir():
-        if entry.name.startswith(".staging-") and not _claimed(entry):
-            shutil.rmtree(entry, ignore_errors=True)
-        elif entry.name.startswith(".trash-"):
-            shutil.rmtree(entry, ignore_errors=True)
-        elif entry.name.startswith((f".headcount-{MARKER}.", f".headcount-{JOURNAL}.")):
-            entry.unlink(missing_ok=True)
-    return completed
+    with report_lock(out):  # re-entrant: a commit that holds it recovers first
+        completed = False
+        if (out / JOURNAL).exists():
+            try:
+                journal = json.loads((out / JOURNAL).read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise HeadcountError(f"{out / JOURNAL}: unreadable commit journal ({exc})",
+                                     hint="a commit was interrupted; remove the journal and check the report, or use --force") from exc
+            _run_journal(out, journal)
+            completed = True
+        for entry in out.iterdir():
+            if entry.name.startswith(".staging-") and not _claimed(entry):
+                shutil.rmtree(entry, ignore_errors=True)
+            elif entry.name.startswith(".trash-"):
+                shutil.rmtree(entry, ignore_errors=True)
+            elif entry.name.startswith((f".headcount-{MARKER}.", f".headcount-{JOURNAL}.")):
+                entry.unlink(missing_ok=True)
+        return completed
 
 
 def discard(out: str | Path, run_ids: list[str]) -> None:
