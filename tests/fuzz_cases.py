@@ -369,8 +369,12 @@ def _fingerprint(path: Path) -> tuple:
     return hashlib.sha256(path.read_bytes()).hexdigest(), sorted(p.name for p in path.parent.iterdir())
 
 
-def run_case(path: Path, mutation: str, out: Path, timeout_s: int = 60) -> Outcome:
+TIMEOUT_S = 60  # a case without an answer by then is a hang (benchmarks/fuzz.py); tests raise it to stay load-proof
+
+
+def run_case(path: Path, mutation: str, out: Path, timeout_s: int | None = None) -> Outcome:
     """``headcount parse PATH -o OUT`` in this process; see the module docstring for the outcomes."""
+    timeout_s = timeout_s or TIMEOUT_S
     from headcount.cli.main import main
 
     before = _fingerprint(path)
