@@ -7,6 +7,7 @@ thousand cases per format."""
 from __future__ import annotations
 
 import fuzz_cases
+import pandas as pd
 import pytest
 
 
@@ -54,12 +55,15 @@ def test_a_fifo_is_refused_at_once(tmp_path, capsys):
 
 
 def test_a_wal_export_in_a_read_only_directory_parses_untouched(tmp_path):
+    """Read-only for real: root ignores a directory's mode, so as root the
+    directory is bind-mounted read-only in a mount namespace of its own."""
     import hashlib
     import os
+    import shlex
     import shutil
     import sqlite3
-
-    from headcount.cli.main import main
+    import subprocess
+    import sys
 
     folder = tmp_path / "ro"
     folder.mkdir()
@@ -68,11 +72,24 @@ def test_a_wal_export_in_a_read_only_directory_parses_untouched(tmp_path):
     with sqlite3.connect(path) as con:
         con.execute("PRAGMA journal_mode=WAL")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    os.chmod(folder, 0o555)
+    parse = [sys.executable, "-m", "headcount", "parse", str(path), "-o", str(tmp_path / "r")]
+    probe = f"touch {shlex.quote(str(folder / 'probe'))} 2>/dev/null && exit 99"
+    if os.geteuid() == 0:
+        if not shutil.which("unshare"):
+            pytest.skip("root without unshare(1): cannot make a directory read-only")
+        mount = f"mount --bind {shlex.quote(str(folder))} {shlex.quote(str(folder))} && mount -o remount,ro,bind {shlex.quote(str(folder))}"
+        command = ["unshare", "-m", "sh", "-c", f"{mount} || exit 98; {probe}; exec {shlex.join(parse)}"]
+    else:
+        os.chmod(folder, 0o555)
+        command = ["sh", "-c", f"{probe}; exec {shlex.join(parse)}"]
     try:
-        assert main(["parse", str(path), "-o", str(tmp_path / "r")]) == 0
+        done = subprocess.run(command, capture_output=True, text=True)
     finally:
         os.chmod(folder, 0o755)
+    if done.returncode == 98:
+        pytest.skip(f"no read-only bind mount here: {done.stderr.strip()}")
+    assert done.returncode != 99, "the directory was writable: the test would prove nothing"
+    assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in folder.iterdir()) == ["wal.sqlite"]  # no -shm, no -wal
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
 
@@ -112,3 +129,27 @@ def test_schema_drift_is_named_as_such(tmp_path, capsys):
     assert main(["parse", str(path), "-o", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "an export schema headcount does not know (" in err and "no such column: e.start" in err
+
+
+def test_text_in_packed_integer_columns_is_missing_not_its_leading_digits(tmp_path):
+    """SQLite's CAST reads '12abc' as 12; device, registers, shared memory and
+    grid are packed in SQL, where such text must read as missing."""
+    import shutil
+    import sqlite3
+
+    from headcount.parsers.nsys_sqlite import read_export
+
+    path = tmp_path / "odd.sqlite"
+    shutil.copy(fuzz_cases.NSYS_BASE, path)
+    with sqlite3.connect(path) as con:
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = '7abc', registersPerThread = '40x', "
+                    "gridX = '3z', staticSharedMemory = '9q' WHERE rowid = 1")
+        start = con.execute("SELECT start FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = 1").fetchone()[0]
+    gpu = read_export(path).gpu
+    odd = gpu[(gpu["start_ns"] == start) & (gpu["kind"] == "kernel")]
+    assert len(odd) == 1
+    row = odd.iloc[0]
+    assert pd.isna(row["device"]) and pd.isna(row["registers_per_thread"]) and pd.isna(row["shared_memory_bytes"])
+    assert pd.isna(row["grid"])
+    others = gpu[(gpu["kind"] == "kernel") & (gpu["start_ns"] != start)]
+    assert others["device"].notna().all() and others["registers_per_thread"].notna().all()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -123,9 +124,10 @@ def read_csv(path: str | Path, locale: str | None = None) -> pd.DataFrame:
         kernels = _raw(path, header, rows, locale)
     else:
         raise HeadcountError(f"{path}: not an ncu CSV (no ID / Kernel Name columns)", hint="export with `ncu --import R --csv --page raw`")
-    if not kernels:
+    frame = kernels_frame(kernels, "ncu")
+    if frame.empty:
         raise HeadcountError(f"{path}: holds no profiled kernel", hint="check that ncu profiled something (see its ==PROF== output)")
-    return kernels_frame(kernels, "ncu")
+    return frame
 
 
 def _identity(record: dict) -> dict:
@@ -163,10 +165,10 @@ def _body(path: Path):
     return rows
 
 
-def _raw(path: Path, header: list[str], rows, locale) -> list[dict]:
+def _raw(path: Path, header: list[str], rows, locale) -> Iterator[dict]:
     """Two passes over the file, neither keeping its rows: the first checks every
     row's width, finds the units row and infers the number format; the second
-    keeps, per kernel, its identity and the metrics headcount reads."""
+    yields, per kernel, its identity and the metrics headcount reads."""
     evidence = [i for i, name in enumerate(header) if "__" in name]
     wanted = [i for i, name in enumerate(header) if name in _READ]
     found: dict = {}
@@ -181,15 +183,16 @@ def _raw(path: Path, header: list[str], rows, locale) -> list[dict]:
     inferred = _separators(cells(), None)  # reads every row once
     thousands, decimal = _separators((), locale) if locale else inferred
     units = found.get("units") or [""] * len(header)
-    kernels = []
+    return _raw_kernels(path, header, wanted, units, thousands, decimal, skip_units="units" in found)
+
+
+def _raw_kernels(path: Path, header, wanted, units, thousands, decimal, skip_units: bool) -> Iterator[dict]:
     for n, row in enumerate(_body(path)):
-        if n == 0 and "units" in found:
+        if n == 0 and skip_units:
             continue
-        record = dict(zip(header, row))
-        kernel = _identity(record)
+        kernel = _identity(dict(zip(header, row)))
         kernel["metrics"] = {header[i]: (_number(row[i], thousands, decimal), units[i] if i < len(units) else "") for i in wanted}
-        kernels.append(kernel)
-    return kernels
+        yield kernel
 
 
 def _details(path: Path, header: list[str], rows, locale) -> list[dict]:

@@ -15,7 +15,9 @@ counters that were simply not collected are listed in ``missing_metrics``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
+import numpy as np
 import pandas as pd
 
 # The one table of ncu metrics: headcount column → (ncu metric names, first present wins;
@@ -91,24 +93,30 @@ def to_float(value) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
+_REPEATED = ("name", "grid", "block", "nvtx_path", "device_name", "missing_metrics")
+_IDENTITY = ("ncu_id", "name", "pid", "device", "stream", "grid", "block", "nvtx_path", "device_name")
+
+
+def kernels_frame(kernels: Iterable[dict], source: str) -> pd.DataFrame:
     """Normalize ncu kernels.
 
     Args:
         kernels: one dict per profiled kernel: identity fields (``ncu_id``,
             ``name``, ``pid``, ``device``, ``stream``, ``grid``, ``block``,
             ``nvtx_path``) and ``metrics``: ``{ncu metric: (value, unit)}`` with
-            values already parsed to float or ``None``.
-        source: ``ncu`` (recorded in each row).
+            values already parsed to float or ``None``. Consumed one at a time
+            (a generator keeps a large file's kernels from being held twice):
+            each becomes one tuple, its repeated strings (names, grids) shared.
 
     Returns:
         The kernels table (schema of :data:`headcount.tables.KERNELS`),
-        plus ``incomplete`` and ``missing_metrics``.
+        plus ``incomplete`` and ``missing_metrics``; empty when ``kernels`` is.
     """
-    rows, odd_units = [], {}
+    rows, odd_units, strings = [], {}, {}
     for k in kernels:
         metrics = k["metrics"]
-        row = {key: k.get(key) for key in ("ncu_id", "name", "pid", "device", "stream", "grid", "block", "nvtx_path", "device_name")}
+        row = [k.get(key) for key in _IDENTITY]
+        row = [strings.setdefault(v, v) if isinstance(v, str) else v for v in row]
         missing, broken = [], False
         for column, names in METRICS.items():
             present = next((n for n in names if n in metrics), None)
@@ -123,13 +131,19 @@ def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
                 value = None if raw is None else raw * unit_factor(unit)
             elif column in CORE:
                 missing.append(names[0])
-            row[column] = value
-        row["incomplete"] = broken
-        row["missing_metrics"] = ",".join(missing) or None
-        rows.append(row)
-    frame = pd.DataFrame(rows)
-    if frame.empty:
-        return frame
+            row.append(value)
+        missing_metrics = ",".join(missing) or None
+        rows.append((*row, broken, strings.setdefault(missing_metrics, missing_metrics)))
+    if not rows:
+        return pd.DataFrame()
+    # column by column: from_records goes through one object matrix and peaks at ~5× the rows
+    names = [*_IDENTITY, *METRICS, "incomplete", "missing_metrics"]
+    columns = dict(zip(names, map(list, zip(*rows))))
+    del rows
+    for col in _REPEATED:  # one copy of each kernel name (a templated name runs to kilobytes), not one per kernel
+        columns[col] = _categorical(columns[col])
+    frame = pd.DataFrame(columns)
+    del columns
     frame["source"] = source
     frame["kind"] = "kernel"
     static, dynamic = frame.pop("shared_memory_static_bytes"), frame.pop("shared_memory_dynamic_bytes")
@@ -149,6 +163,14 @@ def kernels_frame(kernels: list[dict], source: str) -> pd.DataFrame:
         frame.attrs["notices"] = [*frame.attrs.get("notices", []), "values in units headcount does not know read as missing, "
                                   "their kernels marked incomplete: " + ", ".join(f"{n} {col} in '{unit}'" for (col, unit), n in odd_units.items())]
     return frame
+
+
+def _categorical(values: list) -> pd.Categorical:
+    """``values`` (strings or None) as a Categorical, factorized here: pandas'
+    own factorization first copies every string into a string array."""
+    index: dict = {}
+    codes = np.fromiter((-1 if v is None or v != v else index.setdefault(v, len(index)) for v in values), np.int64, len(values))
+    return pd.Categorical.from_codes(codes, categories=pd.Index(list(index), dtype=object))
 
 
 def unit_known(column: str, unit: str | None) -> bool:

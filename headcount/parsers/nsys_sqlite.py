@@ -86,6 +86,10 @@ class _SqliteSource:
     def least(self, expr: str, bound: int) -> str:
         return f"MIN({expr}, {bound})"
 
+    def strict_int(self, col: str) -> str:
+        """``col`` where it holds an integer, else NULL: SQLite's CAST would read '12abc' as 12."""
+        return f"(CASE WHEN typeof({col}) = 'integer' THEN {col} END)"
+
     def tables(self) -> set[str]:
         return {r[0] for r in self.rows("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
 
@@ -146,6 +150,9 @@ class _ParquetDirSource:
 
     def least(self, expr: str, bound: int) -> str:  # MIN(a, b) is DuckDB's top-n aggregate
         return f"LEAST(CAST({expr} AS BIGINT), {bound})"
+
+    def strict_int(self, col: str) -> str:  # Parquet columns are typed
+        return f"CAST({col} AS BIGINT)"
 
     def tables(self) -> set[str]:
         return set(self._tables)
@@ -638,14 +645,18 @@ def _read_ranges(src, tables, strings, only=None, last_ns: int | Callable[[], in
         return pd.DataFrame(columns=cols)
     have = src.columns("NVTX_EVENTS")
     # ids + 1 (0: none) in fields of their own: a negative id is none, a too large one the field's last value
-    domain_id = src.least("IFNULL(CASE WHEN e.domainId >= 0 THEN e.domainId + 1 END, 0)", (1 << _DOMAIN_BITS) - 1) if "domainId" in have else "0"
-    text_id = src.least("IFNULL(CASE WHEN e.textId >= 0 THEN e.textId + 1 END, 0)", (1 << _TEXT_BITS) - 1) if "textId" in have else "0"
+    def id_plus_one(col, bits):
+        value = src.strict_int(col)
+        return src.least(f"IFNULL(CASE WHEN {value} >= 0 THEN {value} + 1 END, 0)", (1 << bits) - 1)
+
+    domain_id = id_plus_one("e.domainId", _DOMAIN_BITS) if "domainId" in have else "0"
+    text_id = id_plus_one("e.textId", _TEXT_BITS) if "textId" in have else "0"
     crossed = "CAST(e.endGlobalTid IS NOT NULL AS INTEGER)" if "endGlobalTid" in have else "0"
     types = ",".join(str(t) for t in (*RANGE_EVENT_TYPES, DOMAIN_CREATE))
     # registered names (textId) are looked up in numpy: a join per row costs more than the read
     sql = f"""
         SELECT e.rowid AS range_id, e.start AS start_ns, e.end AS end_ns, e.globalTid AS global_tid,
-               ((CAST(e.eventType AS BIGINT) * {1 << _DOMAIN_BITS} + {domain_id}) * {1 << _TEXT_BITS} + {text_id}) * 2 + {crossed} AS packed,
+               (({src.strict_int("e.eventType")} * {1 << _DOMAIN_BITS} + {domain_id}) * {1 << _TEXT_BITS} + {text_id}) * 2 + {crossed} AS packed,
                e.text AS text
         FROM NVTX_EVENTS e
         WHERE e.eventType IN ({types}){f" AND (e.eventType = {DOMAIN_CREATE} OR {only('e.globalTid')})" if only else ""}"""
@@ -804,21 +815,20 @@ def _read_gpu(src, tables, strings, only=None) -> pd.DataFrame:
 
         def dims(prefix):  # y and z of a grid or block are at most 65535 (CUDA's limits); outside them: unknown
             if {f"{prefix}X", f"{prefix}Y", f"{prefix}Z"} <= have:
-                x, y, z = (f"CAST(g.{prefix}{a} AS BIGINT)" for a in "XYZ")
+                x, y, z = (src.strict_int(f"g.{prefix}{a}") for a in "XYZ")
                 return (f"CASE WHEN {x} BETWEEN 0 AND 2147483647 AND {y} BETWEEN 0 AND 65535 AND {z} BETWEEN 0 AND 65535 "
                         f"THEN {x} * 4294967296 + {y} * 65536 + {z} END")
             return "NULL"
 
         name_col = next((c for c in ("shortName", "demangledName") if c in have), None) if kind == "kernel" and strings else None
 
-        def plus_one(expr, bits=_SHARED_BITS):  # a value + 1, 0 for NULL, absent, negative or too wide for its field
-            value = f"CAST({expr} AS BIGINT)"
+        def plus_one(value, bits=_SHARED_BITS):  # a value + 1, 0 for NULL, absent, not an integer, negative or too wide
             return f"(CASE WHEN {value} BETWEEN 0 AND {(1 << bits) - 2} THEN {value} + 1 ELSE 0 END)"
 
         def field(name, bits=_SHARED_BITS):
-            return plus_one(f"g.{name}", bits) if name in have else "0"
+            return plus_one(src.strict_int(f"g.{name}"), bits) if name in have else "0"
 
-        shared = (plus_one("g.staticSharedMemory + g.dynamicSharedMemory")
+        shared = (plus_one(f"{src.strict_int('g.staticSharedMemory')} + {src.strict_int('g.dynamicSharedMemory')}")
                   if {"staticSharedMemory", "dynamicSharedMemory"} <= have else "0")
         frame = _query(src, f"""
             SELECT {f"g.{name_col}" if name_col else "NULL"} AS name_id, g.globalPid AS global_pid,
