@@ -8,7 +8,6 @@ It wires the stages together and holds no logic of its own: tag
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 
@@ -93,15 +92,29 @@ class AttentionProfiler:
             ``get_stats()["attention_stats"]``; ``True`` or the collector's
             options (``{"rows": 64, "top_k": 5, "every": 1}``). Off by default:
             it launches work of its own.
+        schedule: which steps to record, as torch.profiler takes it: a
+            callable from step number to ``torch.profiler.ProfilerAction``,
+            e.g. ``torch.profiler.schedule(wait=1, warmup=1, active=2,
+            repeat=1)``. Steps are counted by :meth:`step` calls. Only the
+            ``RECORD``/``RECORD_AND_SAVE`` steps are recorded (and tagged);
+            a warm-up step runs as a ``wait`` step does, untouched (the
+            recorder starts with the first active step). ``None``: every
+            step from :meth:`start` to :meth:`stop` is recorded.
+        on_ready: called with the profiler when an active window ends (its
+            last active step done, or :meth:`stop` inside the window), as
+            torch.profiler's ``on_trace_ready``: ``get_stats()`` and
+            ``save()`` then give that window's tables. Each window is a run
+            of its own (``run_id``: ``<run_id>.<window>`` from the second
+            window on).
 
     Raises:
-        HeadcountError: unknown mode or backend.
+        HeadcountError: unknown mode or backend; a ``schedule`` that is not callable.
     """
 
     def __init__(self, model=None, mode: str = "layer", backend: str = "auto", run_id: str | None = None,
                  trace_dir: str | Path | None = None, metadata: dict | None = None, strict: bool = False,
                  pm_sampling: bool = True, pm_interval_ns: int = cupti_source.DEFAULT_PM_INTERVAL_NS, recorder=None,
-                 attention_stats: bool | dict = False):
+                 attention_stats: bool | dict = False, schedule=None, on_ready=None):
         if mode not in MODES:
             raise HeadcountError(f"unknown mode {mode!r}", hint="use mode='layer' or mode='head'")
         if recorder is not None:
@@ -130,6 +143,18 @@ class AttentionProfiler:
         self._watch: CompileWatch | None = None
         self._step_times: list[tuple[int, int, int]] = []  # (index, start, end) in perf_counter_ns
         self.compiled_steps: list[int] = []
+        if schedule is not None and not callable(schedule):
+            raise HeadcountError(f"schedule={schedule!r} is not callable",
+                                 hint="pass torch.profiler.schedule(wait=…, warmup=…, active=…), or a function of the step number")
+        self.schedule = schedule
+        self.on_ready = on_ready
+        self.step_num = 0
+        self._started = False
+        self._recording = False
+        self._open_step = None  # (name, token, start_ns) of the step range now open
+        self._void_steps: list[str] = []
+        self._windows = 0
+        self._base_run_id = self.run_id
 
     # ------------------------------------------------------------------ recording
     def _new_recorder(self):
@@ -151,10 +176,69 @@ class AttentionProfiler:
             self._stats_collector = AttentionStatsCollector(**options)
             self._tagger.observer = self._stats_collector.observe
 
-    def __enter__(self) -> "AttentionProfiler":
+    def start(self) -> "AttentionProfiler":
+        """Start profiling (what entering ``with profiler:`` does). Steps are
+        counted from 0; without a ``schedule``, recording starts now.
+
+        Raises:
+            HeadcountError: already started; with ``strict``, a source that cannot start.
+        """
+        if self._started:
+            raise HeadcountError("the profiler is already started", hint="call stop() (or leave the `with` block) first")
+        self._started = True
+        self.step_num = 0
+        self._windows = 0
         self._stats = None
         self.failure = None
         self.trace_path = None
+        if self._active(0):
+            self._begin()
+        return self
+
+    def stop(self) -> None:
+        """Stop profiling (what leaving ``with profiler:`` does): the open
+        step ends, the recording stops, ``on_ready`` is called for a window
+        still open. Stopping a profiler that is not started does nothing."""
+        if not self._started:
+            return
+        self._started = False
+        if self._recording:
+            self._end()
+
+    def __enter__(self) -> "AttentionProfiler":
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop()
+
+    def _action(self, step: int) -> str:
+        """The schedule's action for ``step`` by name (``RECORD`` for every step without a schedule)."""
+        if self.schedule is None:
+            return "RECORD"
+        action = self.schedule(step)
+        return getattr(action, "name", str(action))
+
+    def _active(self, step: int) -> bool:
+        return self._action(step) in ("RECORD", "RECORD_AND_SAVE")
+
+    def _window_ends(self, step: int) -> bool:
+        return self._action(step) == "RECORD_AND_SAVE"
+
+    def _begin(self) -> None:
+        """Start the recorder and the tagger (one recording window) and open the step range."""
+        self._previous = {k: getattr(self, k, None) for k in _WINDOW_STATE}  # restored if this window holds nothing
+        if self._windows:
+            self.run_id = f"{self._base_run_id}.{self._windows}"
+            if self._stats is None and self.on_ready is None and self._recorder is not None and self.failure is None:
+                notice(f"recording window {self._windows} was not read before window {self._windows + 1} began and is "
+                       "dropped: pass on_ready= to read or save each window")
+                self._recorder.cleanup()
+        self._windows += 1
+        self._window_start = self.step_num
+        self._stats = None
+        self.failure = None
+        self.trace_path = None
+        self._void_steps = []
         models = [self.model] if self.model is not None else []
         try:
             self._recorder = self._new_recorder()
@@ -184,16 +268,13 @@ class AttentionProfiler:
         self._watch = CompileWatch().start() if self.failure is None else None
         self._notices_printed = 0
         self._print_notices()
-        return self
+        self._recording = True
+        self._open(f"step#{self.step_num}")
 
-    def _print_notices(self) -> None:
-        """Print the recorder's notices not printed yet."""
-        lines = (self._recorder.notices if self._recorder is not None else []) if self.failure is None else []
-        for line in lines[self._notices_printed:]:
-            notice(line)
-        self._notices_printed = len(lines)
-
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def _end(self) -> None:
+        """Close the step range, stop the recorder and the tagger, call ``on_ready``."""
+        self._close()
+        self._recording = False
         if self.failure is not None:
             return
         self._watch.stop()
@@ -202,21 +283,82 @@ class AttentionProfiler:
         finally:
             self._tagger.deactivate()
         self._print_notices()
-
-    @contextlib.contextmanager
-    def step(self, index: int):
-        """A ``step.N`` range around one training or inference step (the
-        ``step`` column of every table)."""
-        if self._step_emitter is None:
-            yield
+        if not self._tagger.calls and self._windows > 1:  # e.g. a window the schedule opened at the loop's last prof.step()
+            notice(f"recording window {self._windows} (from step {self._window_start}) ended with no attention call in it: "
+                   "dropped" + (", on_ready not called" if self.on_ready is not None else ""))
+            self._recorder.cleanup()
+            for key, value in self._previous.items():
+                setattr(self, key, value)
+            self._windows -= 1
             return
-        token = self._step_emitter.push(f"step.{index}")
-        start = time.perf_counter_ns()
-        try:
-            yield
-        finally:
-            self._step_times.append((index, start, time.perf_counter_ns()))
-            self._step_emitter.pop(token)
+        if self.on_ready is not None:
+            self.on_ready(self)
+
+    def _print_notices(self) -> None:
+        """Print the recorder's notices not printed yet."""
+        lines = (self._recorder.notices if self._recorder is not None else []) if self.failure is None else []
+        for line in lines[self._notices_printed:]:
+            notice(line)
+        self._notices_printed = len(lines)
+
+    def _open(self, name: str) -> None:
+        if self._step_emitter is not None:
+            self._open_step = (name, self._step_emitter.push(name), time.perf_counter_ns())
+
+    def _close(self, counted_only: bool = False) -> None:
+        """Close the open step range (``counted_only``: only a ``step#N`` one the profiler opened)."""
+        if self._open_step is None or (counted_only and not self._open_step[0].startswith("step#")):
+            return
+        name, token, start = self._open_step
+        self._open_step = None
+        index = int(name[5:])
+        self._step_times.append((index, start, time.perf_counter_ns()))
+        self._step_emitter.pop(token)
+
+    def step(self, index: int | None = None) -> "_Step":
+        """Mark a step, in either of two habits:
+
+        - ``prof.step()`` at the end of each step, as with torch.profiler:
+          the step counted so far (``step#N`` ranges, ``N`` from 0 at
+          :meth:`start`) ends and the next begins; with a ``schedule``, this
+          is where recording starts and stops;
+        - ``with prof.step(i):`` around one step, numbered by you (``step.i``).
+
+        Either gives the ``step`` column of every table.
+
+        Raises:
+            HeadcountError: the profiler is not started (outside ``with`` / before :meth:`start`).
+        """
+        if not self._started:
+            raise HeadcountError("prof.step() outside the profiled block",
+                                 hint="call it inside `with profiler:` (or between start() and stop())")
+        if index is None:
+            return self._advance(self.step_num + 1)
+        if self._open_step is not None and self._open_step[0] == "step#0" and not self._step_times:
+            # the implicit first step opened at start() is no step: the user numbers them
+            self._void_steps.append("step#0")
+            self._step_emitter.pop(self._open_step[1])
+            self._open_step = None
+        self._close(counted_only=True)
+        handle = _Step(self, None)
+        if self._recording:
+            self._open(f"step.{index}")
+            handle.range = self._open_step
+        return handle
+
+    def _advance(self, to: int) -> "_Step":
+        """The step after ``self.step_num`` begins: the schedule decides whether it is recorded."""
+        ending = self.step_num
+        self._close()
+        self.step_num = to
+        if self._recording and (self._window_ends(ending) or not self._active(to)):
+            self._end()
+        if self._active(to):
+            if self._recording:
+                self._open(f"step#{to}")
+            else:
+                self._begin()
+        return _Step(self, None)
 
     def _compiled_steps(self) -> list[int]:
         """Steps during which torch.compile compiled (kept out of the figures
@@ -265,12 +407,14 @@ class AttentionProfiler:
                 limits = getattr(self._recorder, "device_limits", None) or gpu_limits
                 self._stats, self.collector_info, new = tables_from_cupti(
                     self.trace_path, self._tagger.calls, self.run_id, self.implementation, limits,
-                    nvtx_tagged=self._tagger.emitter.use_nvtx, device=device, exclude_steps=self.compiled_steps)
+                    nvtx_tagged=self._tagger.emitter.use_nvtx, device=device, exclude_steps=self.compiled_steps,
+                    void_steps=tuple(self._void_steps))
                 for line in new:
                     notice(line)
             else:
                 self._stats = tables_from_torch(self.trace_path, self._tagger.calls, self.run_id, self.implementation,
-                                                limits=gpu_limits, device=device, exclude_steps=self.compiled_steps)
+                                                limits=gpu_limits, device=device, exclude_steps=self.compiled_steps,
+                                                void_steps=tuple(self._void_steps))
             if getattr(self, "_stats_collector", None) is not None:
                 table = self._stats_collector.table()
                 table.insert(0, "implementation", self.implementation)
@@ -314,4 +458,27 @@ class AttentionProfiler:
         stats = self.get_stats()
         tables = {name: stats[name] for name in ("kernels", "ranges", "layers", "heads", "attention_stats") if name in stats}
         tables["runs"] = self.runs_table()
-        return dataset.write_run(out, self.run_id, tables, self.run_metadata(), append=append, force=force)
+        with dataset.spelled_for_python():
+            return dataset.write_run(out, self.run_id, tables, self.run_metadata(), append=append, force=force)
+
+
+# what one recording window holds (AttentionProfiler._begin sets it; an empty window gives the previous one back)
+_WINDOW_STATE = ("run_id", "_recorder", "_tagger", "_step_emitter", "trace_path", "_stats", "_step_times", "_void_steps",
+                 "_watch", "_stats_collector", "failure", "_notices_printed", "_window_start", "collector_info")
+
+
+class _Step:
+    """What :meth:`AttentionProfiler.step` returns: nothing to do for a plain
+    call; as a context manager, the end of the user's numbered step."""
+
+    def __init__(self, profiler: AttentionProfiler, range_):
+        self.profiler = profiler
+        self.range = range_
+
+    def __enter__(self) -> "_Step":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        prof = self.profiler
+        if self.range is not None and prof._open_step is self.range:
+            prof._close()

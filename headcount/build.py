@@ -27,7 +27,7 @@ from headcount.arrays import positions
 from headcount.attribute import attribution, graphs, labels
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling
-from headcount.errors import HeadcountError
+from headcount.errors import HeadcountError, NothingRecorded
 from headcount.parsers import ncu_metrics, nsys_sqlite
 from headcount.parsers.plausible import drop_implausible
 from headcount.tables import Timeline
@@ -60,7 +60,8 @@ def _split_domains(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id: str, source: str = "torch",
                        limits=None, pm_samples: pd.DataFrame | None = None,
-                       exclude_steps=(), graph_nodes: dict[int, int] | None = None) -> dict[str, pd.DataFrame]:
+                       exclude_steps=(), graph_nodes: dict[int, int] | None = None,
+                       void_steps: tuple[str, ...] = ()) -> dict[str, pd.DataFrame]:
     """Build the tables of one profiled session.
 
     Args:
@@ -85,6 +86,9 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
             captured it (-1: none), :func:`headcount.parsers.cupti_records.graph_ranges`:
             kernels replayed from those nodes belong to a replay instance of
             that range (:mod:`headcount.attribute.graphs`).
+        void_steps: names of step ranges that are no step (the profiler's
+            implicit first step, closed unused when the steps came as
+            ``with prof.step(i)``): dropped before anything is attributed.
 
     Returns:
         ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``.
@@ -93,6 +97,8 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
         HeadcountError: the events hold no headcount range.
     """
     ranges, ops = _split_domains(events)
+    if void_steps:
+        ranges = ranges[~((ranges["domain"] == STEP_DOMAIN) & ranges["name"].isin(void_steps))]
     correlated = "external_id" in events.columns
     ranges = attribution.nest_ranges(ranges[["pid", "tid", "domain", "name", "start_ns", "end_ns", *(["external_id"] if correlated else [])]])
     ops = ops.reset_index(drop=True)
@@ -275,7 +281,7 @@ def implementation_of(calls, fallback: str | None = None) -> str:
 
 
 def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None, nvtx_tagged: bool = True,
-                      device: dict | None = None, exclude_steps=()) -> tuple[dict[str, pd.DataFrame], dict, list[str]]:
+                      device: dict | None = None, exclude_steps=(), void_steps=()) -> tuple[dict[str, pd.DataFrame], dict, list[str]]:
     """The one path from a cupti source's records file to headcount's tables,
     for :class:`~headcount.api.AttentionProfiler` and ``headcount run --backend cupti`` alike.
 
@@ -288,6 +294,7 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
             records were to be expected when NVTX injection was on).
         device: where the work ran (for ``roofline_class``).
         exclude_steps: steps kept out of the figures (:func:`tables_from_events`).
+        void_steps: step ranges that are no step (:func:`tables_from_events`).
 
     Returns:
         ``(tables, collector_info, new_notices)``: the tables (plus ``launch``),
@@ -322,19 +329,20 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
     info["notices"] += new
     tables = tables_from_events(cupti_records.events_frame(header, records), calls, implementation, run_id,
                                 source="cupti", limits=limits, pm_samples=pm, exclude_steps=exclude_steps,
-                                graph_nodes=graph_nodes)
+                                graph_nodes=graph_nodes, void_steps=void_steps)
     tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
     add_roofline(tables, device, calls)
     return tables, info, new
 
 
 def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None,
-                      device: dict | None = None, exclude_steps=()) -> dict[str, pd.DataFrame]:
+                      device: dict | None = None, exclude_steps=(), void_steps=()) -> dict[str, pd.DataFrame]:
     """The torch source's trace (written by :class:`~headcount.collector.torch_source.TorchRecorder`)
     → headcount's tables (plus ``launch``), with ``roofline_class`` for ``device``."""
     from headcount.parsers.kineto import load_trace
 
-    tables = tables_from_events(load_trace(path), calls, implementation, run_id, limits=limits, exclude_steps=exclude_steps)
+    tables = tables_from_events(load_trace(path), calls, implementation, run_id, limits=limits, exclude_steps=exclude_steps,
+                                void_steps=void_steps)
     tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
     return add_roofline(tables, device, calls)
 
@@ -670,7 +678,7 @@ def _nsys_file(path: Path, export: AbstractContextManager) -> Parsed:
         raise
     if plan.empty:
         stack.close()
-        raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
+        raise NothingRecorded(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     parsed = Parsed({}, nsys_sqlite.describe_device(plan.devices, plan.gpu_devices), plan.meta.get("EXPORT_PRODUCT_VERSION"))
     parsed.stream = _nsys_stream(path, sqlite, plan, parsed.lines, stack, parsed.notices)
     return parsed

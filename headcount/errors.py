@@ -36,6 +36,11 @@ class HeadcountError(Exception):
         return self.one_line()
 
 
+class NothingRecorded(HeadcountError):
+    """A recording that holds nothing headcount reads (no range, no GPU work,
+    no kernel): ``headcount run`` words it with the program's exit status."""
+
+
 def notice(text: str) -> None:
     """Tell the user something they should know but that stops nothing
     (one line on stderr, ``headcount: `` first)."""

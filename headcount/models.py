@@ -1,14 +1,18 @@
-"""Models for ``headcount profile``: the embedded default and local directories.
+"""Models for ``headcount profile``: the embedded default, local directories
+and Hugging Face hub ids.
 
-No hub access: the default model is built from a config with random weights
-(the cost of attention does not depend on the weights' values), and
-``--model DIR`` reads a local directory (``config.json``, plus weights when
-present).
+The default model is built from a config with random weights (the cost of
+attention does not depend on the weights' values); ``--model DIR`` reads a
+local directory (``config.json``, plus weights when present); ``--model
+org/name`` is a hub id, fetched through transformers' own cache (``HF_HOME``,
+``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1`` reads the cache only). A directory or
+repository without weights gets random weights, and the description says so.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +27,9 @@ DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16":
           "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_WEIGHTS = re.compile(r"(^|/)(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
+# what a hub id looks like (huggingface_hub's own rule, without its length limit): name or org/name
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def default_config():
@@ -82,8 +89,10 @@ class ModelChoice:
         config: the transformers config.
         cls: the model class to build.
         description: one line for the progress output and the run metadata.
-        path: the local directory (``None`` for embedded models).
-        has_weights: the directory holds weights (else random weights are used).
+        path: the local directory (``None`` for embedded and hub models).
+        has_weights: the directory or hub repository holds weights (else random weights are used).
+        repo: the Hugging Face hub id (``None`` unless ``spec`` is one).
+        revision: the hub revision (branch, tag or commit; ``None``: the default branch).
     """
 
     spec: str | None
@@ -92,6 +101,8 @@ class ModelChoice:
     description: str
     path: Path | None = None
     has_weights: bool = False
+    repo: str | None = None
+    revision: str | None = None
 
     @property
     def max_positions(self) -> int | None:
@@ -100,11 +111,17 @@ class ModelChoice:
         return getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
 
 
-def choose_model(spec: str | None) -> ModelChoice:
+def choose_model(spec: str | None, revision: str | None = None) -> ModelChoice:
     """Resolve ``--model`` to a config and a class, reading no weights.
 
+    Args:
+        spec: ``None``/``default``, a preset name, a local directory, or a
+            Hugging Face hub id (``org/name``) when no such directory exists.
+        revision: for a hub id: a branch, tag or commit (default: the repository's default branch).
+
     Raises:
-        HeadcountError: the path does not exist, is not a model directory, or its config cannot be read.
+        HeadcountError: the path is not a model directory or its config cannot
+            be read; the hub id is unknown, not cached (offline), or unreachable.
     """
     import transformers
     from transformers import AutoConfig
@@ -116,9 +133,14 @@ def choose_model(spec: str | None) -> ModelChoice:
         build, description = PRESETS[spec]
         return ModelChoice(spec, build(), transformers.BertForMaskedLM, description)
     path = Path(spec)
+    if revision is not None and path.exists():
+        raise HeadcountError(f"--revision {revision}: --model {spec} is a local directory, not a hub id", hint="drop --revision")
     if not path.exists():
+        if _HUB_ID.match(spec) and not spec.startswith("."):
+            return _hub_model(spec, revision)
         raise HeadcountError(f"--model {spec}: no such directory or embedded model",
-                             hint=f"pass a local model directory, one of {', '.join(PRESETS)}, or omit --model for the embedded default")
+                             hint=f"pass a local model directory, a hub id (org/name), one of {', '.join(PRESETS)}, "
+                                  "or omit --model for the embedded default")
     if not path.is_dir() or not (path / "config.json").is_file():
         raise HeadcountError(f"--model {spec}: not a model directory (no config.json)", hint="pass a directory written by save_pretrained()")
     try:
@@ -128,6 +150,59 @@ def choose_model(spec: str | None) -> ModelChoice:
     cls = _model_class(config)
     has_weights = any((path / f).exists() for f in _WEIGHT_FILES)
     return ModelChoice(spec, config, cls, str(path), path, has_weights)
+
+
+def _hub_model(repo: str, revision: str | None) -> ModelChoice:
+    """A hub model's config (fetched into the hub cache, or read from it
+    offline) and whether the repository has weights."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+    from transformers import AutoConfig
+
+    offline = constants.HF_HUB_OFFLINE
+    where = f"{repo}@{revision}" if revision else repo
+    try:
+        folder = Path(snapshot_download(repo, revision=revision, allow_patterns=["config.json"]))
+        if offline:
+            files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+        else:
+            from huggingface_hub import HfApi
+
+            files = HfApi().list_repo_files(repo, revision=revision)
+    except GatedRepoError as exc:
+        raise HeadcountError(f"--model {where}: a gated hub repository you have no access to",
+                             hint="accept its terms on huggingface.co and log in with `hf auth login`") from exc
+    except RevisionNotFoundError as exc:
+        raise HeadcountError(f"--model {repo}: no revision {revision!r} on the hub", hint="check --revision") from exc
+    except RepositoryNotFoundError as exc:
+        raise HeadcountError(f"--model {repo}: no such local directory, embedded model or hub model (or it is private)",
+                             hint=f"check the id; a private model needs `hf auth login`; embedded: {', '.join(PRESETS)}") from exc
+    except LocalEntryNotFoundError as exc:
+        if offline:
+            raise HeadcountError(f"--model {where}: no such local directory, and not in the Hugging Face cache "
+                                 f"({constants.HF_HUB_CACHE}; HF_HUB_OFFLINE is set)",
+                                 hint="download it once with network access (`hf download ID`), or unset HF_HUB_OFFLINE") from exc
+        raise HeadcountError(f"--model {where}: no such local directory, the hub cannot be reached and the model is not in "
+                             f"the Hugging Face cache ({constants.HF_HUB_CACHE})",
+                             hint="check the network, or download it where there is one (`hf download ID`) and copy the cache") from exc
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise HeadcountError(f"--model {where}: cannot be fetched from the hub ({str(exc).splitlines()[0]})",
+                             hint="check the id and the network, or pass a local directory") from exc
+    if not (folder / "config.json").is_file():
+        raise HeadcountError(f"--model {where}: the hub repository has no config.json", hint="pass a transformers model repository")
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (ValueError, OSError, KeyError, json.JSONDecodeError) as exc:
+        raise HeadcountError(f"--model {where}: its config.json cannot be read ({str(exc).splitlines()[0]})",
+                             hint="check that it is a transformers model repository") from exc
+    has_weights = any(_WEIGHTS.search(f) for f in files)
+    return ModelChoice(repo, config, _model_class(config), where, None, has_weights, repo, revision)
 
 
 def check_options(choice: ModelChoice, implementations, seq: int, device) -> None:
@@ -194,11 +269,16 @@ def load_model(spec: "str | ModelChoice | None", dtype: str = "float32", seed: i
         if choice.path is not None and choice.has_weights:
             model = choice.cls.from_pretrained(choice.path, local_files_only=True, dtype=torch_dtype)
             description = f"{choice.path} ({type(model).__name__})"
+        elif choice.repo is not None and choice.has_weights:
+            model = choice.cls.from_pretrained(choice.repo, revision=choice.revision, dtype=torch_dtype)
+            description = f"{choice.description} ({type(model).__name__}, from the Hugging Face hub)"
         else:
             cls = choice.cls
             model = cls.from_config(choice.config) if hasattr(cls, "from_config") else cls(choice.config)
             if choice.path is not None:
                 description = f"{choice.path} ({type(model).__name__}, no weights in the directory: random weights)"
+            elif choice.repo is not None:
+                description = f"{choice.description} ({type(model).__name__}, no weights in the hub repository: random weights)"
     except (ValueError, OSError, KeyError, RuntimeError) as exc:
         raise HeadcountError(f"--model {choice.spec}: cannot build the model ({str(exc).splitlines()[0]})", hint="check the directory's files") from exc
     model = model.to(device=torch.device(device) if device is not None else None, dtype=torch_dtype)

@@ -66,16 +66,25 @@ class StepProfiler:
     Args:
         model: the model.
         out: report directory (created, or appended to).
-        every: profile steps 0, every, 2·every, …
+        every: profile steps 0, every, 2·every, … (without ``schedule``)
+        schedule: instead of ``every``, which steps to profile, as
+            torch.profiler takes it: ``torch.profiler.schedule(wait=…,
+            warmup=…, active=…, repeat=…, skip_first=…)`` (or any function of
+            the step number returning a ``ProfilerAction``): the ``active``
+            steps are profiled, each as a run of its own; wait and warm-up
+            steps run untouched.
         mode, backend: as :class:`~headcount.AttentionProfiler`.
         attention_stats: also track per-head attention statistics (cheap: 32 sampled rows a call).
         drift_threshold: change of normalized entropy that raises a :class:`HeadDriftWarning`.
     """
 
     def __init__(self, model, out: str | Path, every: int = 100, mode: str = "layer", backend: str = "auto",
-                 attention_stats: bool | dict = True, drift_threshold: float = 0.15):
+                 attention_stats: bool | dict = True, drift_threshold: float = 0.15, schedule=None):
         if every < 1:
             raise ValueError("every must be at least 1")
+        if schedule is not None and not callable(schedule):
+            raise ValueError(f"schedule={schedule!r} is not callable: pass torch.profiler.schedule(wait=…, warmup=…, active=…)")
+        self.schedule = schedule
         self.model = model
         self.out = Path(out)
         self.every = every
@@ -91,6 +100,10 @@ class StepProfiler:
         self._step = None
 
     def due(self, step: int) -> bool:
+        """Whether ``step`` is profiled (the schedule's active steps, else every ``every``-th)."""
+        if self.schedule is not None:
+            action = self.schedule(step)
+            return getattr(action, "name", str(action)) in ("RECORD", "RECORD_AND_SAVE")
         return step % self.every == 0
 
     def start(self, step: int) -> None:

@@ -128,7 +128,7 @@ def test_another_profiler_holding_the_session_is_a_clear_error(capsys):
         with prof:
             ran = True
         assert ran and "source did not start" in capsys.readouterr().err
-        with pytest.raises(HeadcountError, match="nothing was recorded: another torch.profiler session"):
+        with pytest.raises(HeadcountError, match="nothing was recorded: a torch.profiler session of yours is already recording"):
             prof.get_stats()
     from transformers.modeling_utils import AttentionInterface
 

@@ -142,20 +142,40 @@ def test_cupti_backend_on_the_replayed_gpu(tmp_path, capsys, monkeypatch):
     assert list(raw.glob("cupti-*/cupti-records.jsonl.gz"))
 
 
-def test_cupti_backend_without_gpu_says_nothing_was_recorded(tmp_path, capsys):
-    rc, _, err = _run(["--backend", "cupti", "-o", str(tmp_path / "out"), "--", sys.executable, TRAIN, "--steps", "1"], capsys)
-    assert rc == 4
-    assert "cupti source did not start" in err and "no NVIDIA driver" in err
-    assert "headcount: error: nothing tagged was recorded" in err
+@pytest.mark.parametrize("backend", ["cupti", "ncu"])
+def test_a_gpu_backend_without_gpu_is_refused_before_the_program_starts(nsight_path, backend, tmp_path, capsys):
+    from headcount import env
 
-
-def test_ncu_without_gpu_is_one_clear_line(nsight_path, tmp_path, capsys):
+    if env.driver_present():
+        pytest.skip("an NVIDIA driver is present: the backend can run here")
+    marker = tmp_path / "ran"
     out = tmp_path / "out"
-    rc, _, err = _run(["--backend", "ncu", "-o", str(out), "--", sys.executable, TRAIN, "--steps", "1"], capsys)
+    rc, stdout, err = _run(["--backend", backend, "-o", str(out), "--", sys.executable, "-c",
+                            f"open({str(marker)!r}, 'w').write('x')"], capsys)
     assert rc == 3
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("headcount: error: ncu could not reach an NVIDIA driver")
-    assert not (out / "layers").exists() and (out / "raw").exists()
+    assert err.strip().splitlines() == [err.strip()]  # one line
+    assert err.startswith(f"headcount: error: --backend {backend} cannot run here: no NVIDIA driver on this machine")
+    assert "--backend nsys records NVTX ranges anywhere" in err and "--backend torch" not in err
+    assert not marker.exists() and not out.exists()  # the program never ran, nothing was written
+
+
+@pytest.mark.parametrize("status", [3, 5])
+def test_a_program_that_exits_before_recording_anything_keeps_its_status(nsight_path, status, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, stdout, err = _run(["--backend", "nsys", "-o", str(out), "--", sys.executable, "-c",
+                            f"print('the program'); import sys; sys.exit({status})"], capsys)
+    assert rc == status
+    errors = [line for line in err.splitlines() if line.startswith("headcount: error:")]
+    assert errors == [next(line for line in errors)]
+    assert f"the program exited with status {status} and nothing tagged was recorded" in errors[0]
+    assert "nsys profile --trace" not in err  # the hint for files recorded by hand does not apply
+    assert stdout == "the program\n"  # nsys's progress bars and messages are not on stdout
+
+
+def test_nothing_recorded_by_a_program_that_succeeds_is_exit_4(nsight_path, tmp_path, capsys):
+    rc, stdout, err = _run(["--backend", "nsys", "-o", str(tmp_path / "out"), "--", sys.executable, "-c", "print('ok')"], capsys)
+    assert rc == 4 and stdout == "ok\n"
+    assert "headcount: error: nothing tagged was recorded" in err and "nsys profile --trace" not in err
 
 
 @pytest.mark.parametrize("args,expect", [

@@ -74,3 +74,16 @@ def test_drift_table_arithmetic():
     assert table["change"].round(6).tolist() == [0.05, -0.4] and table["alert"].tolist() == [False, True]
     with pytest.raises(ValueError):
         StepProfiler(None, "x", every=0)
+
+
+def test_a_torch_profiler_schedule_picks_the_profiled_steps(tmp_path):
+    model = _llama("sdpa")
+    ids = torch.randint(0, 128, (2, 16))
+    sp = StepProfiler(model, tmp_path / "out", attention_stats=False,
+                      schedule=torch.profiler.schedule(wait=2, warmup=1, active=2, repeat=1))
+    for step in range(8):
+        with sp.step(step):
+            model(input_ids=ids, labels=ids).loss.backward()
+    sp.close()
+    assert sp.profiled == [3, 4]
+    assert pd.read_parquet(tmp_path / "out" / "runs")["run_id"].nunique() == 2

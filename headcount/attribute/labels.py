@@ -133,7 +133,8 @@ def label_ops(range_ids: np.ndarray, ranges: pd.DataFrame) -> dict[str, object]:
 
 
 def _step_index(name: str | None) -> int:
-    if name and name.startswith("step."):
+    """N of ``step.N`` (a step the user numbered) or ``step#N`` (one the profiler counted); -1 for other names."""
+    if name and name.startswith(("step.", "step#")):
         try:
             return int(name[5:])
         except ValueError:

@@ -9,10 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+from importlib import import_module
 
 from headcount._version import __version__
-from headcount.cli import calibrate_cmd, compare_cmd, doctor_cmd, parse_cmd, profile_cmd, query_cmd, report_cmd, run_cmd
 from headcount.errors import HeadcountError
+
+# subcommand → its module under headcount.cli; only the one that runs is imported (pandas, pyarrow, torch are
+# imported by the commands that need them, so `--version` and `query` do not wait for torch)
+COMMANDS = {"profile": "profile_cmd", "run": "run_cmd", "parse": "parse_cmd", "report": "report_cmd",
+            "compare": "compare_cmd", "query": "query_cmd", "calibrate": "calibrate_cmd", "doctor": "doctor_cmd"}
 
 EXAMPLES = """\
 examples:
@@ -28,12 +33,15 @@ examples:
   headcount profile --backend cupti      in-process CUPTI on an NVIDIA GPU (launch latency, occupancy, DRAM samples)
 
 Read the report:
+  headcount query headcount-report "SELECT layer_name, head, duration_ns FROM heads ORDER BY duration_ns DESC LIMIT 5"
   python -c "import pandas as pd; print(pd.read_parquet('headcount-report/layers'))"
-  duckdb -c "SELECT * FROM read_parquet('headcount-report/heads/**/*.parquet', hive_partitioning=true)"
+  python -c "import duckdb; duckdb.sql(\"SELECT * FROM read_parquet('headcount-report/heads/**/*.parquet', hive_partitioning=true)\").show()"
+  (the DuckDB CLI, `curl https://install.duckdb.org | sh`, reads the same paths: read only what headcount.json lists while a writer runs)
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; ``only``: register just that subcommand (its module alone is imported)."""
     parser = argparse.ArgumentParser(
         prog="headcount",
         description="Measure what attention costs, per transformer layer and per head, and write it as Parquet.",
@@ -43,19 +51,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"headcount {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    profile_cmd.add_parser(sub)
-    run_cmd.add_parser(sub)
-    parse_cmd.add_parser(sub)
-    report_cmd.add_parser(sub)
-    compare_cmd.add_parser(sub)
-    query_cmd.add_parser(sub)
-    calibrate_cmd.add_parser(sub)
-    doctor_cmd.add_parser(sub)
+    for name, module in COMMANDS.items():
+        if only in (None, name):
+            command = import_module(f"headcount.cli.{module}").add_parser(sub)
+            # --debug after the subcommand too (SUPPRESS: absent there, the top-level value stands)
+            command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is None and "--version" in argv:
+        print(f"headcount {__version__}")
+        return 0
+    parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -73,6 +83,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("headcount: interrupted; no report was written", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _reader_left()
+
+
+def _reader_left() -> int:
+    """stdout's reader has gone (``headcount … | head``): stop quietly with
+    status 1, as rich's console does (and Python's documentation advises),
+    with nothing left to flush into the closed pipe at exit."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout replaced by something without a descriptor (tests)
+        pass
+    return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

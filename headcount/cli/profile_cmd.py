@@ -48,7 +48,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default=None, help="local model directory (config.json, optional weights), or an embedded model: bert-base, bert-tiny; default: an embedded small Llama")
+    p.add_argument("--model", default=None, help="local model directory (config.json, optional weights), a Hugging Face hub id (org/name; "
+                   "through the hub cache, HF_HUB_OFFLINE=1 for the cache only), or an embedded model: bert-base, bert-tiny; default: an embedded small Llama")
+    p.add_argument("--revision", default=None, help="with a hub id: branch, tag or commit (default: the repository's default branch)")
     p.add_argument("--impl", default="eager,sdpa", help=f"comma-separated attention implementations to compare ({', '.join(IMPLEMENTATIONS)}); default: eager,sdpa")
     p.add_argument("--mode", choices=("layer", "head"), default="layer", help="layer: run as in production (heads apportioned); head: one head at a time, each measured")
     p.add_argument("--batch", type=int, default=2, help="batch size (default 2)")
@@ -111,7 +113,7 @@ def _validate(args):
     device = env.resolve(args.device)
     if device.type == "cpu" and args.backend == "cupti":
         raise HeadcountError("--backend cupti records GPU work and --device is cpu", hint="use --device cuda, or --backend torch")
-    choice = choose_model(args.model)
+    choice = choose_model(args.model, args.revision)
     check_options(choice, impls, args.seq, device)
     dataset.check_output(args.out, append=args.append, force=args.force)
     return impls, choice, device, [None if m == UNCOMPILED else m for m in modes]

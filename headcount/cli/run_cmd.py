@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from headcount import sources
-from headcount.errors import HeadcountError
+from headcount.errors import HeadcountError, NothingRecorded
 from headcount.reports import console as console_report
 from headcount.reports import dataset, terminal
 from headcount.reports.metadata import new_run_id, run_metadata, runs_row
@@ -116,22 +116,25 @@ def run(args) -> int:
     console.print(f"headcount run: {args.backend}, {args.mode} mode{f', steps {args.steps}' if args.steps else ''}; raw files in {raw}/")
 
     try:
-        status, tool_lines = launcher.run(argv, env)
+        status, tool_lines = launcher.run(argv, env, route=wrapper.stdout_route())
     except FileNotFoundError as exc:
         raise HeadcountError(f"{argv[0]}: cannot be started ({exc.strerror})", hint="check the command", exit_code=3) from exc
     wrapper.check(raw, tool_lines, tool_info)
-    if status:
-        console.print(f"the program exited with status {status}: the report holds what was recorded, marked incomplete")
-    runs = wrapper.assemble(raw, run_id, console)
+    try:
+        runs, notes = wrapper.assemble(raw, run_id, console), []
+    except NothingRecorded as exc:  # e.g. an nsys report of a program that stopped before its first range
+        runs, notes = [], [exc.message]
     if not runs or all(assemble.empty(r.tables) for r in runs):
-        notes = "; ".join(n for r in runs for n in r.info.get("notices", []))
-        err = HeadcountError(f"nothing tagged was recorded{f' ({notes})' if notes else ''}",
+        notes += [n for r in runs for n in r.info.get("notices", [])]
+        note = f" ({'; '.join(notes)})" if notes else ""
+        if status:
+            console.print(f"headcount: error: the program exited with status {status} and nothing tagged was recorded{note}")
+            return status
+        raise HeadcountError(f"nothing tagged was recorded{note}",
                              hint="does the program build a transformers model (or use --tag-sdpa)? raw files are kept in " + str(raw),
                              exit_code=4)
-        if status:
-            console.print(f"headcount: error: {err.one_line()}")
-            return status
-        raise err
+    if status:
+        console.print(f"the program exited with status {status}: the report holds what was recorded, marked incomplete")
     staged = []  # every rank's run staged, then all committed together: never a report with some ranks only
     try:
         with dataset.Claim(out, [r.run_id for r in runs]):

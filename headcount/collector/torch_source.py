@@ -58,12 +58,15 @@ class TorchRecorder:
         """Start recording.
 
         Raises:
-            HeadcountError: another profiler already holds torch.profiler / CUPTI.
+            HeadcountError: a torch.profiler session of the program is already recording.
         """
         if torch._C._autograd._profiler_enabled():
             raise HeadcountError(
-                "another torch.profiler session is already recording in this process",
-                hint="stop it before starting headcount; only one profiler can hold CUPTI at a time",
+                "a torch.profiler session of yours is already recording in this process, and torch runs one at a time "
+                "(headcount's torch backend is one)",
+                hint="start headcount outside your torch.profiler block; or keep your profiler, tag the model with "
+                     "headcount.tag(model) inside it, export its trace (prof.export_chrome_trace('trace.json')) and run "
+                     "`headcount parse trace.json`",
             )
         self._profile.__enter__()
 

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from pandas.api.types import union_categoricals
 
 from headcount.arrays import unique_inverse
-from headcount.errors import HeadcountError
+from headcount.errors import HeadcountError, NothingRecorded
 from headcount.parsers.plausible import drop_implausible
 from headcount.tables import Timeline
 
@@ -597,7 +597,7 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
     finally:
         src.close()
     if ranges.empty and gpu.empty and process is None and shard is None:
-        raise HeadcountError(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
+        raise NothingRecorded(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     return Timeline(ranges=ranges, runtime=runtime, gpu=gpu, gpu_metrics=metrics, meta=meta, devices=devices,
                     graph_nodes=graph_nodes, notices=notices)
 

@@ -96,11 +96,11 @@ def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: C
         run_layers = _by_run(layers, run_id) if run_id is not None else layers
         run_heads = _by_run(heads, run_id) if run_id is not None else heads
         if len(run_ids) > 1 or runs is not None:
-            console.rule(_title(run_id, runs), align="left")
+            terminal.heading(console, _title(run_id, runs))
         _print_run(console, run_layers, run_heads, _by_run(kernels, run_id) if run_id is not None else kernels, top)
     if ranges is not None and len(ranges):
         for run_id, g in ranges.groupby("run_id", sort=False):
-            console.rule(_title(run_id, runs), align="left")
+            terminal.heading(console, _title(run_id, runs))
             console.print(_ranges_table(g, top * 2))
     if out_dir is not None:
         console.print(f"Report: {out_dir}/ (Parquet datasets kernels, ranges, layers, heads, runs)")
@@ -113,9 +113,10 @@ def _print_run(console: Console, layers: pd.DataFrame, heads: pd.DataFrame, kern
         table.add_column(col, justify="left" if col in ("impl", "phase") else "right")
     for row in summary.itertuples(index=False):
         gbps = row.dram_bytes_per_step / row.attention_ns_per_step if row.attention_ns_per_step else None
+        # no operator or kernel seen in any call (e.g. nsys on a CPU: ranges only) is "not measured", not 0
         table.add_row(
             row.implementation, row.phase, number(row.attention_ns_per_step / 1e6), _fmt(row.calls_per_step, ",.0f"),
-            number(row.ops_per_call), number(row.flop_per_step / 1e9), number(row.dram_bytes_per_step / 1e6), number(gbps),
+            number(row.ops_per_call or None), number(row.flop_per_step / 1e9), number(row.dram_bytes_per_step / 1e6), number(gbps),
         )
     console.print(table)
     if kernels is not None and _has_kernels(layers):

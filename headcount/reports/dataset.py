@@ -47,6 +47,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +157,25 @@ def _to_arrow(frame: pd.DataFrame, schema: pa.Schema, table: str, words_of: dict
     return pa.table(columns, schema=schema)
 
 
+# how errors name the options: the CLI's flags, or save()'s arguments for a Python caller (spelled_for_python)
+_SPELLING: ContextVar[dict] = ContextVar("spelling", default={"append": "--append", "force": "--force", "out": "-o"})
+
+
+@contextmanager
+def spelled_for_python():
+    """Inside it, errors name ``save(append=True)``, ``save(force=True)`` and
+    ``save(path)`` where they name ``--append``, ``--force`` and ``-o`` otherwise."""
+    token = _SPELLING.set({"append": "save(append=True)", "force": "save(force=True)", "out": "save(path)"})
+    try:
+        yield
+    finally:
+        _SPELLING.reset(token)
+
+
+def _opt(name: str) -> str:
+    return _SPELLING.get()[name]
+
+
 def check_output(out: str | Path, append: bool = False, force: bool = False) -> Path:
     """Validate an output directory before any work is done.
 
@@ -165,9 +185,9 @@ def check_output(out: str | Path, append: bool = False, force: bool = False) -> 
     """
     out = Path(out)
     if append and force:
-        raise HeadcountError("--append and --force contradict each other", hint="pass one of them")
+        raise HeadcountError(f"{_opt('append')} and {_opt('force')} contradict each other", hint="pass one of them")
     if out.exists() and not out.is_dir():
-        raise HeadcountError(f"{out}: exists and is not a directory", hint="choose another output path with -o")
+        raise HeadcountError(f"{out}: exists and is not a directory", hint=f"choose another output path with {_opt('out')}")
     if out.exists():
         recover(out)  # a commit a crash interrupted is completed first
         # raw/: the tools' own files that `headcount run` keeps beside the report
@@ -176,16 +196,16 @@ def check_output(out: str | Path, append: bool = False, force: bool = False) -> 
         if entries and not is_report:
             raise HeadcountError(
                 f"{out}: directory is not empty and holds no headcount report",
-                hint="choose an empty or new directory with -o",
+                hint=f"choose an empty or new directory with {_opt('out')}",
             )
         if is_report and not (append or force):
             raise HeadcountError(
                 f"{out}: already holds a headcount report",
-                hint="pass --append to add this run to it, or --force to replace it",
+                hint=f"pass {_opt('append')} to add this run to it, or {_opt('force')} to replace it",
             )
     probe_dir = out if out.exists() else _first_existing_parent(out)
     if not os.access(probe_dir, os.W_OK | os.X_OK):
-        raise HeadcountError(f"{probe_dir}: permission denied, cannot write the report", hint="choose a writable directory with -o")
+        raise HeadcountError(f"{probe_dir}: permission denied, cannot write the report", hint=f"choose a writable directory with {_opt('out')}")
     return out
 
 
@@ -194,7 +214,7 @@ def _first_existing_parent(path: Path) -> Path:
     for parent in [path, *path.parents]:
         if parent.exists():
             if not parent.is_dir():
-                raise HeadcountError(f"{parent}: is not a directory", hint="choose another output path with -o")
+                raise HeadcountError(f"{parent}: is not a directory", hint=f"choose another output path with {_opt('out')}")
             return parent
     return Path("/")
 
@@ -207,7 +227,7 @@ def read_marker(out: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise HeadcountError(f"{path}: unreadable report marker ({exc})", hint="repair or remove it, or use --force") from exc
+        raise HeadcountError(f"{path}: unreadable report marker ({exc})", hint=f"repair or remove it, or use {_opt('force')}") from exc
 
 
 def _write_json_atomic(path: Path, doc: dict) -> None:
@@ -262,7 +282,7 @@ def report_lock(out: Path, wait_s: float | None = None):
                 except BlockingIOError:
                     if time.monotonic() > deadline:
                         raise HeadcountError(f"{out}: still being written by PID {holder} after {wait_s:.0f} s",
-                                             hint="wait for that writer to finish, or write to another directory with -o") from None
+                                             hint=f"wait for that writer to finish, or write to another directory with {_opt('out')}") from None
                     time.sleep(0.05)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -424,7 +444,7 @@ def commit(out: str | Path, run_ids: list[str], append: bool = False, force: boo
             previous = read_marker(out)
             if append and not force and previous.get("schema_version") not in (None, SCHEMA_VERSION):
                 raise HeadcountError(f"{out}: holds a report of schema {previous['schema_version']}, this headcount writes "
-                                     f"{SCHEMA_VERSION}", hint="write to a new directory, or --force to replace the old report")
+                                     f"{SCHEMA_VERSION}", hint=f"write to a new directory, or {_opt('force')} to replace the old report")
             replace = bool(force and previous)
             journal = {
                 "runs": list(run_ids),
@@ -509,7 +529,7 @@ def recover(out: str | Path) -> bool:
                 journal = json.loads((out / JOURNAL).read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 raise HeadcountError(f"{out / JOURNAL}: unreadable commit journal ({exc})",
-                                     hint="a commit was interrupted; remove the journal and check the report, or use --force") from exc
+                                     hint=f"a commit was interrupted; remove the journal and check the report, or use {_opt('force')}") from exc
             _run_journal(out, journal)
             completed = True
         for entry in out.iterdir():

@@ -51,17 +51,25 @@ def child_env(raw_dir: Path, backend: str, mode: str, steps: str = "", tag_sdpa:
     return env
 
 
-def _pump(stream, sink, keep: list[str]) -> None:
+def _pump(stream, sink, keep: list[str], route=None) -> None:
     for line in iter(stream.readline, ""):
-        sink.write(line)
-        sink.flush()
+        out = sink if route is None else route(line, sink)
+        if out is not None:
+            out.write(line)
+            out.flush()
         if line.startswith("==") and len(keep) < 2000:
             keep.append(line.rstrip("\n"))
     stream.close()
 
 
-def run(argv: list[str], env: dict) -> tuple[int, list[str]]:
+def run(argv: list[str], env: dict, route=None) -> tuple[int, list[str]]:
     """Run ``argv``; returns (exit status, the tool lines it printed).
+
+    Args:
+        route: where each line of the command's stdout goes: ``route(line,
+            sys.stdout)`` returns the stream to write it to, or ``None`` to
+            drop it (a wrapper's tool writes its own lines to stdout among
+            the program's; see :meth:`headcount.wrap.tools.Wrapper.stdout_route`).
 
     Raises:
         FileNotFoundError: ``argv[0]`` does not exist (the caller words it).
@@ -69,7 +77,7 @@ def run(argv: list[str], env: dict) -> tuple[int, list[str]]:
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
                             errors="replace")
     kept: list[str] = []
-    threads = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, kept), daemon=True),
+    threads = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, kept, route), daemon=True),
                threading.Thread(target=_pump, args=(proc.stderr, sys.stderr, kept), daemon=True)]
     for t in threads:
         t.start()

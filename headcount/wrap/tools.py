@@ -10,7 +10,10 @@ line around the program (:meth:`argv`), reads the tool's verdict on the run
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -28,8 +31,22 @@ class Wrapper:
     name = "cupti"
 
     def version(self) -> str | None:
-        """The recording tool's version; raises HeadcountError (exit 3) where it is missing or too old."""
+        """The recording tool's version, checked before the program starts;
+        raises HeadcountError (exit 3) where the tool is missing, too old, or
+        cannot record on this machine."""
+        try:
+            if not os.environ.get("HEADCOUNT_CUPTI_FACTORY"):  # the tests' stand-in for the GPU (wrap/child.py) needs none
+                cupti_source.require()  # no driver, no GPU, no cupti-python: said before the program runs, not after
+        except HeadcountError as exc:
+            hint = exc.hint
+            if hint and "--backend torch" in hint:  # headcount run has no torch backend
+                hint = "run it on a machine with an NVIDIA GPU; --backend nsys records NVTX ranges anywhere"
+            raise HeadcountError(f"--backend cupti cannot run here: {exc.message}", hint=hint, exit_code=3) from exc
         return cupti_source.cupti_version()
+
+    def stdout_route(self):
+        """How the program's stdout is passed on (:func:`headcount.wrap.launcher.run`'s ``route``): as it is."""
+        return None
 
     def argv(self, args, raw: Path, command: list[str], console: Console) -> tuple[list[str], dict]:
         """The command line to run, and what to record of it in the run metadata."""
@@ -64,6 +81,25 @@ class Nsys(Wrapper):
                                       capture=args.capture_range)
         return argv, {"gpu_metrics": gpu_flag is not None, "trace": args.trace}
 
+    def stdout_route(self):
+        """nsys writes its own lines to the program's stdout: a progress bar per
+        step of writing the report (dropped) and what it does (to stderr).
+        Once it says ``Generating '….qdstrm'`` the program has exited, so every
+        later line is nsys's."""
+        done = []
+
+        def route(line: str, sink):
+            if done:
+                return None if _NSYS_PROGRESS.match(line) else sys.stderr
+            if _NSYS_GENERATING.match(line):
+                done.append(True)
+                return sys.stderr
+            if line.startswith("Collecting data..."):
+                return sys.stderr
+            return sink
+
+        return route
+
     def assemble(self, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
         rep = raw / "run.nsys-rep"
         if not rep.exists():
@@ -78,6 +114,17 @@ class Nsys(Wrapper):
 
 class Ncu(Nsys):
     name = "ncu"
+
+    def version(self) -> str | None:
+        text = super().version()
+        if not env.driver_present():  # ncu would start the program only to fail at its first kernel
+            raise HeadcountError("--backend ncu cannot run here: no NVIDIA driver on this machine (ncu profiles GPU kernels)",
+                                 hint="run it on a machine with an NVIDIA GPU; --backend nsys records NVTX ranges anywhere",
+                                 exit_code=3)
+        return text
+
+    def stdout_route(self):
+        return None
 
     def argv(self, args, raw: Path, command: list[str], console: Console) -> tuple[list[str], dict]:
         opt = nvidia_tools.NcuOptions(
@@ -103,6 +150,10 @@ class Ncu(Nsys):
         with console.status("reading the ncu report…"):
             kernels = ncu_rep.read_report(raw / "run.ncu-rep")
         return assemble.from_ncu(kernels, children, run_id)
+
+
+_NSYS_PROGRESS = re.compile(r"^\[\d+/\d+\] \[[=\s]*\d+%[=\s]*\] ")
+_NSYS_GENERATING = re.compile(r"^Generating '.*\.qdstrm'$")
 
 
 def _lines(path: Path) -> list[str]:

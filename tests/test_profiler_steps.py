@@ -1,0 +1,153 @@
+"""torch.profiler's habits on AttentionProfiler (torch source, CPU): ``prof.step()``
+at the end of each step, ``start()``/``stop()``, a ``schedule`` of wait /
+warm-up / active steps and ``on_ready`` per active window; and the
+``with prof.step(i)`` habit beside them."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from conftest import _llama, inputs_for
+
+from headcount import AttentionProfiler, HeadcountError
+
+
+def _train_step(model, inputs):
+    model(**inputs).loss.backward()
+
+
+def _steps(stats, table="kernels") -> set:
+    return set(stats[table]["step"].dropna().astype(int))
+
+
+def test_a_schedule_records_exactly_its_active_steps():
+    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    windows = []
+    prof = AttentionProfiler(model, schedule=torch.profiler.schedule(wait=1, warmup=1, active=2),
+                             on_ready=lambda p: windows.append((p.run_id, p.get_stats())))
+    with prof:
+        for _ in range(6):
+            _train_step(model, inputs)
+            prof.step()
+    assert len(windows) == 1
+    stats = windows[0][1]
+    assert _steps(stats) == {2, 3}
+    kernels = stats["kernels"]
+    assert set(kernels["step"].dropna().astype(int)) == {2, 3}
+    assert kernels["step"].notna().all()  # nothing of the wait and warm-up steps was recorded
+    bd = stats["attention_breakdown"]
+    assert (bd["calls"] == 2).all()  # 2 active steps, one call per layer and phase each
+
+
+def test_repeated_windows_are_runs_of_their_own(tmp_path):
+    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    ready = []
+
+    def save(p):
+        ready.append(p.run_id)
+        p.save(tmp_path / "r", append=len(ready) > 1)
+
+    prof = AttentionProfiler(model, run_id="train", schedule=torch.profiler.schedule(wait=1, warmup=1, active=1, repeat=2),
+                             on_ready=save)
+    prof.start()
+    for _ in range(7):
+        _train_step(model, inputs)
+        prof.step()
+    prof.stop()
+    assert ready == ["train", "train.1"]
+    kernels = pd.read_parquet(tmp_path / "r" / "kernels")
+    assert dict(kernels.groupby("run_id")["step"].agg(lambda s: set(s.dropna().astype(int)))) == {"train": {2}, "train.1": {5}}
+    assert set(pd.read_parquet(tmp_path / "r" / "runs")["run_id"]) == {"train", "train.1"}
+
+
+def test_start_stop_and_plain_steps_count_from_zero():
+    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    prof = AttentionProfiler(model)
+    prof.start()
+    for _ in range(3):
+        _train_step(model, inputs)
+        prof.step()
+    prof.stop()
+    stats = prof.get_stats()
+    assert _steps(stats) == {0, 1, 2}
+    assert stats["kernels"]["step"].notna().all()
+    assert (stats["attention_breakdown"]["calls"] == 3).all()
+
+
+def test_numbered_steps_have_no_implicit_first_step():
+    """``with prof.step(i)``: the steps are the user's numbers; work before the
+    first of them has no step (the implicit step#0 opened at start is dropped)."""
+    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    prof = AttentionProfiler(model)
+    with prof:
+        _train_step(model, inputs)  # before any numbered step
+        for i in (5, 6):
+            with prof.step(i):
+                _train_step(model, inputs)
+    stats = prof.get_stats()
+    assert set(stats["kernels"]["step"].dropna().astype(int)) == {5, 6}
+    assert stats["kernels"]["step"].isna().any()  # the first, unnumbered step's work
+    assert 0 not in _steps(stats)
+
+
+def test_a_block_without_step_calls_is_step_zero():
+    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    with AttentionProfiler(model) as prof:
+        _train_step(model, inputs)
+    assert _steps(prof.get_stats()) == {0}
+
+
+def test_step_outside_the_profiled_block_is_an_error():
+    prof = AttentionProfiler(_llama("sdpa"))
+    with pytest.raises(HeadcountError, match="outside the profiled block"):
+        prof.step()
+    with pytest.raises(HeadcountError, match="outside the profiled block"):
+        with prof.step(3):
+            pass
+
+
+def test_a_schedule_must_be_callable():
+    with pytest.raises(HeadcountError, match="is not callable"):
+        AttentionProfiler(_llama("sdpa"), schedule=3)
+
+
+def test_inside_your_own_torch_profiler_the_reason_is_precise_and_its_advice_works(tmp_path):
+    """torch runs one profiler session at a time: inside the user's, headcount's
+    torch backend cannot start. The error names that (not CUPTI, on a CPU),
+    and the way it suggests — tag, export the user's trace, parse it — gives
+    the layers."""
+    import headcount
+    from headcount.cli.main import main
+
+    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as theirs:
+        with pytest.raises(HeadcountError) as info:
+            with AttentionProfiler(model, backend="torch", strict=True):
+                pass
+        tagger = headcount.tag(model)
+        for _ in range(2):
+            _train_step(model, inputs)
+            theirs.step()
+    headcount.untag(tagger)
+    line = info.value.one_line()
+    assert "torch.profiler session of yours is already recording" in line and "CUPTI" not in line
+    assert "headcount.tag(model)" in line and "headcount parse trace.json" in line
+    trace = tmp_path / "trace.json"
+    theirs.export_chrome_trace(str(trace))
+    assert main(["parse", str(trace), "-o", str(tmp_path / "r")]) == 0
+    layers = pd.read_parquet(tmp_path / "r" / "layers")
+    assert set(zip(layers["phase"], layers["layer"])) == {("fwd", 0), ("fwd", 1), ("bwd", 0), ("bwd", 1)}
+    assert (layers["calls"] == 2).all()
+
+
+def test_a_second_save_names_save_arguments_not_cli_flags(tmp_path):
+    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    with AttentionProfiler(model) as prof:
+        _train_step(model, inputs)
+    prof.save(tmp_path / "r")
+    with pytest.raises(HeadcountError) as info:
+        prof.save(tmp_path / "r")
+    line = info.value.one_line()
+    assert "pass save(append=True) to add this run to it, or save(force=True) to replace it" in line
+    assert "--append" not in line and "--force" not in line
