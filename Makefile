@@ -23,6 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps "HolisticTraceAnalysis==0.5.0"  # its jupyterlab is not needed to read traces
 	touch $@
 
 profile: setup

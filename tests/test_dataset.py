@@ -35,7 +35,7 @@ def test_append_and_read_everywhere(tmp_path, two_profiles):
     out = tmp_path / "report"
     first, second = two_profiles
     first.save(out)
-    with pytest.raises(HeadcountError, match="--append"):
+    with pytest.raises(HeadcountError, match=r"save\(append=True\)"):
         second.save(out)
     second.save(out, append=True)
     run_ids = {first.run_id, second.run_id}

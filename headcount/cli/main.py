@@ -17,7 +17,8 @@ from headcount.errors import HeadcountError
 # subcommand → its module under headcount.cli; only the one that runs is imported (pandas, pyarrow, torch are
 # imported by the commands that need them, so `--version` and `query` do not wait for torch)
 COMMANDS = {"profile": "profile_cmd", "run": "run_cmd", "parse": "parse_cmd", "report": "report_cmd",
-            "compare": "compare_cmd", "query": "query_cmd", "calibrate": "calibrate_cmd", "doctor": "doctor_cmd"}
+            "compare": "compare_cmd", "query": "query_cmd", "export": "export_cmd", "calibrate": "calibrate_cmd",
+            "doctor": "doctor_cmd"}
 
 EXAMPLES = """\
 examples:

@@ -152,7 +152,7 @@ class RangeLog:
         stack = getattr(self._open, "ids", None)
         if stack is None:
             stack = self._open.ids = []
-        stack.append(rid)
+        stack.append((rid, domain))
         return rid
 
     def close(self, rid: int) -> None:
@@ -164,9 +164,12 @@ class RangeLog:
             stack.pop()
 
     def current(self) -> int | None:
-        """The innermost range open on this thread (``None`` outside every range)."""
-        stack = getattr(self._open, "ids", None)
-        return stack[-1] if stack else None
+        """The innermost range open on this thread that can capture work (``None``
+        outside every such range): step ranges never do (they are not replayed)."""
+        from headcount.tagging.naming import STEP_DOMAIN
+
+        stack = getattr(self._open, "ids", None) or ()
+        return next((rid for rid, domain in reversed(stack) if domain != STEP_DOMAIN), None)
 
     def records(self) -> list[dict]:
         return [{"kind": "range", "id": r[0], "domain": r[1], "name": r[2], "process_id": r[3], "thread_id": r[4],
