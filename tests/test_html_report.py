@@ -48,10 +48,49 @@ def test_roofline_has_ceilings_for_a_known_device():
     points = pd.DataFrame({"intensity_flop_per_byte": [10.0, 500.0], "flop": [1e12, 1e13], "duration_ns": [1e7, 2e7],
                            "phase": ["fwd", "bwd"], "implementation": ["sdpa", "sdpa"], "layer_name": ["layer.0", "layer.0"]})
     svg = html_report.roofline(points, "NVIDIA H100 80GB HBM3", "bfloat16")
-    assert "DRAM ceiling 3,350 GB/s" in svg and "compute ceiling 989 TFLOP/s (bfloat16)" in svg and svg.count("<circle") == 2
+    assert "DRAM ceiling 3,350 GB/s" in svg and "compute ceiling 989 TFLOP/s (bfloat16)" in svg
+    plot = svg.split('<g class="legend">')[0]
+    assert plot.count("FLOP/byte, ") == 2  # one point per row, each with its exact values in its tooltip
+    assert "sdpa fwd layer.0: 10 FLOP/byte, 100 TFLOP/s (FLOPs analytic; bytes –; time –)" in plot
     heads = points.assign(head=[3, 5])
-    assert svg.count("fill=\"none\"") == 0 and html_report.roofline(heads, None, None).count("fill=\"none\"") == 2
-    assert "ceiling" not in html_report.roofline(points, None, None)
+    assert plot.count('fill="none"') == 0
+    assert html_report.roofline(heads, None, None).split('<g class="legend">')[0].count('fill="none"') == 2
+    assert "ceiling" not in html_report.roofline(points, None, None).split('<g class="legend">')[0]
+
+
+def test_roofline_ticks_are_human_units_and_a_legend_names_what_is_drawn():
+    import re
+
+    import pandas as pd
+
+    points = pd.DataFrame({"intensity_flop_per_byte": [2.0, 40.0, 900.0], "flop": [1e9, 5e11, 2e13],
+                           "duration_ns": [1e6, 1e6, 1e7], "phase": ["fwd", "bwd", "fwd"],
+                           "implementation": ["eager", "sdpa", "flash_attention_2"], "layer_name": ["layer.0"] * 3})
+    svg = html_report.roofline(points, "NVIDIA H100 80GB HBM3", "bfloat16")
+    ticks = re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', svg)
+    assert ticks and not [t for t in ticks if re.search(r"\de[+-]?\d", t)]  # never 1e12
+    assert {"1", "10", "100", "1k"} <= set(ticks) and {"1 TFLOP/s", "100 TFLOP/s", "1 PFLOP/s"} <= set(ticks)
+    legend = svg.split('<g class="legend">')[1]
+    for text in ("fwd", "bwd", "eager", "sdpa", "flash_attention_2", "a layer", "ceilings"):
+        assert f">{text}</text>" in legend
+    plot = svg.split('<g class="legend">')[0]
+    assert "<circle" in plot and "<rect x=" in plot and "<polygon" in plot  # one shape per implementation
+
+
+def test_a_heatmap_of_values_equal_across_heads_is_one_column():
+    import pandas as pd
+
+    layers = ["layer.0", "layer.1"]
+    rows = [{"layer_name": layer, "layer": i, "head": h, "duration_ns": 1000.0 * (i + 1), "dram_bytes": 5e6 + h}
+            for i, layer in enumerate(layers) for h in range(4)]
+    frame = pd.DataFrame(rows)
+    apportioned = html_report.heatmap(frame, "duration_ns", "time", "ns", "apportioned")
+    assert "the same for every head of a layer" in apportioned and apportioned.count("<title>") == 2
+    assert "<title>layer.1, every head: 2,000 ns (apportioned)</title>" in apportioned
+    measured = html_report.heatmap(frame, "dram_bytes", "bytes", "B", "measured")
+    assert "the same for every head" not in measured and measured.count("<title>") == 8
+    assert "<title>layer.0 head 3: 5e+06 B (measured)</title>" not in measured
+    assert "<title>layer.0 head 3: 5,000,003 B (measured)</title>" in measured
 
 
 def _chromium():
@@ -86,3 +125,63 @@ def test_the_charts_draw_in_a_real_browser(report, tmp_path):
     colours = {tuple(c) for c in np.unique(pixels, axis=0)}
     viridis = {(0x44, 0x01, 0x54), (0xfd, 0xe7, 0x25)}  # the heatmaps' end colours were painted
     assert len(colours) > 50 and viridis & colours
+
+
+def test_an_ncu_report_shows_its_measured_kernel_counters(tmp_path):
+    """An ncu file of untagged kernels (real H800 raw page): the page lists the top
+    kernels with the counters ncu measured, not only the runs table."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    fixture = Path(__file__).parent / "fixtures" / "ncu" / "h800_flash_fwd_raw.C.csv"
+    out = tmp_path / "r"
+    assert cli_main(["parse", str(fixture), "-o", str(out)]) == 0
+    assert cli_main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert "Top kernels by time" in page
+    kernels = pd.read_parquet(out / "kernels")
+    top = kernels.groupby("name")["duration_ns"].sum().idxmax()
+    assert html_report._e(top) in page
+    occupancy = kernels.loc[kernels["name"] == top, "achieved_occupancy_pct"].mean()
+    dram = kernels.loc[kernels["name"] == top, "dram_throughput_pct"].mean()
+    assert pd.notna(occupancy) and f"<td>{occupancy:,.3g}</td>" in page
+    assert pd.isna(dram) or f"<td>{dram:,.3g}</td>" in page  # this raw page has no DRAM throughput: "–"
+
+
+def test_the_roofline_legend_and_human_ticks_are_painted(report, tmp_path):
+    """The report's roofline alone, screenshotted by headless Chromium: the
+    legend's phase swatches are painted in their colours where the legend
+    says, and the tick labels (human units, read back from Chromium's DOM)
+    are painted beside the axes."""
+    import re
+
+    import numpy as np
+    from PIL import Image
+
+    browser = _chromium()
+    tables = html_report.load_tables(report)
+    layers = tables["layers"]
+    svg = html_report.roofline(layers, None, None)
+    page = tmp_path / "roof.html"
+    page.write_text(f'<!doctype html><html><body style="margin:0;background:#fff">{svg}</body></html>')
+    shot = tmp_path / "roof.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars", "--force-device-scale-factor=1"]
+    subprocess.run([browser, *flags, "--window-size=800,420", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, text=True, timeout=180)
+    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180).stdout
+    ticks = re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', dom)
+    assert any(t.endswith("FLOP/s") for t in ticks) and not [t for t in ticks if re.search(r"\de[+-]?\d", t)]
+    legend = dom.split('<g class="legend">')[1]
+    assert ">fwd</text>" in legend and ">bwd</text>" in legend and ">eager</text>" in legend and ">sdpa</text>" in legend
+    image = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    swatches = re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)" r="4.5" fill="(#[0-9a-f]{6})"', svg.split('<g class="legend">')[1])
+    for phase_colour in ("#2c728e", "#e67e22"):
+        x, y, _ = next(s for s in swatches if s[2] == phase_colour)
+        want = np.array([int(phase_colour[k:k + 2], 16) for k in (1, 3, 5)])
+        painted = image[round(float(y)), round(float(x))]
+        assert np.abs(painted - (255 - 0.85 * (255 - want))).max() < 40, (phase_colour, painted)  # 85 % opaque on white
+    tick_y = [float(v) for v in re.findall(r'<text class="tick" x="[\d.]+" y="([\d.]+)" font-size="10" text-anchor="end">', svg)]
+    for y in tick_y:  # dark text pixels left of the plot at each FLOP/s tick
+        band = image[int(y) - 8:int(y) + 2, 0:70]
+        assert (band.sum(axis=2) < 300).any()

@@ -45,6 +45,29 @@ def _num(value, spec: str = ",.3g") -> str:
     return format(float(value), spec)
 
 
+_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"))
+
+
+def human(value: float, unit: str = "") -> str:
+    """``value`` with an SI prefix: ``human(2.5e12, "FLOP/s")`` → ``"2.5 TFLOP/s"``,
+    ``human(1000)`` → ``"1k"`` (axis ticks and tooltips: never ``1e12``)."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    for factor, prefix in _PREFIXES:
+        if abs(value) >= factor * 0.9995 or factor == _PREFIXES[-1][0]:
+            scaled = value / factor
+            text = f"{scaled:.3g}"
+            break
+    return f"{text} {prefix}{unit}" if unit else f"{text}{prefix}"
+
+
+def _exact(value: float) -> str:
+    """A value in full for a tooltip: whole numbers with every digit, others to 6 significant digits."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    return f"{value:,.0f}" if value == int(value) and abs(value) < 1e15 else f"{value:,.6g}"
+
+
 def _color(t: float) -> str:
     if t is None or math.isnan(t):
         return "#e6e6e6"
@@ -79,21 +102,30 @@ def heatmap(frame: pd.DataFrame, value: str, title: str, unit: str, provenance: 
     if not len(finite):
         return ""
     lo, hi = float(finite.min()), float(finite.max())
+    same_across_heads = bool(np.all(np.isclose(grid.min(axis=1), grid.max(axis=1), rtol=1e-9, atol=0) | grid.isna().all(axis=1)))
+    if same_across_heads and len(heads) > 1:
+        # apportioned time, analytic bytes: every head of a layer has the layer's share, so one column says it all
+        grid = grid.iloc[:, :1]
+        heads = heads[:1]
+        title = f"{title} — the same for every head of a layer"
     cell, top = 22, 30
     left = max(64, 7 * max(len(str(n)) for n in layers) + 12)
     width, height = max(left + cell * len(heads) + 90, 460), top + cell * len(layers) + 40
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="{_e(title)}">',
              f'<text x="0" y="16" font-size="13" font-weight="600">{_e(title)}</text>']
     for j, h in enumerate(heads):
-        parts.append(f'<text x="{left + j * cell + cell / 2}" y="{top - 4}" font-size="10" text-anchor="middle">{int(h)}</text>')
+        label = "all" if same_across_heads and len(heads) == 1 and len(frame["head"].unique()) > 1 else str(int(h))
+        parts.append(f'<text x="{left + j * cell + cell / 2}" y="{top - 4}" font-size="10" text-anchor="middle">{label}</text>')
     for i, layer in enumerate(layers):
         y = top + i * cell
         parts.append(f'<text x="{left - 6}" y="{y + cell * 0.7}" font-size="10" text-anchor="end">{_e(layer)}</text>')
         for j, h in enumerate(heads):
             v = grid.loc[layer, h] if (layer in grid.index and h in grid.columns) else float("nan")
             t = (v - lo) / (hi - lo) if hi > lo else 0.5
+            who = f"{layer}, every head" if same_across_heads and len(frame["head"].unique()) > 1 else f"{layer} head {int(h)}"
+            exact = _exact(v)
             parts.append(f'<rect x="{left + j * cell}" y="{y}" width="{cell - 1}" height="{cell - 1}" fill="{_color(t)}">'
-                         f'<title>{_e(layer)} head {int(h)}: {_e(number(v))} {_e(unit)}</title></rect>')
+                         f'<title>{_e(who)}: {_e(exact)} {_e(unit)} ({_e(provenance)})</title></rect>')
     bar_x = left + cell * len(heads) + 14
     for k in range(10):
         parts.append(f'<rect x="{bar_x}" y="{top + k * (cell * len(layers) / 10)}" width="12" height="{cell * len(layers) / 10 + 0.5}" '
@@ -120,7 +152,8 @@ def roofline(points: pd.DataFrame, device_name: str | None, dtype: str | None, m
     y_lo, y_hi = (min(y_vals) / 4, max(y_vals) * 4) if y_vals else (1e6, 1e15)
     if peak and bw:
         x_hi = max(x_hi, peak / (bw * 1e9) * 4)
-    w, h, m = 620, 380, 56
+    w, h, m = 760, 400, 76
+    legend_w = 150
 
     def px(x):
         return m + (math.log10(x) - math.log10(x_lo)) / (math.log10(x_hi) - math.log10(x_lo)) * (w - 2 * m)
@@ -128,12 +161,13 @@ def roofline(points: pd.DataFrame, device_name: str | None, dtype: str | None, m
     def py(y):
         return h - m + -(math.log10(y) - math.log10(y_lo)) / (math.log10(y_hi) - math.log10(y_lo)) * (h - 2 * m)
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img" aria-label="roofline">',
+    w -= legend_w  # the plot; the legend sits to its right
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + legend_w}" height="{h}" role="img" aria-label="roofline">',
              f'<rect x="{m}" y="{m}" width="{w - 2 * m}" height="{h - 2 * m}" fill="#fafafa" stroke="#ccc"/>']
     for e in range(math.ceil(math.log10(x_lo)), math.floor(math.log10(x_hi)) + 1):
-        parts.append(f'<text x="{px(10 ** e)}" y="{h - m + 16}" font-size="10" text-anchor="middle">1e{e}</text>')
+        parts.append(f'<text class="tick" x="{px(10 ** e)}" y="{h - m + 16}" font-size="10" text-anchor="middle">{human(10.0 ** e)}</text>')
     for e in range(math.ceil(math.log10(y_lo)), math.floor(math.log10(y_hi)) + 1):
-        parts.append(f'<text x="{m - 6}" y="{py(10 ** e) + 3}" font-size="10" text-anchor="end">1e{e}</text>')
+        parts.append(f'<text class="tick" x="{m - 6}" y="{py(10 ** e) + 3}" font-size="10" text-anchor="end">{human(10.0 ** e, "FLOP/s")}</text>')
     parts.append(f'<text x="{w / 2}" y="{h - 14}" font-size="11" text-anchor="middle">intensity, FLOP/byte (analytic FLOPs ÷ DRAM bytes)</text>')
     parts.append(f'<text x="14" y="{h / 2}" font-size="11" text-anchor="middle" transform="rotate(-90 14 {h / 2})">FLOP/s achieved</text>')
     if bw:
@@ -144,18 +178,63 @@ def roofline(points: pd.DataFrame, device_name: str | None, dtype: str | None, m
         if peak:
             parts.append(f'<line x1="{px(x_knee)}" y1="{py(peak)}" x2="{px(x_hi)}" y2="{py(peak)}" stroke="#c0392b" stroke-width="2">'
                          f'<title>compute ceiling {peak / 1e12:,.0f} TFLOP/s ({_e(dtype)})</title></line>')
-    colors = {"fwd": "#2c728e", "bwd": "#e67e22", "recompute": "#7f8c8d"}
     head_rows = "head" in pts.columns
+    impls = list(dict.fromkeys(pts["implementation"].astype(str))) if len(pts) else []
+    shapes = {impl: _SHAPES[i % len(_SHAPES)] for i, impl in enumerate(impls)}
+    any_head = False
     for row, x, y in zip(pts.itertuples(index=False), xs, ys):
         head = getattr(row, "head", None) if head_rows else None
-        label = f"{row.layer_name} head {int(head)}" if head is not None and not pd.isna(head) else row.layer_name
         is_head = head is not None and not pd.isna(head)
-        shape = (f'r="2.5" fill="none" stroke="{colors.get(row.phase, "#555")}"' if is_head
-                 else f'r="4" fill="{colors.get(row.phase, "#555")}" fill-opacity="0.8"')
-        parts.append(f'<circle cx="{px(x)}" cy="{py(y)}" {shape}>'
-                     f'<title>{_e(row.implementation)} {_e(row.phase)} {_e(label)}: {x:,.1f} FLOP/B, {y / 1e12:,.3f} TFLOP/s</title></circle>')
+        any_head |= is_head
+        label = f"{row.layer_name} head {int(head)}" if is_head else row.layer_name
+        colour = _PHASE_COLOURS.get(row.phase, "#555")
+        time_prov = getattr(row, "duration_provenance", None)
+        bytes_prov = getattr(row, "dram_bytes_provenance", None)
+        tip = (f"{row.implementation} {row.phase} {label}: {_exact(x) if x >= 1000 else f'{x:,.4g}'} FLOP/byte, {human(y, 'FLOP/s')} "
+               f"(FLOPs analytic; bytes {bytes_prov if not missing(bytes_prov) else '–'}; time {time_prov if not missing(time_prov) else '–'})")
+        parts.append(_marker(shapes[str(row.implementation)], px(x), py(y), colour, hollow=is_head, size=2.8 if is_head else 4.5, tip=tip))
+    parts.append(_legend(w + 8, m, [p for p in _PHASE_COLOURS if p in set(pts["phase"])], shapes, any_head))
     parts.append("</svg>")
     return "".join(parts)
+
+
+_PHASE_COLOURS = {"fwd": "#2c728e", "bwd": "#e67e22", "recompute": "#7f8c8d"}
+_SHAPES = ("circle", "square", "triangle", "diamond")
+
+
+def _marker(shape: str, x: float, y: float, colour: str, hollow: bool = False, size: float = 4.5, tip: str = "") -> str:
+    paint = f'fill="none" stroke="{colour}" stroke-width="1.5"' if hollow else f'fill="{colour}" fill-opacity="0.85"'
+    title = f"<title>{_e(tip)}</title>" if tip else ""
+    if shape == "circle":
+        return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{size}" {paint}>{title}</circle>'
+    if shape == "square":
+        return f'<rect x="{x - size:.1f}" y="{y - size:.1f}" width="{2 * size}" height="{2 * size}" {paint}>{title}</rect>'
+    if shape == "triangle":
+        pts = f"{x:.1f},{y - size * 1.2:.1f} {x - size * 1.1:.1f},{y + size * 0.8:.1f} {x + size * 1.1:.1f},{y + size * 0.8:.1f}"
+    else:
+        pts = f"{x:.1f},{y - size * 1.3:.1f} {x + size * 1.3:.1f},{y:.1f} {x:.1f},{y + size * 1.3:.1f} {x - size * 1.3:.1f},{y:.1f}"
+    return f'<polygon points="{pts}" {paint}>{title}</polygon>'
+
+
+def _legend(x: float, y: float, phases: list[str], shapes: dict[str, str], heads: bool) -> str:
+    """What the colours (phases), shapes (implementations) and rings (heads) mean."""
+    rows = [f'<text x="{x}" y="{y + 4}" font-size="11" font-weight="600">legend</text>']
+    at = y + 22
+    for phase in phases:
+        rows.append(_marker("circle", x + 6, at - 4, _PHASE_COLOURS[phase]) + f'<text x="{x + 18}" y="{at}" font-size="11">{_e(phase)}</text>')
+        at += 18
+    for impl, shape in shapes.items():
+        rows.append(_marker(shape, x + 6, at - 4, "#444") + f'<text x="{x + 18}" y="{at}" font-size="11">{_e(impl)}</text>')
+        at += 18
+    rows.append(_marker("circle", x + 6, at - 4, "#444") + f'<text x="{x + 18}" y="{at}" font-size="11">a layer</text>')
+    at += 18
+    if heads:
+        rows.append(_marker("circle", x + 6, at - 4, "#444", hollow=True, size=2.8)
+                    + f'<text x="{x + 18}" y="{at}" font-size="11">a head (head mode)</text>')
+        at += 18
+    rows.append(f'<line x1="{x}" y1="{at - 4}" x2="{x + 12}" y2="{at - 4}" stroke="#c0392b" stroke-width="2"/>'
+                f'<text x="{x + 18}" y="{at}" font-size="11">ceilings</text>')
+    return '<g class="legend">' + "".join(rows) + "</g>"
 
 
 def _table(frame: pd.DataFrame, columns: list[tuple[str, str, str]]) -> str:
@@ -181,11 +260,53 @@ def load_tables(out: str | Path) -> dict[str, pd.DataFrame]:
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     tables = {name: con.sql(f"SELECT * FROM {name}").df() if name in views else pd.DataFrame() for name in ("layers", "heads", "runs")}
     tables["ranges_summary"] = range_summary(con)
+    tables["kernel_summary"] = kernel_summary(con) if "kernels" in views else pd.DataFrame()
     return tables
 
 
-def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, measured_gbps: float | None) -> list[str]:
-    """Bottlenecks, heatmaps and roofline of one run (nothing here adds two runs)."""
+def kernel_summary(con, top: int = 15) -> pd.DataFrame:
+    """Per run, the ``top`` GPU kernels by total time, per layer and phase where
+    attributed: count, total time, DRAM bytes, and the measured counters'
+    means (achieved/theoretical occupancy, DRAM throughput %) where the
+    source has them (ncu, cupti, nsys). CPU operators are not kernels."""
+    have = {r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE kernels)").fetchall()}
+
+    def col(name, expr):
+        return expr if name in have else "NULL"
+
+    return con.sql(f"""
+        WITH k AS (
+            SELECT run_id, coalesce(phase, '') AS phase, coalesce(layer_name, '') AS layer_name, name,
+                   count(*) AS kernels, sum(duration_ns) AS time_ns,
+                   {col('dram_bytes', 'sum(dram_bytes)')} AS dram_bytes,
+                   {col('achieved_occupancy_pct', 'avg(achieved_occupancy_pct)')} AS achieved_occupancy_pct,
+                   {col('theoretical_occupancy_pct', 'avg(theoretical_occupancy_pct)')} AS theoretical_occupancy_pct,
+                   {col('dram_throughput_pct', 'avg(dram_throughput_pct)')} AS dram_throughput_pct
+            FROM kernels WHERE kind = 'kernel' GROUP BY ALL)
+        SELECT * EXCLUDE (n) FROM (
+            SELECT *, row_number() OVER (PARTITION BY run_id ORDER BY time_ns DESC NULLS LAST, dram_bytes DESC NULLS LAST) AS n FROM k)
+        WHERE n <= {int(top)} ORDER BY run_id, time_ns DESC NULLS LAST""").df()
+
+
+def _kernels_section(kernels: pd.DataFrame) -> list[str]:
+    """The measured kernel counters of one run (nothing when it ran no GPU kernel)."""
+    if not len(kernels):
+        return []
+    g = kernels.assign(total_us=kernels["time_ns"] / 1e3, dram_mb=kernels["dram_bytes"] / 1e6,
+                       us_per_kernel=kernels["time_ns"] / kernels["kernels"] / 1e3)
+    return ["<h3>Top kernels by time</h3>" + _table(g, [
+        ("phase", "phase", "s"), ("layer", "layer_name", "s"), ("kernel", "name", "s"), ("count", "kernels", ",.0f"),
+        ("total µs", "total_us", ",.4g"), ("µs per kernel", "us_per_kernel", ",.4g"), ("DRAM MB", "dram_mb", ",.4g"),
+        ("achieved occupancy %", "achieved_occupancy_pct", ",.3g"), ("theoretical occupancy %", "theoretical_occupancy_pct", ",.3g"),
+        ("DRAM throughput %", "dram_throughput_pct", ",.3g")]) +
+        '<p class="cap">Per kernel name, layer and phase (blank: outside every attention range): total time and DRAM bytes '
+        "over the run; occupancy and DRAM throughput are means of the kernels' measured counters (– where the source "
+        "records none: torch.profiler and nsys have no DRAM counters per kernel).</p>"]
+
+
+def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, measured_gbps: float | None,
+                 kernels: pd.DataFrame | None = None) -> list[str]:
+    """Bottlenecks, heatmaps, roofline and top kernels of one run (nothing here adds two runs)."""
     body = [f"<h2>{_e(findings.run_heading(run_id, info))}</h2>"]
     if len(layers):
         body.append("<h3>Bottlenecks</h3><ul>" + "".join(f"<li>{_e(line)}</li>" for line in findings.bottlenecks(layers, heads)) + "</ul>")
@@ -221,8 +342,11 @@ def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, 
         measured_heads = heads[heads["provenance"] == "measured"] if len(heads) else heads
         points = pd.concat([layers, measured_heads], ignore_index=True) if len(measured_heads) else layers
         body.append("<h3>Roofline</h3>" + roofline(points, device, dtype, ceiling) +
-                    f'<p class="cap">Filled: one point per layer row; rings: heads measured on their own (head mode); '
-                    f"blue forward, orange backward; {_e(caption)}. FLOPs are analytic; bytes as in the tables' provenance.</p>")
+                    f'<p class="cap">Filled: one point per layer row; rings: heads measured on their own (head mode); colour: '
+                    f"phase; shape: implementation (legend); {_e(caption)}. FLOPs are analytic; bytes as in the tables' "
+                    "provenance; hover a point for its exact values.</p>")
+    if kernels is not None:
+        body += _kernels_section(kernels)
     return body
 
 
@@ -271,11 +395,17 @@ def render(out: str | Path, measured_gbps: float | None = None, tables: dict[str
             ("speed-up", "speedup", ",.2f"), ("against", "baseline_run", "s")]))
         body += [f'<p class="note">{_e(n)}</p>' for n in notes]
     run_ids = list(dict.fromkeys(layers["run_id"])) if len(layers) else []
+    kernel_summary_ = tables.get("kernel_summary", pd.DataFrame())
     for run_id in run_ids:
         info = findings.run_info(runs, run_id)
         ceiling = measured_gbps if measured_gbps and (measured_device is None or measured_device == info.get("device_name")) else None
         run_heads = heads[heads["run_id"] == run_id] if len(heads) else heads
-        body += _run_section(run_id, layers[layers["run_id"] == run_id], run_heads, info, ceiling)
+        run_kernels = kernel_summary_[kernel_summary_["run_id"] == run_id] if len(kernel_summary_) else None
+        body += _run_section(run_id, layers[layers["run_id"] == run_id], run_heads, info, ceiling, run_kernels)
+    for run_id in (list(dict.fromkeys(kernel_summary_["run_id"])) if len(kernel_summary_) else []):
+        if run_id not in run_ids:  # kernels without attention layers (an ncu or nsys file of untagged work)
+            body.append(f"<h2>{_e(findings.run_heading(run_id, findings.run_info(runs, run_id)))}</h2>")
+            body += _kernels_section(kernel_summary_[kernel_summary_["run_id"] == run_id])
     summary = tables.get("ranges_summary")
     if summary is not None and len(summary):
         body += _ranges_section(summary, runs)
