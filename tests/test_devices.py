@@ -12,14 +12,39 @@ from headcount.derive import devices
     ("NVIDIA H100 80GB HBM3", "H100 SXM 80GB"), ("NVIDIA H100 PCIe", "H100 PCIe 80GB"), ("NVIDIA H200", "H200 SXM 141GB"),
     ("NVIDIA A100-SXM4-40GB", "A100 40GB"), ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"), ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe"),
     ("NVIDIA L4", "L4"), ("NVIDIA L40S", "L40S"), ("NVIDIA GeForce RTX 4090", "GeForce RTX 4090"), ("NVIDIA H800", "H800 SXM 80GB"),
+    ("NVIDIA B200", "B200 (HGX)"), ("NVIDIA GB200", "GB200 (one B200 GPU of the superchip)"), ("NVIDIA H20", "H20 96GB"),
+    ("NVIDIA A10", "A10"), ("NVIDIA L40", "L40"), ("NVIDIA GeForce RTX 3090", "GeForce RTX 3090"),
 ])
 def test_device_names_find_their_peaks(name, expect):
     peaks = devices.peaks_for(name)
     assert peaks.name == expect and peaks.dram_gbps > 0 and peaks.tflops["bfloat16"] > 0 and peaks.source
 
 
+@pytest.mark.parametrize("name,expect", [("Tesla V100-SXM2-32GB", "V100 SXM2"), ("Tesla V100-PCIE-16GB", "V100 PCIe"),
+                                         ("Tesla T4", "T4")])
+def test_gpus_without_bf16_have_fp16_peaks_only(name, expect):
+    peaks = devices.peaks_for(name)
+    assert peaks.name == expect and peaks.tflops["float16"] > 0 and "bfloat16" not in peaks.tflops and "no BF16" in peaks.source
+    assert devices.ridge(peaks, "bfloat16") is None  # never a guess
+
+
 def test_unknown_devices_have_no_peaks():
     assert devices.peaks_for("Tesla K80") is None and devices.peaks_for(None) is None
+    assert devices.peaks_for("NVIDIA A10G") is None  # not the A10, whose figures it would otherwise take
+
+
+@pytest.mark.parametrize("cc,warps,blocks,occupancy_128_registers", [("10.0", 64, 32, 25.0), ("12.0", 48, 24, 100 / 3)])
+def test_blackwell_occupancy_limits(cc, warps, blocks, occupancy_128_registers):
+    import numpy as np
+
+    from headcount.derive import occupancy
+
+    limits = occupancy.limits_for(cc)
+    assert (limits.max_warps, limits.max_blocks) == (warps, blocks)
+    # 256 threads, 128 registers: 16 warps fit the 64 Ki registers, 2 blocks of 8 warps
+    got = occupancy.theoretical_occupancy_pct(np.array([256, 32]), np.array([128, 16]), np.array([0, 0]), limits)
+    assert got[0] == pytest.approx(occupancy_128_registers)
+    assert got[1] == pytest.approx(100 * blocks / warps)  # 1-warp blocks: the block limit binds
 
 
 def test_ridge_point_and_class():

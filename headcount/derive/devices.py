@@ -26,22 +26,45 @@ class DevicePeaks:
 _A100 = {"float16": 312.0, "bfloat16": 312.0, "float32": 19.5, "tf32": 156.0}
 _H100_SXM = {"float16": 989.4, "bfloat16": 989.4, "float32": 66.9, "tf32": 494.7}
 _SRC_A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021)"
+_SRC_BLACKWELL = ("NVIDIA Blackwell datasheet (2024): HGX B200 at 1,000 W, GB200 at 1,200 W, per GPU, dense "
+                  "(as tabulated at glennklockwood.com/garden/processors/B200)")
 _SRC_H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023)"
 
 # matched in order against the device name torch or the profile reports (lower case)
-DEVICES: list[tuple[tuple[str, ...], DevicePeaks]] = [
+# (keys that must all appear in the name, in order of precedence: "gb200" before "b200", "h200" before "h20",
+# "a100" before "a10", "l40s" before "l40"; an entry of None: a name known to be another GPU than the next match)
+DEVICES: list[tuple[tuple[str, ...], DevicePeaks | None]] = [
+    (("gb200",), DevicePeaks("GB200 (one B200 GPU of the superchip)", 8000.0,
+                             {"float16": 2500.0, "bfloat16": 2500.0, "float32": 90.0, "tf32": 1250.0}, _SRC_BLACKWELL)),
+    (("b200",), DevicePeaks("B200 (HGX)", 8000.0, {"float16": 2250.0, "bfloat16": 2250.0, "float32": 80.0, "tf32": 1100.0},
+                            _SRC_BLACKWELL)),
     (("h200",), DevicePeaks("H200 SXM 141GB", 4800.0, _H100_SXM, "NVIDIA H200 Tensor Core GPU datasheet (2024)")),
+    (("h20",), DevicePeaks("H20 96GB", 4000.0, {"float16": 148.0, "bfloat16": 148.0, "float32": 44.0, "tf32": 74.0},
+                           "NVIDIA H20 product brief (2024), as reported by its resellers; not checked against an NVIDIA page")),
     (("h100", "pcie"), DevicePeaks("H100 PCIe 80GB", 2000.0, {"float16": 756.5, "bfloat16": 756.5, "float32": 51.2, "tf32": 378.0}, _SRC_H100)),
     (("h100",), DevicePeaks("H100 SXM 80GB", 3350.0, _H100_SXM, _SRC_H100)),
     (("h800",), DevicePeaks("H800 SXM 80GB", 3350.0, _H100_SXM, "NVIDIA H800 product brief (2023)")),
     (("a100", "80gb", "pcie"), DevicePeaks("A100 80GB PCIe", 1935.0, _A100, _SRC_A100)),
     (("a100", "80gb"), DevicePeaks("A100 80GB SXM", 2039.0, _A100, _SRC_A100)),
     (("a100",), DevicePeaks("A100 40GB", 1555.0, _A100, _SRC_A100)),
+    (("a10g",), None),  # AWS's A10G: another part than the A10
+    (("a10",), DevicePeaks("A10", 600.0, {"float16": 125.0, "bfloat16": 125.0, "float32": 31.2, "tf32": 62.5},
+                           "NVIDIA A10 Tensor Core GPU datasheet (2021)")),
     (("l40s",), DevicePeaks("L40S", 864.0, {"float16": 362.1, "bfloat16": 362.1, "float32": 91.6, "tf32": 183.0},
                             "NVIDIA L40S datasheet (2023)")),
+    (("l40",), DevicePeaks("L40", 864.0, {"float16": 181.05, "bfloat16": 181.05, "float32": 90.5, "tf32": 90.5},
+                           "NVIDIA L40 GPU datasheet (2022), FP16/BF16 tensor with FP32 accumulate")),
     (("l4",), DevicePeaks("L4", 300.0, {"float16": 121.0, "bfloat16": 121.0, "float32": 30.3, "tf32": 60.0}, "NVIDIA L4 datasheet (2023)")),
     (("4090",), DevicePeaks("GeForce RTX 4090", 1008.0, {"float16": 165.2, "bfloat16": 165.2, "float32": 82.6, "tf32": 82.6},
                             "NVIDIA Ada Lovelace GPU architecture whitepaper v1.1, FP16/BF16 tensor with FP32 accumulate")),
+    (("3090",), DevicePeaks("GeForce RTX 3090", 936.0, {"float16": 71.0, "bfloat16": 71.0, "float32": 35.6, "tf32": 35.6},
+                            "NVIDIA Ampere GA102 GPU architecture whitepaper v2.0, FP16/BF16 tensor with FP32 accumulate")),
+    (("v100", "pcie"), DevicePeaks("V100 PCIe", 900.0, {"float16": 112.0, "float32": 14.0},
+                                   "NVIDIA V100 Tensor Core GPU datasheet (2020); no BF16 or TF32 on Volta")),
+    (("v100",), DevicePeaks("V100 SXM2", 900.0, {"float16": 125.0, "float32": 15.7},
+                            "NVIDIA V100 Tensor Core GPU datasheet (2020); no BF16 or TF32 on Volta")),
+    (("t4",), DevicePeaks("T4", 320.0, {"float16": 65.0, "float32": 8.1},
+                          "NVIDIA T4 Tensor Core GPU datasheet (2019); no BF16 or TF32 on Turing")),
 ]
 
 
@@ -52,7 +75,7 @@ def peaks_for(device_name: str | None) -> DevicePeaks | None:
     name = device_name.lower()
     for keys, peaks in DEVICES:
         if all(k in name for k in keys):
-            return peaks
+            return peaks  # None for a part the table knows it has no figures for
     return None
 
 

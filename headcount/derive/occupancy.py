@@ -55,7 +55,15 @@ LIMITS: dict[str, SmLimits] = {
     "8.7": SmLimits(max_warps=48, max_blocks=16, shared_memory=164 * 1024, reserved_shared_memory=1024),     # Orin
     "8.9": SmLimits(max_warps=48, max_blocks=24, shared_memory=100 * 1024, reserved_shared_memory=1024),     # L4, L40S, RTX 4090
     "9.0": SmLimits(max_warps=64, max_blocks=32, shared_memory=228 * 1024, reserved_shared_memory=1024),     # H100, H200
+    "10.0": SmLimits(max_warps=64, max_blocks=32, shared_memory=228 * 1024, reserved_shared_memory=1024),    # B200, GB200
+    "10.3": SmLimits(max_warps=64, max_blocks=32, shared_memory=228 * 1024, reserved_shared_memory=1024),    # B300
+    "11.0": SmLimits(max_warps=48, max_blocks=24, shared_memory=228 * 1024, reserved_shared_memory=1024),    # Thor
+    "12.0": SmLimits(max_warps=48, max_blocks=24, shared_memory=100 * 1024, reserved_shared_memory=1024),    # RTX 50, RTX PRO
+    "12.1": SmLimits(max_warps=48, max_blocks=24, shared_memory=100 * 1024, reserved_shared_memory=1024),    # GB10
 }
+"""Per compute capability: the CUDA C++ Programming Guide's "technical specifications per compute
+capability" table, as NVIDIA's CCCL encodes it (libcudacxx ``cuda/__device/arch_traits.h``, commit
+004ad19: max threads ÷ 32 = warps, max blocks, shared memory per SM, 1 KiB reserved per block from 8.0 on)."""
 
 
 def limits_for(compute_capability: str | None) -> SmLimits | None:
