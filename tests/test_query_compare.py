@@ -9,8 +9,8 @@ import pytest
 
 from headcount.cli.main import main as cli_main
 from headcount.errors import HeadcountError
+from headcount.reports import html as html_report
 from headcount.reports.compare import comparison
-from headcount.reports.figures import number
 from headcount.reports.query import run_query
 
 
@@ -128,11 +128,13 @@ def test_console_and_page_keep_runs_apart(mixed, capsys):
         assert grids
         for impl, phase, svg in grids:
             cells = mine[(mine["implementation"] == impl) & (mine["phase"] == phase)]
-            titles = re.findall(r"<title>(\S+) head (\d+): ([\d,.]+) µs per call</title>", svg)
-            assert len(titles) == len(cells)
+            titles = re.findall(r"<title>(\S+?)(?: head (\d+)|, every head): ([\d,.]+) µs per call \(time [a-z/]+\)</title>", svg)
+            every_head = all(head == "" for _, head, _ in titles)  # layer mode: apportioned, one column per layer
+            assert len(titles) == (cells["layer_name"].nunique() if every_head else len(cells))
             for layer, head, value in titles:
-                row = cells[(cells["layer_name"] == layer) & (cells["head"] == int(head))].iloc[0]
-                assert value == number(row["duration_per_call_p50_ns"] * 1e-3)
+                mine_cells = cells[(cells["layer_name"] == layer) & ((cells["head"] == int(head)) if head else True)]
+                for row in mine_cells.itertuples():
+                    assert value == html_report._exact(row.duration_per_call_p50_ns * 1e-3)
 
 
 def test_step_profiler_runs_are_summarised_one_by_one(tmp_path, capsys):
@@ -154,3 +156,20 @@ def test_step_profiler_runs_are_summarised_one_by_one(tmp_path, capsys):
     printed = capsys.readouterr().out
     rows = [line for line in printed.splitlines() if line.startswith("│ sdpa") and "│ fwd " in line and line.count("│") == 9]
     assert len(rows) == 3 and all(line.split("│")[4].strip() == "2" for line in rows)
+
+
+def test_tables_come_as_json_too(reports, capsys, tmp_path):
+    import json
+
+    a, b = reports
+    capsys.readouterr()
+    assert cli_main(["query", str(a), "SELECT implementation, sum(calls) AS calls FROM layers GROUP BY ALL ORDER BY ALL", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"implementation": "eager", "calls": 16}, {"implementation": "sdpa", "calls": 16}]
+    assert cli_main(["compare", str(a), str(b), "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    table, notes = comparison(pd.concat([run_query(r, "SELECT * FROM layers").to_pandas() for r in (a, b)]),
+                              pd.concat([run_query(r, "SELECT * FROM runs").to_pandas() for r in (a, b)]))
+    assert [r["implementation"] for r in doc["rows"]] == table["implementation"].tolist() and doc["notes"] == notes
+    assert [r["speedup"] for r in doc["rows"]] == [None if pd.isna(v) else pytest.approx(v) for v in table["speedup"]]
+    assert cli_main(["compare", str(a), "--json", str(tmp_path / "c.json")]) == 0
+    assert len(json.loads((tmp_path / "c.json").read_text())["rows"]) == 2

@@ -301,3 +301,15 @@ def test_cupti_children_get_nvtx_injection(tmp_path, monkeypatch):
     assert launcher.child_env(tmp_path, "cupti", "layer", base=base)["NVTX_INJECTION64_PATH"] == str(lib_dir / "libcupti.so.13")
     assert "NVTX_INJECTION64_PATH" not in launcher.child_env(tmp_path, "nsys", "layer", base=base)
     assert "NVTX_INJECTION64_PATH" not in launcher.child_env(tmp_path, "cupti", "layer", base={**base, "HEADCOUNT_NVTX_INJECTION": "0"})
+
+
+def test_cupti_program_that_exits_before_recording_keeps_its_status(tmp_path, capsys, monkeypatch):
+    """The cupti backend (cupti_replay stands in for the GPU, see its docstring):
+    a program that exits 3 before building a model makes headcount run exit 3."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.setenv("HEADCOUNT_CUPTI_FACTORY", "cupti_replay:factory")
+    rc, stdout, err = _run(["--backend", "cupti", "-o", str(tmp_path / "out"), "--", sys.executable, "-c",
+                            "print('the program'); import sys; sys.exit(3)"], capsys)
+    assert rc == 3 and stdout == "the program\n"
+    errors = [line for line in err.splitlines() if line.startswith("headcount: error:")]
+    assert len(errors) == 1 and "the program exited with status 3 and nothing tagged was recorded" in errors[0]

@@ -21,6 +21,7 @@ def add_parser(subparsers):
     p.add_argument("reports", nargs="+", help="report directories")
     p.add_argument("--baseline", default=None, help="implementation to compare against (default eager, else the first)")
     p.add_argument("--csv", default=None, help="also write the table as CSV")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the table as JSON records ('-': to stdout, instead of the table)")
     p.set_defaults(func=run)
     return p
 
@@ -55,10 +56,24 @@ def run(args) -> int:
     for row in table.to_dict("records"):
         shown.add_row(*(_fmt(row[c], spec) if spec != "s" else ("–" if row[c] is None or pd.isna(row[c]) else str(row[c]))
                         for _, c, spec in cols))
-    console = terminal.console(width=max(terminal.console().width, 200))  # a wide table: do not squeeze it into 80 columns when piped
+    if args.json == "-":
+        print(_json(table, notes))
+        return 0
+    console = terminal.console(width=max(terminal.console().width, 200))  # a wide table: do not squeeze it into 80 columns
     console.print(shown)
     for note in notes:
         console.print(f"note: {note}")
     if args.csv:
         table.to_csv(args.csv, index=False)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            fh.write(_json(table, notes) + "\n")
     return 0
+
+
+def _json(table: pd.DataFrame, notes: list[str]) -> str:
+    """The comparison as JSON: ``{"rows": [...], "notes": [...]}`` (missing values as null)."""
+    import json
+
+    rows = json.loads(table.to_json(orient="records", date_format="iso"))
+    return json.dumps({"rows": rows, "notes": list(notes)}, indent=1)

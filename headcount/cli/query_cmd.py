@@ -32,6 +32,7 @@ def add_parser(subparsers):
     g = p.add_mutually_exclusive_group()
     g.add_argument("--csv", default=None, help="write the result as CSV to this file")
     g.add_argument("--parquet", default=None, help="write the result as Parquet to this file")
+    g.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON records to this file ('-': stdout)")
     p.add_argument("--max-rows", type=int, default=50, help="rows printed (default 50)")
     p.set_defaults(func=run)
     return p
@@ -47,6 +48,16 @@ def run(args) -> int:
         pq.write_table(table, args.parquet)
         terminal.console(stderr=True).print(f"{table.num_rows} rows → {Path(args.parquet)}")
         return 0
+    if args.json:
+        import json
+
+        text = json.dumps(table.to_pylist(), default=_plain, indent=1)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n", encoding="utf-8")
+            terminal.console(stderr=True).print(f"{table.num_rows} rows → {Path(args.json)}")
+        return 0
     shown = Table(show_header=True, header_style="bold", caption=f"{table.num_rows} rows" + (
         f", first {args.max_rows} shown" if table.num_rows > args.max_rows else ""))
     for name in table.column_names:
@@ -55,3 +66,14 @@ def run(args) -> int:
         shown.add_row(*("" if v is None else f"{v:,.4g}" if isinstance(v, float) else str(v) for v in row.values()))
     terminal.console().print(shown)
     return 0
+
+
+def _plain(value):
+    """A JSON value for what json cannot write: DuckDB's HUGEINT sums come as Decimal, times as datetime."""
+    from decimal import Decimal
+
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from headcount import env
 from headcount.collector import cupti_source, nvidia_tools
-from headcount.errors import HeadcountError
+from headcount.errors import HeadcountError, NothingRecorded
 from headcount.wrap import assemble
 
 
@@ -146,6 +146,9 @@ class Ncu(Nsys):
     def assemble(self, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
         from headcount.parsers import ncu_rep
 
+        if not (raw / "run.ncu-rep").exists():  # ncu writes no report when no kernel matched its filters
+            raise NothingRecorded(f"ncu profiled no kernel ({raw / 'run.ncu-rep'} not written)",
+                                  hint="check --nvtx-include, and that the program ran its model on the GPU")
         children = assemble.read_children(raw)
         with console.status("reading the ncu report…"):
             kernels = ncu_rep.read_report(raw / "run.ncu-rep")
