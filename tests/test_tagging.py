@@ -210,3 +210,32 @@ def test_flex_attention_forward_head_mode_equals_fused():
     assert torch.equal(ref, out)
     assert {c.shape.implementation for c in tagger.calls} == {"flex_attention"}
     assert sorted({c.head for c in tagger.calls if c.head is not None}) == [0, 1, 2, 3]
+
+
+def test_head_mode_splits_attention_sinks():
+    """gpt-oss reads one sink logit per head from the module (``module.sinks``):
+    head mode hands each head its own. Outputs and every gradient but the
+    sinks' are bit-for-bit the fused model's; the sinks' gradient, summed over
+    batch and positions per head instead of across all heads at once, agrees
+    to float32 rounding (issue 16 asks for bit-identity: not there yet)."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    cfg = GptOssConfig(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1,
+                       max_position_embeddings=128, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = GptOssForCausalLM(cfg)
+    inputs = inputs_for("llama_gqa")
+    ref_logits, ref_grads = _train_step(model, inputs)
+    with AttentionTagger([model], mode="head") as tagger:
+        logits, grads = _train_step(model, inputs)
+    assert torch.equal(ref_logits, logits)
+    assert ref_grads.keys() == grads.keys()
+    for key in ref_grads:
+        if key.endswith(".sinks"):
+            torch.testing.assert_close(grads[key], ref_grads[key], rtol=1e-6, atol=1e-9)
+        else:
+            assert torch.equal(ref_grads[key], grads[key]), key
+    heads = {(c.phase, c.layer_name, c.head) for c in tagger.calls if c.head is not None}
+    assert heads == {(phase, f"layer.{i}", h) for phase in ("fwd", "bwd") for i in range(2) for h in range(4)}

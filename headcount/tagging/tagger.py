@@ -135,16 +135,21 @@ class _OneHeadModule:
     """Stands in for the attention module when one head is computed alone:
     every attribute is the module's, except that no key/value repetition is
     needed (``num_key_value_groups == 1``) because the caller already picked
-    the key/value head of that query head. A plain attribute and
+    the key/value head of that query head, and that a per-head tensor the
+    attention function reads from the module (gpt-oss's ``sinks``: one
+    logit per head) is that head's slice. A plain attribute and
     ``__getattr__``: Dynamo traces that (not a ``__slots__`` proxy)."""
 
     num_key_value_groups = 1
 
-    def __init__(self, module):
+    def __init__(self, module, head: int = 0, n_heads: int = 1):
         self._module = module
+        self._head = head
+        self._n_heads = n_heads
 
     def __getattr__(self, name):
-        return getattr(self._module, name)
+        value = getattr(self._module, name)
+        return _head_slice(value, self._head, self._n_heads) if isinstance(value, torch.Tensor) else value
 
 
 def _causal(module, kwargs: dict) -> bool:
@@ -163,7 +168,7 @@ def _interface_call(fn: Callable, module, attention_mask, args: tuple, kwargs: d
     def one_head(h, q, k, v):
         mask = _head_slice(attention_mask, h, n_heads)
         kw = {n: _head_slice(t, h, n_heads) for n, t in kwargs.items()}
-        return fn(_OneHeadModule(module), q, k, v, mask, *args, **kw)
+        return fn(_OneHeadModule(module, h, n_heads), q, k, v, mask, *args, **kw)
 
     return fused, one_head
 
