@@ -188,6 +188,7 @@ class AttentionProfiler:
         self._started = True
         self.step_num = 0
         self._windows = 0
+        self.run_id = self._base_run_id
         self._stats = None
         self.failure = None
         self.trace_path = None
