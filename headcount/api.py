@@ -441,6 +441,8 @@ class AttentionProfiler:
                                                 "seconds": round(self._watch.seconds, 3) if self._watch.timed else None}
         if getattr(self, "collector_info", None):
             extra["collector"] = self.collector_info
+        if self._tagger is not None and self._tagger.paths:
+            extra["tagged_through"] = dict(self._tagger.paths)  # model class → "attention interface" | "module hooks"
         return run_metadata(self.run_id, self.backend, self._recorder.version if self._recorder else None, self.mode, extra,
                             device=self.device_info())
 

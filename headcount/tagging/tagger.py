@@ -239,6 +239,38 @@ def _calls_attention_interface(module: torch.nn.Module) -> bool:
     return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
 
 
+def _bypassing_attention(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The attention modules of a model none of whose modules goes through
+    transformers' interface (Bloom, MPT, DeBERTa…): the innermost modules whose
+    class is named ``…Attention…``. Empty when any module uses the interface
+    (the interface then tags the model)."""
+    modules = dict(model.named_modules())
+    if any(_calls_attention_interface(m) for m in modules.values()):
+        return {}
+    found = {}
+    for qualname, module in modules.items():
+        if "Attention" in type(module).__name__ and not any(
+                "Attention" in type(child).__name__ for child in module.modules() if child is not module):
+            found[qualname] = module
+    return found
+
+
+def _hooked_meta(module, hidden: torch.Tensor, config, causal: bool) -> tuple:
+    """Shape metadata of a module-hooked attention call, from its input
+    (batch, sequence) and the model config (heads, key/value heads, head
+    dimension): the attention function itself is not visible."""
+    heads = next((getattr(config, n) for n in ("num_attention_heads", "n_head", "n_heads") if getattr(config, n, None)), 1)
+    width = hidden.shape[-1]
+    kv = getattr(config, "num_kv_heads", None) or getattr(config, "num_key_value_heads", None) or heads
+    if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
+        kv = 1
+    batch, seq = (hidden.shape[0], hidden.shape[1]) if hidden.dim() == 3 else (1, hidden.shape[0])
+    q = torch.Size((batch, heads, seq, width // heads))
+    k = torch.Size((batch, kv, seq, width // heads))
+    implementation = getattr(config, "_attn_implementation", None) or "eager"
+    return (implementation, q, k, k, hidden.dtype, None, causal, None, "bhsd")
+
+
 def current_tagger() -> "AttentionTagger | None":
     """The innermost active tagger, or ``None``."""
     return _active[-1] if _active else None
@@ -283,6 +315,8 @@ class AttentionTagger:
         self._models: list[torch.nn.Module] = []
         self._sites: dict[str, tuple] = {}  # compiled call sites, parsed once (compiled.parse_site)
         self._wrappers: dict[tuple[Callable, str], Callable] = {}
+        self._hooked: dict[int, torch.nn.Module] = {}  # attention modules tagged by a forward wrapper (no interface)
+        self.paths: dict[str, str] = {}  # model class → "attention interface" | "module hooks"
         self._hook = None
         self.active = False
         # called with (layer info, module, q, k, mask, kwargs) for each forward call (attention statistics)
@@ -311,13 +345,68 @@ class AttentionTagger:
             self._qualnames.setdefault(id(module), (qualname, model_name))
             if _calls_attention_interface(module):
                 attention[qualname] = module
+        hooked = _bypassing_attention(model) if not attention else {}
+        if hooked and self.mode == "head":
+            raise HeadcountError(
+                f"{model_name}: its attention does not go through transformers' attention interface, so head mode "
+                "cannot compute its heads one at a time",
+                hint="profile it in layer mode (mode='layer', --mode layer): its layers are tagged through module hooks")
+        if attention or hooked:
+            self.paths[model_name] = "module hooks" if hooked else "attention interface"
+        attention.update(hooked)
         named = layer_names(attention)
         for qualname, module in attention.items():
             if id(module) not in self._layers:
                 name, idx = named[qualname]
                 self._layers[id(module)] = LayerInfo(name, idx, qualname, model_name)
             self._share(self._layers[id(module)], module)
+        for module in hooked.values():
+            self._hooked[id(module)] = (module, getattr(model, "config", None))
+            if self.active:
+                self._hook_module(module, getattr(model, "config", None))
 
+    def _hook_module(self, module: torch.nn.Module, config) -> None:
+        """Tag an attention module that bypasses the interface by wrapping its
+        forward (an instance attribute, removed at :meth:`deactivate`): the
+        ranges and backward tags of :meth:`run`, around the whole module."""
+        if "forward" in vars(module):
+            return
+        original = module.forward
+        tagger = self
+
+        @functools.wraps(original)
+        def forward(*args, **kwargs):
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            info = tagger._layers.get(id(module))
+            if info is None or not isinstance(hidden, torch.Tensor):
+                return original(*args, **kwargs)
+            causal = "CausalLM" in (info.model or "") or "LMHead" in (info.model or "")
+            return tagger._run_hooked(info, _hooked_meta(module, hidden, config, causal), hidden,
+                                      lambda: original(*args, **kwargs))
+
+        module.forward = forward
+
+    def _run_hooked(self, info: LayerInfo, meta: tuple, hidden: torch.Tensor, call: Callable):
+        """:meth:`run` for a module-hooked attention call. The backward range
+        opens and closes from gradient hooks on the module's output and input
+        instead of identity functions: the module's input is usually also the
+        residual, and an identity in between would change the order in which
+        its gradients are summed (and so the gradients' last bits)."""
+        phase = "recompute" if _graph_task_id() != -1 else "fwd"
+        log = (threading.get_ident(), phase, info.name, info.index, None, None, meta, info.model)
+        track = torch.is_grad_enabled() and hidden.requires_grad
+        self._record(log, log[0])
+        tokens = self.emitter.push2(phase, info.name)
+        try:
+            result = call()
+        finally:
+            self.emitter.pop2(tokens)
+        out = result if isinstance(result, torch.Tensor) else (result[0] if isinstance(result, tuple) and result else None)
+        if track and isinstance(out, torch.Tensor) and out.requires_grad:
+            bwd = _BackwardRange(self, ("bwd", info.name), (log[0], "bwd", *log[2:]))
+            out.register_hook(lambda grad: bwd.open())
+            hidden.register_hook(lambda grad: bwd.close())
+        return result
     @staticmethod
     def _share(info: LayerInfo, module) -> None:
         """Publish a layer's name for traced code (compiled.LAYERS), unchanged
@@ -346,7 +435,13 @@ class AttentionTagger:
             from transformers import PreTrainedModel
 
             if isinstance(module, PreTrainedModel):
-                self.add_model(module)
+                try:
+                    self.add_model(module)
+                except HeadcountError as err:  # inside the user's forward: said, never raised
+                    from headcount.errors import notice
+
+                    self._qualnames.setdefault(id(module), ("", type(module).__name__))
+                    notice(f"not tagged: {err.one_line()}")
 
     # ---------------------------------------------------------------- activation
     @property
@@ -373,6 +468,8 @@ class AttentionTagger:
         if self.auto:
             self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._auto_register)
         self.active = True
+        for module, config in self._hooked.values():
+            self._hook_module(module, config)
         return self
 
     def deactivate(self) -> None:
@@ -391,6 +488,8 @@ class AttentionTagger:
                 _interface_class().get_interface = _original_get_interface
                 _original_get_interface = None
         self._wrappers.clear()
+        for module, _ in self._hooked.values():
+            vars(module).pop("forward", None)
         self.active = False
 
     def __enter__(self) -> "AttentionTagger":
