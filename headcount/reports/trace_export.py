@@ -30,6 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from headcount.errors import HeadcountError
+from headcount.reports.figures import missing
 
 _RANGE_COLUMNS = ("range_id", "name", "path", "level", "domain", "pid", "tid", "start_ns", "end_ns", "step", "phase",
                   "layer", "head", "implementation")
@@ -65,10 +66,6 @@ def _device_index(value) -> int:
     return _int(text.rpartition(":")[2], 0) if text else 0
 
 
-def _present(value) -> bool:
-    return value is not None and value is not pd.NA and not (isinstance(value, float) and math.isnan(value))
-
-
 def _step_spans(ranges: pd.DataFrame, kernels: pd.DataFrame) -> Iterator[dict]:
     """``ProfilerStep#N`` spans: each step from its first to its last CPU-side time."""
     cpu = [ranges[["step", "start_ns", "end_ns"]]]
@@ -90,29 +87,29 @@ def _step_spans(ranges: pd.DataFrame, kernels: pd.DataFrame) -> Iterator[dict]:
 
 def run_events(ranges: pd.DataFrame, kernels: pd.DataFrame) -> Iterator[dict]:
     """The trace events of one run (see the module docstring)."""
-    threads: dict[tuple[int, int], str] = {}
+    threads: set[tuple[int, int]] = set()
     yield from _step_spans(ranges, kernels)
     for r in ranges.itertuples(index=False):
-        if not (_present(r.start_ns) and _present(r.end_ns)):
+        if missing(r.start_ns) or missing(r.end_ns):
             continue
         pid, tid = _pid(r.pid), _int(r.tid, 0)
-        threads.setdefault((pid, tid), "CPU")
+        threads.add((pid, tid))
         args = {"level": r.level, "domain": r.domain}
         for key in ("step", "phase", "layer", "head"):
             value = getattr(r, key)
-            if _present(value):
+            if not missing(value):
                 args[key] = value if isinstance(value, str) else _int(value)
-        yield {"ph": "X", "cat": "user_annotation", "name": str(r.path if _present(r.path) else r.name), "pid": pid, "tid": tid,
+        yield {"ph": "X", "cat": "user_annotation", "name": str(r.path if not missing(r.path) else r.name), "pid": pid, "tid": tid,
                "ts": _us(r.start_ns), "dur": _us(r.end_ns - r.start_ns), "args": args}
     gpus: dict[int, set[int]] = {}
     for k in kernels.itertuples(index=False):
-        if not (_present(k.start_ns) and _present(k.end_ns)):
+        if missing(k.start_ns) or missing(k.end_ns):
             continue
-        where = {key: getattr(k, key) for key in ("step", "phase", "layer", "head") if _present(getattr(k, key))}
+        where = {key: getattr(k, key) for key in ("step", "phase", "layer", "head") if not missing(getattr(k, key))}
         where = {key: value if isinstance(value, str) else _int(value) for key, value in where.items()}
         if k.kind == "op":
             pid, tid = _pid(k.pid), _int(k.tid, 0)
-            threads.setdefault((pid, tid), "CPU")
+            threads.add((pid, tid))
             yield {"ph": "X", "cat": "cpu_op", "name": str(k.name), "pid": pid, "tid": tid, "ts": _us(k.start_ns),
                    "dur": _us(k.end_ns - k.start_ns), "args": {"External id": _int(k.external_id), **where}}
             continue
@@ -121,26 +118,27 @@ def run_events(ranges: pd.DataFrame, kernels: pd.DataFrame) -> Iterator[dict]:
         correlation = _int(k.correlation_id)
         args = {"device": device, "stream": stream, "correlation": correlation, "External id": _int(k.external_id), **where}
         for key, label in (("grid", "grid"), ("block", "block")):
-            if _present(getattr(k, key)):
+            if not missing(getattr(k, key)):
                 args[label] = str(getattr(k, key))
         for key, label in (("registers_per_thread", "registers per thread"), ("shared_memory_bytes", "shared memory"),
                            ("theoretical_occupancy_pct", "theoretical occupancy %"),
                            ("achieved_occupancy_pct", "achieved occupancy %")):
-            if _present(getattr(k, key)):
+            if not missing(getattr(k, key)):
                 args[label] = float(getattr(k, key))
         ts = _us(k.start_ns)
         yield {"ph": "X", "cat": _GPU_KINDS.get(k.kind, "kernel"), "name": str(k.name), "pid": device, "tid": stream,
                "ts": ts, "dur": _us(k.end_ns - k.start_ns), "args": args}
-        if correlation >= 0 and _present(k.api_start_ns) and _present(k.api_end_ns) and _present(k.pid):
+        if correlation >= 0 and not missing(k.api_start_ns) and not missing(k.api_end_ns) and not missing(k.pid):
             pid, tid = _pid(k.pid), _int(k.tid, 0)
-            threads.setdefault((pid, tid), "CPU")
+            threads.add((pid, tid))
             launch = _us(k.api_start_ns)
             yield {"ph": "X", "cat": "cuda_runtime", "name": "launch", "pid": pid, "tid": tid, "ts": launch,
                    "dur": _us(k.api_end_ns - k.api_start_ns), "args": {"correlation": correlation}}
             yield {"ph": "s", "id": correlation, "pid": pid, "tid": tid, "ts": launch, "cat": "ac2g", "name": "ac2g"}
             yield {"ph": "f", "id": correlation, "pid": device, "tid": stream, "ts": ts, "cat": "ac2g", "name": "ac2g", "bp": "e"}
-    for (pid, tid), _ in sorted(threads.items()):
+    for pid in sorted({pid for pid, _ in threads}):
         yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"process {pid}"}}
+    for pid, tid in sorted(threads):
         yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"thread {tid}"}}
     for device, streams in sorted(gpus.items()):
         yield {"ph": "M", "name": "process_name", "pid": device, "tid": 0, "args": {"name": f"GPU {device}"}}
@@ -196,7 +194,7 @@ def export_traces(report: str | Path, out: str | Path, run_ids: list[str] | None
             skipped.append(f"{run_id}: no timeline (no range or kernel has a start time; ncu measures kernels one at a time)")
             continue
         row = runs[runs["run_id"].astype(str) == run_id].iloc[0].to_dict()
-        run = {"run_id": run_id, **{k: (None if not _present(v) else v) for k, v in row.items()
+        run = {"run_id": run_id, **{k: (None if missing(v) else v) for k, v in row.items()
                                    if k in ("implementation", "source", "mode", "model", "device_name", "rank", "world_size")}}
         folder = out / run_id
         try:

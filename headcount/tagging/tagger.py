@@ -255,7 +255,7 @@ def _bypassing_attention(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     return found
 
 
-def _hooked_meta(module, hidden: torch.Tensor, config, causal: bool) -> tuple:
+def _hooked_meta(hidden: torch.Tensor, config, causal: bool) -> tuple:
     """Shape metadata of a module-hooked attention call, from its input
     (batch, sequence) and the model config (heads, key/value heads, head
     dimension): the attention function itself is not visible."""
@@ -381,7 +381,7 @@ class AttentionTagger:
             if info is None or not isinstance(hidden, torch.Tensor):
                 return original(*args, **kwargs)
             causal = "CausalLM" in (info.model or "") or "LMHead" in (info.model or "")
-            return tagger._run_hooked(info, _hooked_meta(module, hidden, config, causal), hidden,
+            return tagger._run_hooked(info, _hooked_meta(hidden, config, causal), hidden,
                                       lambda: original(*args, **kwargs))
 
         module.forward = forward
