@@ -7,9 +7,16 @@ under ``AttentionTagger`` in layer mode and in head mode, and say per family:
 
 - ``interface`` / ``hooks``: every layer tagged, in both phases, through
   transformers' attention interface or through module hooks; outputs and
-  gradients compared with the untagged step (``exact`` or ``differs``);
+  gradients compared with the untagged step (``exact`` or ``differs``), once
+  two untagged steps are seen to agree (else ``not deterministic``: the
+  family's own numbers move from run to run, so no comparison says anything);
+  and whether the ranges nest (no layer's range inside another's, every
+  head's inside its layer's: ``nested``);
 - ``no tags``: the step ran but no attention call was tagged;
-- ``refused``: head mode said in one line that it cannot split this model;
+- ``refused``: head mode said in one line, before the step, that it cannot
+  split this model; ``split failed``: the split failed inside the step with
+  one ``HeadcountError`` naming what the call uses (clean for the user, but a
+  family head mode should learn);
 - ``FAILED``: headcount made the user's step fail (a bug);
 - ``not buildable``: the family does not build or run from a shrunk default
   config on this CPU (not headcount's doing).
@@ -48,10 +55,49 @@ SMALL = {  # attribute spellings across families → the small value
 class Outcome:
     family: str
     layer: str = ""          # interface | hooks | no tags | FAILED | not buildable
-    head: str = ""           # exact | differs | refused | no tags | FAILED | –
+    head: str = ""           # exact | differs | not deterministic | refused | split failed | no tags | FAILED | –
     layer_exact: bool | None = None
     detail: str = ""
     phases: list = field(default_factory=list)
+    deterministic: bool | None = None
+    nested: bool | None = None
+
+
+class _Recorder:
+    """Stands in for the tagger's range emitter (no NVTX, no profiler):
+    keeps the ranges as they are opened, with the ranges around them."""
+
+    def __init__(self):
+        self.stack: list[str] = []
+        self.opened: list[tuple[str, ...]] = []  # each range with the ranges around it, outermost first
+
+    def push(self, name: str):
+        self.opened.append((*self.stack, name))
+        self.stack.append(name)
+
+    def pop(self, token=None) -> None:
+        self.stack.pop()
+
+    def push2(self, outer: str, inner: str):
+        self.push(outer)
+        self.push(inner)
+
+    def pop2(self, tokens=None) -> None:
+        self.pop()
+        self.pop()
+
+
+def _nested(recorder: _Recorder) -> bool:
+    """Every range sits where the naming scheme puts it: a phase
+    (``fwd``/``bwd``/``recompute``) outermost, its layer inside it, a head
+    inside its layer, nothing deeper (a backward range closed late shows up
+    as a phase inside another layer's range); and every range closed."""
+    for path in recorder.opened:
+        if path[0] not in ("fwd", "bwd", "recompute") or len(path) > 3 or any(p in ("fwd", "bwd", "recompute") for p in path[1:]):
+            return False
+        if len(path) == 3 and not path[2].startswith("head."):
+            return False
+    return not recorder.stack
 
 
 def _families() -> list[str]:
@@ -106,13 +152,17 @@ def try_family(family: str) -> Outcome:
             warnings.simplefilter("ignore")
             model = _build(family)
             reference = _step(model, ids)
+            result.deterministic = _same(reference, _step(model, ids))
     except Exception as exc:  # noqa: BLE001 - any failure here is the family's, not headcount's
         result.layer, result.head, result.detail = "not buildable", "–", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         return result
     layers = None
     try:
-        with AttentionTagger([model]) as tagger:
+        tagger = AttentionTagger([model])
+        tagger.emitter = recorder = _Recorder()
+        with tagger:
             tagged = _step(model, ids)
+        result.nested = _nested(recorder)
         phases = {c.phase for c in tagger.calls}
         layers = {c.layer_name for c in tagger.calls}
         result.phases = sorted(phases)
@@ -120,22 +170,28 @@ def try_family(family: str) -> Outcome:
             result.layer = "no tags"
         else:
             result.layer = "hooks" if "module hooks" in tagger.paths.values() else "interface"
-        result.layer_exact = _same(reference, tagged)
+        result.layer_exact = _same(reference, tagged) if result.deterministic else None
     except Exception as exc:  # noqa: BLE001 - recorded as a headcount failure
         result.layer, result.detail = "FAILED", f"layer mode: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         return result
     try:
-        with AttentionTagger([model], mode="head") as tagger:
+        tagger = AttentionTagger([model], mode="head")
+        tagger.emitter = recorder = _Recorder()
+        with tagger:
             split = _step(model, ids)
+        result.nested = result.nested and _nested(recorder)
         if not tagger.calls:
             result.head = "no tags"
+        elif not result.deterministic:
+            result.head = "not deterministic"
         else:
             result.head = "exact" if _same(reference, split) else "differs"
             heads = {c.layer_name for c in tagger.calls if c.head is not None}
             if layers and heads != layers:
                 result.detail = f"head mode split {len(heads)} of {len(layers)} layers"
-    except HeadcountError as exc:
-        result.head, result.detail = "refused", exc.one_line()[:200]
+    except HeadcountError as exc:  # refused up front, or a failure inside the split said in one line (still a bug)
+        failed = "head mode could not compute" in exc.one_line()
+        result.head, result.detail = "split failed" if failed else "refused", exc.one_line()[:200]
     except Exception as exc:  # noqa: BLE001 - recorded as a headcount failure
         result.head, result.detail = "FAILED", f"head mode: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     return result
@@ -177,20 +233,23 @@ def main() -> int:
     for family in families:
         outcome = _isolated(family, args.memory_gib, args.timeout)
         outcomes.append(outcome)
-        print(f"{family:28s} layer: {outcome.layer:13s} exact: {str(outcome.layer_exact):5s} head: {outcome.head:8s} {outcome.detail}",
-              flush=True)
+        print(f"{family:28s} layer: {outcome.layer:13s} exact: {str(outcome.layer_exact):5s} head: {outcome.head:8s} "
+              f"nested: {str(outcome.nested):5s} {outcome.detail}", flush=True)
     built = [o for o in outcomes if o.layer != "not buildable"]
     tagged = [o for o in built if o.layer in ("interface", "hooks")]
     print(f"\n{len(families)} families, {len(built)} buildable from a shrunk default config; tagged in layer mode: "
           f"{len(tagged)} ({sum(o.layer == 'interface' for o in tagged)} through the interface, "
           f"{sum(o.layer == 'hooks' for o in tagged)} through module hooks); not tagged: {sum(o.layer == 'no tags' for o in built)}; "
-          f"headcount failures: {sum('FAILED' in (o.layer, o.head) for o in built)}; layer mode exact: "
-          f"{sum(bool(o.layer_exact) for o in tagged)}; head mode exact: {sum(o.head == 'exact' for o in built)}, "
-          f"refused: {sum(o.head == 'refused' for o in built)}, differs: {sum(o.head == 'differs' for o in built)}")
+          f"headcount failures: {sum('FAILED' in (o.layer, o.head) for o in built)}; not deterministic untagged: "
+          f"{sum(o.deterministic is False for o in built)}; layer mode exact: {sum(bool(o.layer_exact) for o in tagged)}, "
+          f"differs: {sum(o.layer_exact is False for o in tagged)}; head mode exact: {sum(o.head == 'exact' for o in built)}, "
+          f"refused: {sum(o.head == 'refused' for o in built)}, split failed: {sum(o.head == 'split failed' for o in built)}, "
+          f"differs: {sum(o.head == 'differs' for o in built)}; "
+          f"ranges not nested: {sum(o.nested is False for o in tagged)}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump([asdict(o) for o in outcomes], fh, indent=1)
-    return 1 if any("FAILED" in (o.layer, o.head) for o in outcomes) else 0
+    return 1 if any("FAILED" in (o.layer, o.head) or o.head == "split failed" or o.nested is False for o in outcomes) else 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Models whose attention bypasses transformers' attention interface (Bloom,
-MPT, DeBERTa-v2; Falcon without ALiBi goes through it): tagged through
-module hooks in layer mode, outputs and gradients unchanged; head mode
-refused with one line (issue 16, started)."""
+MPT, DeBERTa-v2; Falcon goes through it, with or without ALiBi: see
+test_head_split.py for its head mode): tagged through module hooks in layer
+mode, outputs and gradients unchanged; head mode refused with one line
+(issue 16)."""
 
 from __future__ import annotations
 

@@ -12,11 +12,12 @@ the original method.
 Per call, the wrapper opens ``<phase>/<layer>`` (``fwd``, or ``recompute``
 when the forward is re-run inside a backward pass by activation
 checkpointing), computes the attention — fused (layer mode) or one query head
-at a time inside ``head.N`` ranges (head mode) — and puts two identity
-autograd functions around it: one on the output that opens ``bwd/<layer>``
-when its gradient arrives and one on q/k/v that closes it once their
-gradients are done, so backward kernels are tagged on the thread that runs
-them.
+at a time inside ``head.N`` ranges (head mode, :mod:`headcount.tagging.head_split`)
+— and tags its backward on the thread that runs it: ``bwd/<layer>`` opens when
+the output's gradient arrives and closes once q/k/v's are done, from gradient
+hooks in layer mode (they leave the backward graph, and so every gradient's
+bits, as they are) and from two identity autograd functions in head mode and
+where a key/value is shared with another call (:func:`_hook_backward`).
 
 Each range opened is also logged with the call's shapes (:class:`CallLog`),
 which is how the analytic model later knows what each range computed.
@@ -35,6 +36,7 @@ import torch
 from headcount.errors import HeadcountError
 from headcount.tagging import compiled as _compiled
 from headcount.tagging import shapes as _shapes
+from headcount.tagging.head_split import grouped_heads, head_slice, interface_call, join_transformers
 from headcount.tagging.naming import head_name, layer_names, sanitize
 from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
 
@@ -128,65 +130,11 @@ class _CloseOnGrad(torch.autograd.Function):
         return (None, *grads)
 
 
-# --------------------------------------------------------------------------- head splitting
-
-
-class _OneHeadModule:
-    """Stands in for the attention module when one head is computed alone:
-    every attribute is the module's, except that no key/value repetition is
-    needed (``num_key_value_groups == 1``) because the caller already picked
-    the key/value head of that query head, and that a per-head tensor the
-    attention function reads from the module (gpt-oss's ``sinks``: one
-    logit per head) is that head's slice. A plain attribute and
-    ``__getattr__``: Dynamo traces that (not a ``__slots__`` proxy)."""
-
-    num_key_value_groups = 1
-
-    def __init__(self, module, head: int = 0, n_heads: int = 1):
-        self._module = module
-        self._head = head
-        self._n_heads = n_heads
-
-    def __getattr__(self, name):
-        value = getattr(self._module, name)
-        return _head_slice(value, self._head, self._n_heads) if isinstance(value, torch.Tensor) else value
-
-
 def _causal(module, kwargs: dict) -> bool:
     """Whether a call through transformers' interface is causal (its argument, else the module's flag)."""
     causal = kwargs.get("is_causal")
     return getattr(module, "is_causal", False) if causal is None else causal
 
-
-def _interface_call(fn: Callable, module, attention_mask, args: tuple, kwargs: dict, n_heads: int):
-    """``(fused, one_head)`` of one call through transformers' interface, for
-    :meth:`AttentionTagger.run` and its traced counterpart alike."""
-
-    def fused(q, k, v):
-        return fn(module, q, k, v, attention_mask, *args, **kwargs)
-
-    def one_head(h, q, k, v):
-        mask = _head_slice(attention_mask, h, n_heads)
-        kw = {n: _head_slice(t, h, n_heads) for n, t in kwargs.items()}
-        return fn(_OneHeadModule(module, h, n_heads), q, k, v, mask, *args, **kw)
-
-    return fused, one_head
-
-
-def _head_slice(value, head: int, n_heads: int):
-    """Slice per-head arguments (masks with a head dimension, T5's position
-    bias, attention-sink logits); pass shared ones through unchanged."""
-    if isinstance(value, torch.Tensor) and n_heads > 1:
-        if value.dim() == 4 and value.shape[1] == n_heads:
-            return value[:, head : head + 1]
-        if value.dim() == 1 and value.shape[0] == n_heads:
-            return value[head : head + 1]
-    elif type(value).__name__ == "BlockMask" and getattr(value, "shape", (1, 1))[1] not in (1,):
-        raise HeadcountError(
-            "head mode cannot split a flex_attention BlockMask that differs per head",
-            hint="profile this model in layer mode, or build the block mask with H=1",
-        )
-    return value
 
 
 # --------------------------------------------------------------------------- the tagger
@@ -222,11 +170,11 @@ def _traced_wrapper(fn: Callable, implementation: str, mode: str) -> Callable:
         if info is None:
             return fn(module, query, key, value, attention_mask, *args, **kwargs)
         layer_name, layer, model = info
-        fused, one_head = _interface_call(fn, module, attention_mask, args, kwargs, query.shape[1])
+        fused, one_head = interface_call(fn, module, attention_mask, args, kwargs, query.shape[1])
         site = _compiled.site(layer_name, layer, model, implementation, query, attention_mask, _causal(module, kwargs),
                               kwargs.get("sliding_window"), "bhsd")
         return _compiled.run(mode, site, _compiled.dims(query, key, value, attention_mask), query, key, value,
-                             fused, one_head, _join_transformers)
+                             fused, one_head, join_transformers)
 
     return wrapper
 
@@ -583,8 +531,8 @@ class AttentionTagger:
                         return fn(module, query, key, value, attention_mask, *args, **kwargs)
                     finally:
                         emitter.pop2(tokens)
-                fused, one_head = _interface_call(fn, module, attention_mask, args, kwargs, query.shape[1])
-                return self.run(info.name, info.index, info.model, meta, query, key, value, fused, one_head, _join_transformers)
+                fused, one_head = interface_call(fn, module, attention_mask, args, kwargs, query.shape[1])
+                return self.run(info.name, info.index, info.model, meta, query, key, value, fused, one_head, join_transformers)
 
             self._wrappers[cache_key] = wrapper
         return wrapper
@@ -618,9 +566,14 @@ class AttentionTagger:
         emitter = self.emitter
         # the identity functions stay outside the forward range so that their
         # own (small) cost is not counted as attention
+        # gradient hooks keep the backward graph as it is (bit-identical gradients), but
+        # a tensor another call already waits on (Gemma3n's shared key/value) completes
+        # only after that call's backward: this call then closes from an identity function
+        hooks = track and self.mode == "layer" and not _awaited(query, key, value)
         if track:
             bwd = _BackwardRange(self, ("bwd", layer_name), (log[0], "bwd", *log[2:]))
-            query, key, value = _CloseOnGrad.apply(bwd, query, key, value)
+            if not hooks:
+                query, key, value = _CloseOnGrad.apply(bwd, query, key, value)
         self._record(log, log[0])
         tokens = emitter.push2(phase, layer_name)
         try:
@@ -630,7 +583,9 @@ class AttentionTagger:
                 result = fused(query, key, value)
         finally:
             emitter.pop2(tokens)
-        if track:
+        if hooks:
+            _hook_backward(bwd, result, (query, key, value))
+        elif track:
             result = _apply_to_output(result, lambda out: _OpenOnGrad.apply(bwd, out))
         return result
 
@@ -645,15 +600,12 @@ class AttentionTagger:
         groups = n_q // n_kv
         tid, phase, layer_name, layer, _, _, meta, model = log
         head_meta = (_ONE_HEAD, meta) if meta is not None else None
-        kv_slices = {}
+        keys, values = grouped_heads(key, head_dim, groups), grouped_heads(value, head_dim, groups)
         results = []
         emitter = self.emitter
         for h in range(n_q):
             g = h // groups
-            if g not in kv_slices:
-                kv_slices[g] = (key.narrow(head_dim, g, 1), value.narrow(head_dim, g, 1))
-            k_h, v_h = kv_slices[g]
-            q_h = query.narrow(head_dim, h, 1)
+            q_h, k_h, v_h = query.narrow(head_dim, h, 1), keys[h], values[h]
             name = head_name(h)
             head_log = (tid, phase, layer_name, layer, h, g, head_meta, model)
             if track:
@@ -671,6 +623,40 @@ class AttentionTagger:
         return join(results)
 
 
+_AWAITED = "_headcount_awaited"  # set on a tensor whose gradient hook closes a backward range
+
+
+def _awaited(*tensors) -> bool:
+    return any(getattr(t, _AWAITED, False) for t in tensors)
+
+
+def _hook_backward(bwd: _BackwardRange, result, inputs: tuple) -> None:
+    """Open ``bwd`` when the output's gradient arrives and close it once every
+    input's gradient is computed, from gradient hooks: unlike identity
+    functions they leave the backward graph as it is, so the order in which
+    PyTorch runs its nodes and sums shared gradients is unchanged (an
+    identity on q, k and v changed Inkling2's gradients in the last bits: its
+    attention also reads the hidden states for position bias, sinks and an
+    output gate, and the sum of their gradients was taken in another order)."""
+    out = result if isinstance(result, torch.Tensor) else (result[0] if isinstance(result, tuple) and result else None)
+    needing = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not isinstance(out, torch.Tensor) or not out.requires_grad or not needing:
+        return
+    for tensor in needing:
+        setattr(tensor, _AWAITED, True)
+    remaining = [len(needing)]
+
+    def input_done(grad):
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            remaining[0] = len(needing)  # retain_graph: a second backward closes it again
+            bwd.close()
+
+    out.register_hook(lambda grad: bwd.open())
+    for tensor in needing:
+        tensor.register_hook(input_done)
+
+
 def _apply_to_output(result, fn):
     """Apply ``fn`` to the attention output: the result itself or its first item."""
     if isinstance(result, torch.Tensor):
@@ -679,14 +665,6 @@ def _apply_to_output(result, fn):
         out = result[0]
         return (fn(out) if out.requires_grad else out, *result[1:])
     return result
-
-
-def _join_transformers(results: list) -> tuple:
-    """Per-head ``(out (B, Q, 1, D), weights (B, 1, Q, K) | None)`` → fused layout."""
-    out = torch.cat([r[0] for r in results], dim=2)
-    weights = [r[1] for r in results]
-    joined = torch.cat(weights, dim=1) if all(isinstance(w, torch.Tensor) for w in weights) else None
-    return out, joined
 
 
 # --------------------------------------------------------------------------- public helpers
@@ -753,7 +731,7 @@ def tag_attention(fn: Callable | None = None, *, layer: str | int, layout: str =
                 return func(q, k, v, *args, **kwargs)
 
             def one_head(h, q, k, v):
-                kw = {n: _head_slice(t, h, n_heads) for n, t in kwargs.items()}
+                kw = {n: head_slice(t, h, n_heads) for n, t in kwargs.items()}
                 return func(q, k, v, *args, **kw)
 
             def join(results):
