@@ -136,7 +136,6 @@ def _causal(module, kwargs: dict) -> bool:
     return getattr(module, "is_causal", False) if causal is None else causal
 
 
-
 # --------------------------------------------------------------------------- the tagger
 
 _patch_lock = threading.RLock()
@@ -565,7 +564,7 @@ class AttentionTagger:
         track = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
         emitter = self.emitter
         # the identity functions stay outside the forward range so that their
-        # own (small) cost is not counted as attention
+        # own (small) cost is not counted as attention;
         # gradient hooks keep the backward graph as it is (bit-identical gradients), but
         # a tensor another call already waits on (Gemma3n's shared key/value) completes
         # only after that call's backward: this call then closes from an identity function
