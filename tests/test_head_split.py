@@ -75,7 +75,7 @@ def test_multi_query_falcon_with_alibi_head_mode_is_the_fused_model():
 @pytest.mark.parametrize("family", ["granite_swa", "gpt_bigcode", "inkling2_text"])
 def test_families_that_differed_are_now_the_fused_model(family):
     """Granite-SWA broadcasts its sinks inside a subtraction; GPT-BigCode is
-    multi-query; Inkling2's attention module reads the hidden states five times
+    multi-query; Inkling2's attention module reads the hidden states six times
     (identity functions on q/k/v reordered the sum of their gradients in layer
     mode). Each, in both modes: bit for bit the untagged model, ranges nested."""
     outcome = attention_coverage.try_family(family)
