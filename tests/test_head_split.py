@@ -146,3 +146,42 @@ def test_a_failure_inside_the_split_is_one_headcount_error_naming_the_features()
     with AttentionTagger([model]) as tagger:  # layer mode works on it
         assert _equal(reference, _step(model, inputs["input_ids"])) == []
     assert {c.phase for c in tagger.calls} == {"fwd", "bwd"}
+
+
+def test_a_per_head_bias_followed_through_copies_and_in_place_ops_stays_exact():
+    """A hand-registered attention function that reads a per-head tensor from
+    the module (a learned logit bias per head), copies it, scales it in place,
+    casts and reshapes it, and adds it to the scores in place, by
+    broadcasting: head
+    mode follows the head's slice through all of that, never applies the
+    in-place op to the module's tensor, and gives the fused model's numbers
+    bit for bit, the bias's gradient included."""
+    from conftest import _llama, inputs_for
+    from transformers import AttentionInterface
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    def biased(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
+        bias = module.head_bias.clone()
+        bias.mul_(0.5)
+        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+        scores += bias.float().view(1, -1, 1, 1)  # broadcast in place (Granite-SWA's is out of place)
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        probs = torch.softmax(scores, dim=-1)
+        return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+    AttentionInterface.register("biased_heads", biased)
+    model = _llama("eager")
+    model.config._attn_implementation = "biased_heads"
+    torch.manual_seed(3)
+    for layer in model.model.layers:
+        layer.self_attn.head_bias = torch.nn.Parameter(torch.randn(model.config.num_attention_heads))
+    ids = inputs_for("llama_gqa")["input_ids"]
+    reference = _step(model, ids)
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with AttentionTagger([model], mode="head") as tagger:
+        split = _step(model, ids)
+    assert _equal(reference, split) == [] and any(k.endswith("head_bias") for k in split[1])
+    assert all(torch.equal(weights[n], p) for n, p in model.named_parameters())
+    assert {c.head for c in tagger.calls if c.head is not None} == set(range(model.config.num_attention_heads))

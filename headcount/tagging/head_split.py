@@ -20,6 +20,7 @@ bit for bit. Three things make that hold beyond plain slicing:
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Callable
 
 import torch
@@ -95,16 +96,18 @@ class PerHeadTensors(TorchFunctionMode):
       applied to the whole tensor alongside, so the whole stays in step;
     - an expand of the slice (gpt-oss: ``(1, 1, 1, 1)`` → ``(batch, 1,
       queries, 1)``) returns the head's slice of the whole tensor expanded;
-    - an operation that broadcasts the slice against other tensors
-      (Granite-SWA: ``lse - sinks.view(1, -1, 1)``) runs with the slice
-      expanded that way first.
+    - an elementwise operation that broadcasts the slice against other
+      tensors (Granite-SWA: ``lse - sinks.view(1, -1, 1)``; ``_BROADCASTING``)
+      runs with the slice expanded that way first.
 
     The values are the function's own; what changes is the backward: the
     broadcast's gradient is reduced over ``(batch, heads, queries)`` with the
     fused call's strides, not over a ``(batch, 1, queries)`` slice whose
     dimensions PyTorch merges and sums in another order (the sinks'
-    gradients differed in the last bits). In-place operations and anything
-    not derived from those slices run as the function wrote them. Not used
+    gradients differed in the last bits). Random operations are never
+    applied to the whole tensor, in-place ones only to headcount's own copies
+    (:meth:`_in_place`); anything not derived from those slices runs as the
+    function wrote it. Not used
     while compiling (Dynamo traces the plain slice; the sinks' gradient may
     then differ in the last bits).
 
@@ -135,25 +138,56 @@ class PerHeadTensors(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name.endswith("_") or name.startswith("__i"):  # in place: never applied twice
-            return func(*args, **kwargs)
+        if name.endswith("_") or name.startswith("__i"):
+            return self._in_place(func, name, args, kwargs)
         if func is torch.Tensor.expand and args and self._whole_of(args[0]) is not None:
             sizes = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list, torch.Size)) else args[1:]
             return self._expanded(args[0], list(sizes), lambda: func(*args, **kwargs))
         followed = [i for i, a in enumerate(args) if self._whole_of(a) is not None]
-        out = func(*args, **kwargs)
-        if not followed or not isinstance(out, torch.Tensor):
-            return out
+        if not followed:
+            return func(*args, **kwargs)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if len(tensors) == 1 and followed == [0]:
+        if name in _BROADCASTING and len(tensors) > 1:
+            try:
+                shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+            except RuntimeError:
+                return func(*args, **kwargs)
+            new = list(args)
+            for i in followed:
+                if args[i].shape != shape:
+                    new[i] = self._expanded(args[i], list(shape), lambda part=args[i]: part.expand(shape))
+            return func(*new, **kwargs)
+        out = func(*args, **kwargs)
+        if len(tensors) == 1 and followed == [0] and isinstance(out, torch.Tensor) and not _RANDOM.search(name):
             self._follow(func, args, kwargs, out)
+        return out
+
+    def _in_place(self, func, name: str, args, kwargs):
+        """An in-place operation. On a followed tensor: applied to its whole
+        too when that whole is headcount's own copy (``bias = sinks.clone();
+        bias.mul_(0.5)``) and the operation takes no other tensor and draws no
+        random numbers; otherwise the tensor is followed no further (its whole
+        would be stale), and the module's own tensor is never written. A
+        followed tensor that it broadcasts into another (``scores += bias``)
+        is expanded first, as for the out-of-place operation."""
+        if args and self._whole_of(args[0]) is not None:
+            whole, root = self._whole_of(args[0])
+            out = func(*args, **kwargs)
+            own_copy = id(args[0]) in self._derived and whole.untyped_storage().data_ptr() != root.untyped_storage().data_ptr()
+            if own_copy and not _RANDOM.search(name) and not any(isinstance(a, torch.Tensor) for a in args[1:]):
+                try:
+                    func(whole, *args[1:], **kwargs)
+                    return out
+                except (RuntimeError, TypeError, ValueError):
+                    pass
+            self._derived.pop(id(args[0]), None)
+            self._stand_in._sliced.pop(id(args[0]), None)
             return out
-        try:
-            shape = torch.broadcast_shapes(*(t.shape for t in tensors))
-        except RuntimeError:
-            return out
-        if shape != out.shape or all(args[i].shape == shape for i in followed):
-            return out
+        base = name[3:-2] if name.startswith("__i") else name[:-1]
+        followed = [i for i, a in enumerate(args) if i > 0 and self._whole_of(a) is not None]
+        if not followed or base not in _BROADCASTING and f"__{base}__" not in _BROADCASTING:
+            return func(*args, **kwargs)
+        shape = args[0].shape
         new = list(args)
         for i in followed:
             if args[i].shape != shape:
@@ -192,6 +226,15 @@ class PerHeadTensors(TorchFunctionMode):
         if key not in self._shared:
             self._shared[key] = (root, _BroadcastHeads.apply(whole_out, axis))
         return self._shared[key][1][self._stand_in._head]
+
+
+# elementwise operations that broadcast their tensors (the slice is expanded before them)
+_BROADCASTING = frozenset({
+    "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide", "maximum", "minimum", "where",
+    "logaddexp", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+})
+# operations that draw random numbers: never run a second time on the whole tensor
+_RANDOM = re.compile(r"dropout|rand|bernoulli|normal|multinomial|poisson")
 
 
 def _head_axis(part: torch.Tensor, whole: torch.Tensor) -> int | None:
