@@ -151,8 +151,8 @@ def test_a_failure_inside_the_split_is_one_headcount_error_naming_the_features()
 def test_a_per_head_bias_followed_through_copies_and_in_place_ops_stays_exact():
     """A hand-registered attention function that reads a per-head tensor from
     the module (a learned logit bias per head), copies it, scales it in place,
-    casts and reshapes it, and adds it to the scores in place, by
-    broadcasting: head
+    goes through ``1.0 - …`` and indexing, casts and reshapes it, and adds it
+    to the scores in place, by broadcasting: head
     mode follows the head's slice through all of that, never applies the
     in-place op to the module's tensor, and gives the fused model's numbers
     bit for bit, the bias's gradient included."""
@@ -165,6 +165,7 @@ def test_a_per_head_bias_followed_through_copies_and_in_place_ops_stays_exact():
         bias = module.head_bias.clone()
         bias.mul_(0.5)
         scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+        bias = (1.0 - (1.0 - bias))[None]  # Python's reflected operator and indexing: followed like any other op
         scores += bias.float().view(1, -1, 1, 1)  # broadcast in place (Granite-SWA's is out of place)
         if attention_mask is not None:
             scores = scores + attention_mask

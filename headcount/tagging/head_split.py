@@ -107,9 +107,8 @@ class PerHeadTensors(TorchFunctionMode):
     gradients differed in the last bits). Random operations are never
     applied to the whole tensor, in-place ones only to headcount's own copies
     (:meth:`_in_place`); anything not derived from those slices runs as the
-    function wrote it. Not used
-    while compiling (Dynamo traces the plain slice; the sinks' gradient may
-    then differ in the last bits).
+    function wrote it. Not used while compiling (Dynamo traces the plain
+    slice; the sinks' gradient may then differ in the last bits).
 
     Args:
         stand_in: the head's :class:`OneHeadModule` (its handed-out slices).
@@ -138,7 +137,7 @@ class PerHeadTensors(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name.endswith("_") or name.startswith("__i"):
+        if (name.endswith("_") and not name.endswith("__")) or name in _IN_PLACE_DUNDERS:
             return self._in_place(func, name, args, kwargs)
         if func is torch.Tensor.expand and args and self._whole_of(args[0]) is not None:
             sizes = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list, torch.Size)) else args[1:]
@@ -183,9 +182,9 @@ class PerHeadTensors(TorchFunctionMode):
             self._derived.pop(id(args[0]), None)
             self._stand_in._sliced.pop(id(args[0]), None)
             return out
-        base = name[3:-2] if name.startswith("__i") else name[:-1]
+        base = name[3:-2] if name in _IN_PLACE_DUNDERS else name[:-1]
         followed = [i for i, a in enumerate(args) if i > 0 and self._whole_of(a) is not None]
-        if not followed or base not in _BROADCASTING and f"__{base}__" not in _BROADCASTING:
+        if not followed or base not in _BROADCASTING:
             return func(*args, **kwargs)
         shape = args[0].shape
         new = list(args)
@@ -233,8 +232,11 @@ _BROADCASTING = frozenset({
     "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide", "maximum", "minimum", "where",
     "logaddexp", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
 })
+# in-place operators spelled as Python's augmented assignments (``add_`` and the like end in one "_")
+_IN_PLACE_DUNDERS = frozenset(f"__i{op}__" for op in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift", "rshift"))
 # operations that draw random numbers: never run a second time on the whole tensor
-_RANDOM = re.compile(r"dropout|rand|bernoulli|normal|multinomial|poisson")
+_RANDOM = re.compile(r"^(.*dropout.*|rand.*|bernoulli_?|normal_?|multinomial|poisson|uniform_|exponential_|geometric_|cauchy_|log_normal_)$")
 
 
 def _head_axis(part: torch.Tensor, whole: torch.Tensor) -> int | None:
