@@ -140,9 +140,20 @@ def _same(a, b) -> bool:
     return torch.equal(a[0], b[0]) and a[1].keys() == b[1].keys() and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
 
 
+def _tagged_step(model, ids, mode: str):
+    """One training step under ``AttentionTagger`` in ``mode``: ``(tagger, step's
+    logits and gradients, whether its ranges nested)``."""
+    from headcount import AttentionTagger
+
+    tagger = AttentionTagger([model], mode=mode)
+    tagger.emitter = recorder = _Recorder()
+    with tagger:
+        result = _step(model, ids)
+    return tagger, result, _nested(recorder)
+
+
 def try_family(family: str) -> Outcome:
     """One family's outcome (never raises)."""
-    from headcount import AttentionTagger
     from headcount.errors import HeadcountError
 
     result = Outcome(family)
@@ -158,11 +169,7 @@ def try_family(family: str) -> Outcome:
         return result
     layers = None
     try:
-        tagger = AttentionTagger([model])
-        tagger.emitter = recorder = _Recorder()
-        with tagger:
-            tagged = _step(model, ids)
-        result.nested = _nested(recorder)
+        tagger, tagged, result.nested = _tagged_step(model, ids, "layer")
         phases = {c.phase for c in tagger.calls}
         layers = {c.layer_name for c in tagger.calls}
         result.phases = sorted(phases)
@@ -175,11 +182,8 @@ def try_family(family: str) -> Outcome:
         result.layer, result.detail = "FAILED", f"layer mode: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         return result
     try:
-        tagger = AttentionTagger([model], mode="head")
-        tagger.emitter = recorder = _Recorder()
-        with tagger:
-            split = _step(model, ids)
-        result.nested = result.nested and _nested(recorder)
+        tagger, split, nested = _tagged_step(model, ids, "head")
+        result.nested = result.nested and nested
         if not tagger.calls:
             result.head = "no tags"
         elif not result.deterministic:

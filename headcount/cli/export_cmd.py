@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from headcount.errors import HeadcountError
-
 EXAMPLES = """\
 examples:
   headcount export headcount-report --format trace                 REPORT/traces/<run id>/trace.json, every run
@@ -34,8 +32,6 @@ def run(args) -> int:
     from headcount.reports import terminal
     from headcount.reports.trace_export import export_traces
 
-    if not (Path(args.report) / "headcount.json").exists() and not Path(args.report).is_dir():
-        raise HeadcountError(f"{args.report}: no such report directory", hint="pass a directory written by headcount")
     out = Path(args.output) if args.output else Path(args.report) / "traces"
     written, skipped = export_traces(args.report, out, args.run)
     err = terminal.console(stderr=True)

@@ -51,7 +51,7 @@ _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0,
 def human(value: float, unit: str = "") -> str:
     """``value`` with an SI prefix: ``human(2.5e12, "FLOP/s")`` → ``"2.5 TFLOP/s"``,
     ``human(1000)`` → ``"1k"`` (axis ticks and tooltips: never ``1e12``)."""
-    if value is None or not math.isfinite(value):
+    if missing(value) or not math.isfinite(value):
         return "–"
     for factor, prefix in _PREFIXES:
         if abs(value) >= factor * 0.9995 or factor == _PREFIXES[-1][0]:
@@ -63,7 +63,7 @@ def human(value: float, unit: str = "") -> str:
 
 def _exact(value: float) -> str:
     """A value in full for a tooltip: whole numbers with every digit, others to 6 significant digits."""
-    if value is None or not math.isfinite(value):
+    if missing(value) or not math.isfinite(value):
         return "–"
     return f"{value:,.0f}" if value == int(value) and abs(value) < 1e15 else f"{value:,.6g}"
 
@@ -103,7 +103,8 @@ def heatmap(frame: pd.DataFrame, value: str, title: str, unit: str, provenance: 
         return ""
     lo, hi = float(finite.min()), float(finite.max())
     same_across_heads = bool(np.all(np.isclose(grid.min(axis=1), grid.max(axis=1), rtol=1e-9, atol=0) | grid.isna().all(axis=1)))
-    if same_across_heads and len(heads) > 1:
+    collapsed = same_across_heads and len(heads) > 1
+    if collapsed:
         # apportioned time, analytic bytes: every head of a layer has the layer's share, so one column says it all
         grid = grid.iloc[:, :1]
         heads = heads[:1]
@@ -114,7 +115,7 @@ def heatmap(frame: pd.DataFrame, value: str, title: str, unit: str, provenance: 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="{_e(title)}">',
              f'<text x="0" y="16" font-size="13" font-weight="600">{_e(title)}</text>']
     for j, h in enumerate(heads):
-        label = "all" if same_across_heads and len(heads) == 1 and len(frame["head"].unique()) > 1 else str(int(h))
+        label = "all" if collapsed else str(int(h))
         parts.append(f'<text x="{left + j * cell + cell / 2}" y="{top - 4}" font-size="10" text-anchor="middle">{label}</text>')
     for i, layer in enumerate(layers):
         y = top + i * cell
@@ -122,10 +123,9 @@ def heatmap(frame: pd.DataFrame, value: str, title: str, unit: str, provenance: 
         for j, h in enumerate(heads):
             v = grid.loc[layer, h] if (layer in grid.index and h in grid.columns) else float("nan")
             t = (v - lo) / (hi - lo) if hi > lo else 0.5
-            who = f"{layer}, every head" if same_across_heads and len(frame["head"].unique()) > 1 else f"{layer} head {int(h)}"
-            exact = _exact(v)
+            who = f"{layer}, every head" if collapsed else f"{layer} head {int(h)}"
             parts.append(f'<rect x="{left + j * cell}" y="{y}" width="{cell - 1}" height="{cell - 1}" fill="{_color(t)}">'
-                         f'<title>{_e(who)}: {_e(exact)} {_e(unit)} ({_e(provenance)})</title></rect>')
+                         f'<title>{_e(who)}: {_e(_exact(v))} {_e(unit)} ({_e(provenance)})</title></rect>')
     bar_x = left + cell * len(heads) + 14
     for k in range(10):
         parts.append(f'<rect x="{bar_x}" y="{top + k * (cell * len(layers) / 10)}" width="12" height="{cell * len(layers) / 10 + 0.5}" '

@@ -22,7 +22,6 @@ times) has nothing to draw and is skipped with a reason.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +44,7 @@ def _us(ns) -> float:
 
 
 def _int(value, default: int = -1) -> int:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+    if missing(value):
         return default
     try:
         return int(value)

@@ -384,8 +384,6 @@ class _GroupedHeads(torch.autograd.Function):
 def grouped_heads(tensor: torch.Tensor, dim: int, groups: int) -> tuple[torch.Tensor, ...]:
     """The key (or value) head of each query head, ``groups`` query heads per
     key/value head: ``n_kv * groups`` tensors with one head each on ``dim``."""
-    if groups == 1:
-        return tuple(tensor.narrow(dim, h, 1) for h in range(tensor.shape[dim]))
-    if not (torch.is_grad_enabled() and tensor.requires_grad):
-        return tuple(tensor.narrow(dim, h // groups, 1) for h in range(tensor.shape[dim] * groups))
-    return _GroupedHeads.apply(tensor, dim, groups)
+    if groups > 1 and torch.is_grad_enabled() and tensor.requires_grad:
+        return _GroupedHeads.apply(tensor, dim, groups)
+    return tuple(tensor.narrow(dim, h // groups, 1) for h in range(tensor.shape[dim] * groups))

@@ -262,7 +262,7 @@ class AttentionTagger:
         self._models: list[torch.nn.Module] = []
         self._sites: dict[str, tuple] = {}  # compiled call sites, parsed once (compiled.parse_site)
         self._wrappers: dict[tuple[Callable, str], Callable] = {}
-        self._hooked: dict[int, torch.nn.Module] = {}  # attention modules tagged by a forward wrapper (no interface)
+        self._hooked: dict[int, tuple] = {}  # id → (attention module tagged by a forward wrapper, its model's config)
         self.paths: dict[str, str] = {}  # model class → "attention interface" | "module hooks"
         self._hook = None
         self.active = False
@@ -334,26 +334,23 @@ class AttentionTagger:
         module.forward = forward
 
     def _run_hooked(self, info: LayerInfo, meta: tuple, hidden: torch.Tensor, call: Callable):
-        """:meth:`run` for a module-hooked attention call. The backward range
+        """:meth:`run` for a module-hooked attention call: the backward range
         opens and closes from gradient hooks on the module's output and input
-        instead of identity functions: the module's input is usually also the
-        residual, and an identity in between would change the order in which
-        its gradients are summed (and so the gradients' last bits)."""
+        (:func:`_hook_backward`; the module's input is usually also the
+        residual, whose gradients an identity function would sum in another
+        order)."""
         phase = "recompute" if _graph_task_id() != -1 else "fwd"
         log = (threading.get_ident(), phase, info.name, info.index, None, None, meta, info.model)
-        track = torch.is_grad_enabled() and hidden.requires_grad
         self._record(log, log[0])
         tokens = self.emitter.push2(phase, info.name)
         try:
             result = call()
         finally:
             self.emitter.pop2(tokens)
-        out = result if isinstance(result, torch.Tensor) else (result[0] if isinstance(result, tuple) and result else None)
-        if track and isinstance(out, torch.Tensor) and out.requires_grad:
-            bwd = _BackwardRange(self, ("bwd", info.name), (log[0], "bwd", *log[2:]))
-            out.register_hook(lambda grad: bwd.open())
-            hidden.register_hook(lambda grad: bwd.close())
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            _hook_backward(_BackwardRange(self, ("bwd", info.name), (log[0], "bwd", *log[2:])), result, (hidden,))
         return result
+
     @staticmethod
     def _share(info: LayerInfo, module) -> None:
         """Publish a layer's name for traced code (compiled.LAYERS), unchanged
