@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from headcount import env
-from headcount.build import implementation_of, tables_from_cupti, tables_from_torch
+from headcount.build import NO_ATTENTION, implementation_of, tables_from_cupti, tables_from_torch
 from headcount.collector import Recorder, cupti_source
 from headcount.collector.compile_watch import CompileWatch
 from headcount.collector.torch_source import TorchRecorder
@@ -23,6 +23,7 @@ from headcount.errors import HeadcountError, notice
 from headcount.reports import dataset
 from headcount.reports.metadata import device_info, new_run_id, run_metadata, runs_row
 from headcount.sources import RECORDERS
+from headcount.tables import WRITTEN
 from headcount.tagging.naming import STEP_DOMAIN
 from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
 from headcount.tagging.tagger import MODES, AttentionTagger
@@ -389,10 +390,13 @@ class AttentionProfiler:
 
         Returns:
             ``attention_breakdown`` (one row per phase × layer, × head in head
-            mode), ``layers``, ``heads``, ``ranges``, ``kernels``.
+            mode), ``layers``, ``heads``, ``ranges``, ``kernels``, ``steps``
+            (how busy the GPU was per step and why it idled) and ``findings``
+            (what stands out, ranked). A block in which nothing was tagged
+            gives kernels, steps and findings, with a notice.
 
         Raises:
-            HeadcountError: called before the profiled block ran, or nothing was tagged.
+            HeadcountError: called before the profiled block ran, or nothing was recorded.
         """
         if self._stats is None:
             if self.failure is not None:
@@ -416,6 +420,9 @@ class AttentionProfiler:
                 self._stats = tables_from_torch(self.trace_path, self._tagger.calls, self.run_id, self.implementation,
                                                 limits=gpu_limits, device=device, exclude_steps=self.compiled_steps,
                                                 void_steps=tuple(self._void_steps))
+            if not len(self._stats["layers"]):
+                notice(f"{NO_ATTENTION} (no attention call was tagged in the profiled block: run a transformers model, or a "
+                       "function decorated with headcount.tag_attention, inside `with profiler:`)")
             if getattr(self, "_stats_collector", None) is not None:
                 table = self._stats_collector.table()
                 table.insert(0, "implementation", self.implementation)
@@ -456,10 +463,10 @@ class AttentionProfiler:
 
         Raises:
             HeadcountError: the directory already holds a report (without
-                ``append``/``force``), is not writable, or nothing was tagged.
+                ``append``/``force``), is not writable, or nothing was recorded.
         """
         stats = self.get_stats()
-        tables = {name: stats[name] for name in ("kernels", "ranges", "layers", "heads", "attention_stats") if name in stats}
+        tables = {name: stats[name] for name in (*WRITTEN, "attention_stats") if name in stats}
         tables["runs"] = self.runs_table()
         with dataset.spelled_for_python():
             return dataset.write_run(out, self.run_id, tables, self.run_metadata(), append=append, force=force)

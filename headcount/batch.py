@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Callable
 
 from headcount.errors import HeadcountError
+from headcount.tables import WRITTEN
 
 PER_JOB_BYTES = 2 * 2**30  # what one parse may hold at its peak (the benchmark's ceiling)
-WRITTEN = ("kernels", "ranges", "layers", "heads")
 
 
 @dataclass
@@ -86,6 +86,7 @@ class ShardResult:
     """What a worker made of one shard of a large export: its attention ranges and row counts, or an error."""
 
     attention: object = None
+    steps: object = None
     counts: dict = field(default_factory=dict)
     error: str | None = None
     hint: str | None = None
@@ -100,7 +101,7 @@ def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards
 
     env.release_freed_memory()
     counts: dict = {}
-    attention = None
+    attention, steps = None, []
     try:
         with dataset.StagedRun(out, run_id, meta, part=f"s{shard}", manifest=False) as staged:
             for name, frame in build.nsys_shard(Path(path), plan, shard, shards, counts):
@@ -108,10 +109,12 @@ def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards
                     attention = frame
                 else:
                     staged.write(name, frame)
+                if name == "steps":  # a few rows per process: the parent's findings need them
+                    steps.append(frame)
                 del frame
     except HeadcountError as exc:
         return ShardResult(**_failure(path, exc))
-    return ShardResult(attention, counts)
+    return ShardResult(attention, steps, counts)
 
 
 def _shards(path: str, jobs: int):
@@ -142,7 +145,7 @@ def _metadata(path: str, run_id: str, source: str, version, device, notices: lis
 
 
 def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResult]) -> FileResult:
-    """The shards of one file are staged: add its layers, heads and runs rows (or report the first error)."""
+    """The shards of one file are staged: add its layers, heads, findings and runs rows (or report the first error)."""
     from headcount import build
     from headcount.reports import dataset
     from headcount.reports.metadata import runs_row
@@ -152,9 +155,11 @@ def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResul
         return FileResult(path, run_id, error=failed.error, hint=failed.hint, exit_code=failed.exit_code)
     try:
         layers, heads = build.nsys_aggregates([r.attention for r in parts], None, meta.get("device"))
+        findings = build.run_findings([f for r in parts for f in (r.steps or [])], layers, heads)
         with dataset.StagedRun(out, run_id, meta) as staged:
             staged.write("layers", layers)
             staged.write("heads", heads)
+            staged.write("findings", findings)
             staged.write("runs", runs_row(meta))
     except HeadcountError as exc:
         return FileResult(path, run_id, **_failure(path, exc))

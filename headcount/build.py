@@ -26,7 +26,7 @@ import pandas as pd
 from headcount.arrays import positions
 from headcount.attribute import attribution, graphs, labels
 from headcount.attribute.calls import attach_calls, calls_frame
-from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling
+from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling, timeline, triage
 from headcount.errors import HeadcountError, NothingRecorded
 from headcount.parsers import ncu_metrics, nsys_sqlite
 from headcount.parsers.plausible import drop_implausible
@@ -79,9 +79,9 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
         limits: the device's :class:`~headcount.derive.occupancy.SmLimits`
             (theoretical occupancy is null without them).
         pm_samples: PM samples (:func:`headcount.parsers.cupti_records.pm_samples_frame`).
-        exclude_steps: step indices left out of ``layers``, ``heads`` and
-            ``attention_breakdown`` (steps that compiled the model); their rows
-            stay in ``ranges`` and ``kernels``.
+        exclude_steps: step indices left out of ``layers``, ``heads``,
+            ``attention_breakdown`` and ``steps`` (steps that compiled the
+            model); their rows stay in ``ranges`` and ``kernels``.
         graph_nodes: CUDA graph node id → ``external_id`` of the range that
             captured it (-1: none), :func:`headcount.parsers.cupti_records.graph_ranges`:
             kernels replayed from those nodes belong to a replay instance of
@@ -91,10 +91,9 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
             ``with prof.step(i)``): dropped before anything is attributed.
 
     Returns:
-        ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``.
-
-    Raises:
-        HeadcountError: the events hold no headcount range.
+        ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``,
+        ``steps`` and ``findings`` (without a headcount range, the attention
+        tables are empty and the rest is built all the same).
     """
     ranges, ops = _split_domains(events)
     if void_steps:
@@ -108,11 +107,6 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
 
     main = ranges[ranges["domain"] == DOMAIN]
     steps = ranges[ranges["domain"] == STEP_DOMAIN]
-    if not len(main):
-        raise HeadcountError(
-            "no attention call was tagged in the profiled block",
-            hint="run a transformers model (or a function decorated with headcount.tag_attention) inside `with profiler:`",
-        )
 
     # CPU operators: wholly inside the range, on their own thread
     cpu_inner = attribution.innermost_range(cpu, main, "start_ns", "end_ns")
@@ -176,9 +170,44 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     breakdown_src = heads if (ranges_table["level"] == "head").any() else layers
     breakdown = breakdown_src.reindex(columns=BREAKDOWN_COLUMNS)
     tables = {"kernels": kernels, "ranges": ranges_table, "layers": layers, "heads": heads, "attention_breakdown": breakdown}
+    step_rows = steps_of(kernels, timeline.sync_calls(runtime), steps, ranges_table, implementation, found=len(main) > 0)
+    tables["steps"] = step_rows[~step_rows["step"].isin(list(exclude_steps)).to_numpy(dtype=bool)].reset_index(drop=True)
+    with_findings(tables)
     for name, table in tables.items():
         labels.plain(table)  # in-process recordings are small: users get plain strings
         table.insert(0, "run_id", run_id)
+    return tables
+
+
+def steps_of(kernels: pd.DataFrame, syncs: pd.DataFrame, steps: pd.DataFrame, ranges_table: pd.DataFrame,
+             implementation: str, found: bool) -> pd.DataFrame:
+    """The ``steps`` rows of one recorded process (:mod:`headcount.derive.timeline`):
+    from its GPU work where it has any, else (a CPU run) from its step ranges.
+
+    Args:
+        kernels: the kernels table (GPU rows and, on a CPU run, CPU operators).
+        syncs: its synchronizing calls (:func:`headcount.derive.timeline.sync_calls`).
+        steps: the step ranges (``headcount.step`` domain) with ``name``, ``pid``, ``start_ns``, ``end_ns``.
+        ranges_table: the labelled ranges (attention ranges of level ``layer`` for a CPU run).
+        found: the recording has attention calls (else attention figures are null, not 0).
+    """
+    syncs = syncs.assign(step=labels.step_of(syncs["start_ns"].to_numpy(np.int64), steps))
+    gpu = kernels[kernels["kind"].astype(object).isin(timeline.GPU_KINDS).to_numpy()] if "kind" in kernels else kernels.iloc[0:0]
+    if len(gpu):
+        return timeline.gpu_steps(gpu, syncs, attention_found=found)
+    layer_ranges = ranges_table[(ranges_table["level"] == "layer").to_numpy(dtype=bool, na_value=False)] if len(ranges_table) else ranges_table
+    ops = kernels[kernels["kind"].astype(object) == "op"] if "kind" in kernels else None
+    return timeline.cpu_steps(steps, layer_ranges, implementation, attention_found=found, ops=ops)
+
+
+def with_findings(tables: dict) -> dict:
+    """Add (or replace) ``findings``: :func:`headcount.derive.triage.findings` of
+    the run's ``steps``, ``layers`` and ``heads`` (in place; returned)."""
+    findings = triage.findings(tables.get("steps"), tables.get("layers"), tables.get("heads"))
+    run_ids = [t["run_id"].iloc[0] for t in (tables.get("steps"), tables.get("layers")) if t is not None and "run_id" in t and len(t)]
+    if run_ids:
+        findings.insert(0, "run_id", run_ids[0])
+    tables["findings"] = findings
     return tables
 
 
@@ -264,6 +293,11 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
         k["launch_latency_ns"] = (k["start_ns"] - k["api_start_ns"]).astype("Float64")
         k["cpu_launch_cost_ns"] = (k["api_end_ns"] - k["api_start_ns"]).astype("Float64")
         step_time = k["api_start_ns"].fillna(k["start_ns"])
+    gpu = k["kind"].astype(object).isin(timeline.GPU_KINDS).to_numpy()
+    unlaunched = gpu & (k["api_start_ns"].isna().to_numpy() if "api_start_ns" in k else np.ones(len(k), dtype=bool))
+    if unlaunched.any() and (gpu & ~unlaunched).any():
+        # GPU work whose launch the recording lacks, where it has the others' (launched before it began): no step of it
+        step_time = step_time.where(~unlaunched, -1)
     for col, values in labels.label_ops(k["range_id"].to_numpy(np.int64), ranges).items():
         k[col] = values
     k["step"] = labels.step_of(step_time.to_numpy(np.int64), steps)
@@ -364,8 +398,9 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
     Returns:
         ``(tables, notices)``.
 
-    Raises:
-        HeadcountError: neither headcount's ranges nor SDPA calls inside module ranges.
+    A trace with neither gives kernels, steps and findings, and a notice
+    (:data:`NO_ATTENTION`). torch.profiler's ``ProfilerStep#N`` annotations
+    are its steps (where headcount's own step ranges are absent).
     """
     from headcount.attribute import modules
     from headcount.parsers import kineto
@@ -375,17 +410,17 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
     if not len(events):
         raise HeadcountError("the trace holds no complete event (ph \"X\")", hint="record with torch.profiler.profile() around some work")
     events = drop_implausible(events, "events", notices)  # a negative duration: no such event happened
+    events = _profiler_steps(events)
     ours = (events["kind"] == "range") & events["name"].astype(str).str.startswith(DOMAIN + "@")
     calls, by_modules = [], False
     if not ours.any():
         extra, calls = modules.attention_ranges(events)
-        if not len(extra):
-            raise HeadcountError(
-                "the trace holds neither headcount's ranges nor an SDPA call inside an nn.Module range",
-                hint="record with torch.profiler.profile(with_modules=True, record_shapes=True), or tag the model with headcount",
-            )
-        events = pd.concat([events, extra], ignore_index=True)
-        by_modules = True
+        if len(extra):
+            events = pd.concat([events, extra], ignore_index=True)
+            by_modules = True
+        else:
+            notices.append(NO_ATTENTION + " (neither headcount's ranges nor an SDPA call inside an nn.Module range; record with "
+                           "torch.profiler.profile(with_modules=True, record_shapes=True), or tag the model with headcount)")
     gpu = events["kind"].isin(["kernel", "memcpy", "memset"])
     launched = set(events.loc[events["kind"] == "runtime", "correlation_id"].dropna().astype("int64"))
     orphan = gpu & ~events["correlation_id"].isin(launched)
@@ -408,6 +443,25 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
     tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
     add_roofline(tables, device, calls)
     return tables, notices
+
+
+NO_ATTENTION = "no attention found: kernels, steps and findings only"
+
+
+def _profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
+    """torch.profiler's ``ProfilerStep#N`` annotations as headcount's step ranges
+    (``headcount.step@step#N``), where the trace has no step range of headcount's."""
+    ranges = events["kind"] == "range"
+    names = events["name"].astype(str)
+    if (ranges & names.str.startswith(STEP_DOMAIN + "@")).any():
+        return events
+    number = names.str.extract(r"^ProfilerStep#(\d+)$", expand=False)
+    hit = ranges & number.notna()
+    if not hit.any():
+        return events
+    events = events.copy()
+    events.loc[hit, "name"] = STEP_DOMAIN + "@step#" + number[hit]
+    return events
 
 
 def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: str = "unknown",
@@ -448,29 +502,44 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: dict
         release: the parts were read for this call: each is emptied once projected.
 
     Yields:
-        ``(table name, DataFrame)``: ``ranges`` and ``kernels`` once per part,
-        then ``layers`` and ``heads`` (from every part's attention ranges).
+        ``(table name, DataFrame)``: ``ranges``, ``kernels`` and ``steps`` once per part,
+        then ``layers`` and ``heads`` (from every part's attention ranges) and ``findings``.
     """
-    attention, used = [], set()
-    yield from _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention, used, release=release)
+    attention, used, steps = [], set(), []
+    yield from _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention, used, release=release, steps=steps)
     # the GPU the work ran on: the program's (headcount run), else the one the export describes
     layers, heads = nsys_aggregates(attention, calls, device or nsys_sqlite.describe_device(devices, sorted(used)))
     yield "layers", layers
     yield "heads", heads
+    yield "findings", run_findings(steps, layers, heads)
 
 
-def _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention: list, used: set, release: bool = False):
-    """``ranges`` and ``kernels`` of each part; its attention ranges go to ``attention``, its GPUs to ``used``.
-    ``release``: the parts are transient (read for this): each is emptied once projected."""
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames else pd.DataFrame(columns=timeline.COLUMNS)
+
+
+def _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention: list, used: set, release: bool = False,
+                    steps: list | None = None):
+    """``ranges``, ``kernels`` and ``steps`` of each part; its attention ranges go to ``attention``, its GPUs to
+    ``used``, its steps rows to ``steps``. ``release``: the parts are transient (read for this): each is emptied once projected."""
     for export in parts:
         if len(export.gpu):
             used.update(int(d) for d in export.gpu["device"].dropna().unique())
-        ranges_table, kernels = _nsys_process(export, calls, implementation, devices, gpu_metrics, release=release)
+        ranges_table, kernels, step_rows = _nsys_process(export, calls, implementation, devices, gpu_metrics, release=release)
         calls_of_figures = (ranges_table["level"] != "other").to_numpy() & ~graphs.capture_only(ranges_table)
         attention.append(ranges_table[calls_of_figures].astype({"level": object}))
+        if steps is not None:
+            steps.append(step_rows)
         yield "ranges", ranges_table
         yield "kernels", kernels
+        yield "steps", step_rows
         del ranges_table, kernels, export  # written by now: freed before the next process is built
+
+
+def run_findings(steps: list[pd.DataFrame], layers: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
+    """The findings of a run built in pieces (its ``steps`` rows gathered from every piece)."""
+    return with_findings({"steps": _concat(steps), "layers": layers, "heads": heads})["findings"]
 
 
 def nsys_aggregates(attention: list[pd.DataFrame], calls=None, device: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -492,9 +561,9 @@ def nsys_aggregates(attention: list[pd.DataFrame], calls=None, device: dict | No
 
 def nsys_shard(path: Path, plan, shard: int, shards: int, counts: dict):
     """One shard of a large export (the processes whose id is ``shard`` modulo
-    ``shards``), for a worker process: ``ranges`` and ``kernels`` pieces, then
+    ``shards``), for a worker process: ``ranges``, ``kernels`` and ``steps`` pieces, then
     ``("attention", its attention ranges)`` for :func:`nsys_aggregates` in the
-    parent. ``counts`` gets the rows (:func:`tally`)."""
+    parent (which also gets the ``steps`` rows back, for the findings). ``counts`` gets the rows (:func:`tally`)."""
     attention: list[pd.DataFrame] = []
     parts = _nsys_parts(path, plan, (shard, shards))
     for name, frame in _process_pieces(parts, None, "unknown", plan.devices, plan.gpu_metrics, attention, set(), release=True):
@@ -536,7 +605,7 @@ def nsys_lines(path, counts: dict, extra: str = "") -> list[str]:
 
 def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_metrics,
                   release: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One process's ranges and kernels tables (see :func:`nsys_pieces`).
+    """One process's ranges, kernels and steps tables (see :func:`nsys_pieces`).
 
     Args:
         release: empty ``export``'s ranges, launches and GPU work once projected
@@ -544,6 +613,7 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
     """
     projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu, graph_nodes=export.graph_nodes,
                                               not_replayed=(STEP_DOMAIN,))
+    syncs = timeline.sync_calls(export.runtime)
     if release:
         export.ranges, export.runtime, export.gpu = export.ranges.iloc[:0], export.runtime.iloc[:0], export.gpu.iloc[:0]
         export.graph_nodes = export.graph_nodes.iloc[:0]
@@ -569,7 +639,8 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
     k = _kernels_table([_gpu_rows(work, work["range_id"].to_numpy())], projected, steps, "nsys", implementation)
     if gpu_metrics is not None and len(gpu_metrics):
         k = sampling.apportion(k, gpu_metrics)
-    return ranges_table, k
+    found = bool((projected["domain"] == DOMAIN).any())
+    return ranges_table, k, steps_of(k, syncs, steps, ranges_table, implementation, found)
 
 
 def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: dict | None = None) -> dict[str, pd.DataFrame]:
@@ -599,10 +670,13 @@ def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: dict
         impl = implementation_of(calls)
         layers = aggregate.with_call_totals(layers, calls, impl, heads=False)
         heads = aggregate.with_call_totals(heads, calls, impl, heads=True)
-    tables = {"kernels": k, "ranges": pd.DataFrame(), "layers": layers, "heads": heads}
+    tables = {"kernels": k, "ranges": pd.DataFrame(), "layers": layers, "heads": heads,
+              "steps": timeline.kernel_sum_steps(k, implementation_of(calls) if calls else "unknown")}
+    add_roofline(tables, ncu_metrics.run_device(kernels) or device, calls)
+    with_findings(tables)
     for table in tables.values():
         table.insert(0, "run_id", run_id)
-    return add_roofline(tables, ncu_metrics.run_device(kernels) or device, calls)
+    return tables
 
 
 def _headcount_stack(nvtx: str | None) -> str | None:
@@ -697,6 +771,8 @@ def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitSt
         parts = _noticed(_nsys_parts(sqlite, plan), notices)
         for name, frame in nsys_pieces(parts, devices=plan.devices, gpu_metrics=plan.gpu_metrics, release=True):
             tally(counts, name, frame)
+            if name == "layers" and not len(frame):
+                notices.append(f"{NO_ATTENTION} (no headcount range in the export)")
             yield name, frame
             del frame  # the consumer is done with it: not held while the next process is built
     lines.extend(nsys_lines(path, counts))
@@ -717,9 +793,11 @@ def _ncu_file(path: Path, run_id: str, options: dict, read) -> Parsed:
     tables = tables_from_ncu(kernels, run_id)
     device = ncu_metrics.run_device(kernels)
     k = tables["kernels"]
+    notices = list(kernels.attrs.get("notices", []))
+    if not len(tables["layers"]):
+        notices.append(f"{NO_ATTENTION} (no kernel in headcount's ranges)")
     return Parsed(tables, device, None, [f"{path}: {len(k)} kernels, {int(k['incomplete'].sum())} incomplete, "
-                                         f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"],
-                  list(kernels.attrs.get("notices", [])))
+                                         f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"], notices)
 
 
 def from_ncu_csv(path: Path, run_id: str, options: dict) -> Parsed:

@@ -96,6 +96,24 @@ ATTENTION_STATS = pa.schema([
     ("top_k_mass", F), ("effective_tokens", F),
 ])
 
+STEPS = pa.schema([
+    ("implementation", S), ("pid", S), ("device", S), ("step", I), ("basis", S),
+    ("window_start_ns", I), ("window_end_ns", I), ("window_ns", F), ("gpu_busy_ns", F), ("gpu_busy_pct", F),
+    ("idle_ns", F), ("idle_launch_bound_ns", F), ("idle_sync_ns", F), ("idle_host_ns", F), ("idle_other_ns", F),
+    ("idle_unknown_ns", F),
+    ("kernels", I), ("kernel_ns", F), ("kernel_p50_ns", F), ("memcpy_ns", F), ("memset_ns", F),
+    ("attention_gpu_ns", F), ("attention_share_pct", F), ("communication_ns", F),
+    ("launches", I), ("cpu_launch_cost_p50_ns", F), ("sync_calls", I), ("provenance", S), ("note", S),
+])
+"""One row per implementation × process × device × step: how busy the GPU was and why it was idle
+(:mod:`headcount.derive.timeline`)."""
+
+FINDINGS = pa.schema([
+    ("rank", I), ("kind", S), ("subject", S), ("implementation", S), ("value", F), ("unit", S),
+    ("evidence", S), ("suggestion", S), ("expected_gain_pct", F), ("provenance", S),
+])
+"""What stands out in a run and what to try, ranked (:mod:`headcount.derive.triage`)."""
+
 TABLES: dict[str, pa.Schema] = {
     "kernels": KERNELS,
     "ranges": RANGES,
@@ -103,7 +121,12 @@ TABLES: dict[str, pa.Schema] = {
     "heads": HEADS,
     "runs": RUNS,
     "attention_stats": ATTENTION_STATS,
+    "steps": STEPS,
+    "findings": FINDINGS,
 }
+
+WRITTEN = ("kernels", "ranges", "layers", "heads", "steps", "findings")
+"""The tables a recording's build gives and every writer writes (``runs`` is written from the run's metadata)."""
 
 
 # ---------------------------------------------------------------- in-memory contracts (not saved)

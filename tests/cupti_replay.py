@@ -11,6 +11,12 @@ recorder's buffer-completed callback exactly as cupti-python hands them.
 Everything else (enums, record classes, error types) is the installed
 cupti-python itself.
 
+:meth:`ReplayCupti.run_recorded` replays a launching thread recorded on a
+real GPU instead (:func:`schedule_from_trace`: the CPU gaps, launch call
+durations and kernel durations of a real torch.profiler trace, e.g. the
+H100 traces in ``tests/fixtures/kineto``), the replayed GPU running each
+kernel once it is free, as the real one did.
+
 Time is a virtual, deterministic clock (never the wall clock): every
 timestamp read advances it by ``tick_ns`` and every launch by
 ``launch_cost_ns + op_gap_ns``, so launch latency, gaps and kernel order are
@@ -184,26 +190,57 @@ class ReplayCupti:
             self._now = t0 + self.launch_cost_ns + self.op_gap_ns * len(kernels)
             self._correlation += 1
             corr = self._correlation
-            records = []
-            call = real.ActivityAPI()
-            call.kind = int(real.ActivityKind.RUNTIME)
-            call.cbid = int(getattr(real.runtime_api_trace_cbid, api))
-            call.start, call.end = t0, t0 + self.launch_cost_ns
-            call.process_id, call.thread_id, call.correlation_id, call.return_value = os.getpid(), tid, corr, 0
-            stack = self._stacks.get(tid)
-            if stack and int(real.ActivityKind.EXTERNAL_CORRELATION) in self.enabled:
-                ext = real.ActivityExternalCorrelation()
-                ext.kind = int(real.ActivityKind.EXTERNAL_CORRELATION)
-                ext.external_kind = int(real.ExternalCorrelationKind.CUSTOM0)
-                ext.external_id, ext.correlation_id = stack[-1], corr
-                records.append(ext)
-            records.append(call)
+            call = self._call(api, t0, t0 + self.launch_cost_ns, tid, corr)
+            records = [*self._external(tid, corr), call]
             for kernel_name, graph_node_id in kernels:
                 records.append(self._kernel(call, corr, kernel_name, graph_node_id))
             self._pending += records
             self.launches += 1
 
-    def _kernel(self, api, corr: int, name: str, graph_node_id: int):
+    def run_recorded(self, schedule: list[dict], wake_ns: int = 2_000) -> None:
+        """Replay a recorded launching thread on this thread (:func:`schedule_from_trace`):
+        each entry waits ``cpu_gap_ns`` of CPU work, then makes its call —
+        ``launch``: a launch call of ``launch_cost_ns`` whose kernel runs
+        ``kernel_ns`` once the GPU is free; ``sync``: a ``cudaStreamSynchronize``
+        that returns ``wake_ns`` after the GPU has finished everything launched."""
+        tid = threading.get_native_id()
+        for op in schedule:
+            with self._lock:
+                t0 = self._now + int(op["cpu_gap_ns"])
+                self._correlation += 1
+                corr = self._correlation
+                if op["kind"] == "sync":
+                    end = max(t0 + int(op.get("launch_cost_ns", 1_000)), self._gpu_free + wake_ns)
+                    call = self._call("cudaStreamSynchronize_v3020", t0, end, tid, corr)
+                    records = [call]
+                else:
+                    call = self._call(op.get("api", "cudaLaunchKernel_v7000"), t0, t0 + int(op["launch_cost_ns"]), tid, corr)
+                    records = [*self._external(tid, corr), call, self._kernel(call, corr, op["name"], 0, int(op["kernel_ns"]))]
+                    self.launches += 1
+                self._pending += records
+                self._now = call.end
+
+    def _call(self, api: str, start: int, end: int, tid: int, corr: int):
+        """A runtime API record of this process's thread ``tid``."""
+        call = real.ActivityAPI()
+        call.kind = int(real.ActivityKind.RUNTIME)
+        call.cbid = int(getattr(real.runtime_api_trace_cbid, api))
+        call.start, call.end = start, end
+        call.process_id, call.thread_id, call.correlation_id, call.return_value = os.getpid(), tid, corr, 0
+        return call
+
+    def _external(self, tid: int, corr: int) -> list:
+        """The external correlation record of a launch: the innermost range id pushed on its thread (none outside ranges)."""
+        stack = self._stacks.get(tid)
+        if not stack or int(real.ActivityKind.EXTERNAL_CORRELATION) not in self.enabled:
+            return []
+        ext = real.ActivityExternalCorrelation()
+        ext.kind = int(real.ActivityKind.EXTERNAL_CORRELATION)
+        ext.external_kind = int(real.ExternalCorrelationKind.CUSTOM0)
+        ext.external_id, ext.correlation_id = stack[-1], corr
+        return [ext]
+
+    def _kernel(self, api, corr: int, name: str, graph_node_id: int, kernel_ns: int | None = None):
         """The record of one kernel of launch call ``api``: runs on one stream, after the previous kernel."""
         h = zlib.crc32(name.encode())
         k = real.ActivityKernel13()
@@ -212,7 +249,7 @@ class ReplayCupti:
         k.queued = api.start + self.launch_cost_ns // 2
         k.submitted = api.end + 500
         k.start = max(api.end + self.latency_ns, self._gpu_free + 1_000)
-        k.end = k.start + self.kernel_ns
+        k.end = k.start + (self.kernel_ns if kernel_ns is None else kernel_ns)
         self._gpu_free = k.end
         k.correlation_id, k.device_id, k.context_id, k.stream_id = corr, 0, 1, 7
         k.graph_node_id = graph_node_id
@@ -222,6 +259,34 @@ class ReplayCupti:
         k.static_shared_memory, k.dynamic_shared_memory = 0, (0, 16384, 49152)[h % 3]
         k.shared_memory_executed = 233472
         return k
+
+
+def schedule_from_trace(path, sync_after_every_launch: bool = False) -> list[dict]:
+    """The kernel launches of a real torch.profiler trace's launching thread, as
+    :meth:`ReplayCupti.run_recorded` replays them: for each launch call that
+    started a kernel (in time order), the CPU time since the thread's previous
+    such call ended (other calls of the thread, memcpy/memset launches and
+    Python included), the call's own duration and the kernel's recorded
+    duration. ``sync_after_every_launch``: a synchronize after each launch, as
+    ``CUDA_LAUNCH_BLOCKING=1`` makes every launch wait for its kernel."""
+    from headcount.parsers.kineto import load_trace
+
+    events = load_trace(path)
+    kernels = events[events["kind"] == "kernel"].dropna(subset=["correlation_id"])
+    calls = events[(events["kind"] == "runtime") & events["correlation_id"].isin(kernels["correlation_id"])]
+    thread = calls["tid"].mode().iloc[0]  # the thread that launched the most kernels
+    calls = calls[calls["tid"] == thread].sort_values("start_ns")
+    duration = dict(zip(kernels["correlation_id"], kernels["end_ns"] - kernels["start_ns"]))
+    names = dict(zip(kernels["correlation_id"], kernels["name"]))
+    schedule, last_end = [], None
+    for call in calls.itertuples(index=False):
+        gap = 0 if last_end is None else max(int(call.start_ns) - last_end, 0)
+        schedule.append({"kind": "launch", "name": str(names[call.correlation_id])[:200], "cpu_gap_ns": gap,
+                         "launch_cost_ns": int(call.end_ns - call.start_ns), "kernel_ns": int(duration[call.correlation_id])})
+        last_end = int(call.end_ns)
+        if sync_after_every_launch:
+            schedule.append({"kind": "sync", "cpu_gap_ns": 0, "launch_cost_ns": 1_000})
+    return schedule
 
 
 class ReplayPm:

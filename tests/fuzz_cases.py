@@ -327,7 +327,9 @@ BYTES = ("dram_bytes", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "share
 
 def implausible(out: Path) -> list[str]:
     """The plausibility rules a written report breaks: durations < 0, end <
-    start, percentages outside [0, 100], bytes < 0 (kernels and ranges)."""
+    start, percentages outside [0, 100], bytes < 0 (kernels and ranges); busy
+    and attention shares outside [0, 100], negative idle times, idle parts
+    that do not add up (steps)."""
     broken = []
     for table in ("kernels", "ranges"):
         if not (out / table).exists():
@@ -345,6 +347,19 @@ def implausible(out: Path) -> list[str]:
         for col in BYTES:
             if col in frame and (pd.to_numeric(frame[col], errors="coerce") < 0).any():
                 broken.append(f"{table}: negative {col}")
+    if (out / "steps").exists():
+        steps = pd.read_parquet(out / "steps")
+        for col in ("gpu_busy_pct", "attention_share_pct"):
+            v = pd.to_numeric(steps[col], errors="coerce")
+            if ((v < 0) | (v > 100 + 1e-9)).any():
+                broken.append(f"steps: {col} outside [0, 100]")
+        parts = steps[[c for c in steps.columns if c.startswith("idle_") and c != "idle_ns"]]
+        if (parts < 0).any().any():
+            broken.append("steps: a negative idle time")
+        gpu = steps[steps["basis"] == "gpu_window"]
+        # to the nanosecond, or to float64's precision on a window as long as a damaged timestamp makes it
+        if len(gpu) and ((parts.loc[gpu.index].sum(axis=1) - gpu["idle_ns"]).abs() > 1.0 + 1e-12 * gpu["window_ns"]).any():
+            broken.append("steps: idle parts do not add up to the idle time")
     return broken
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -93,10 +94,14 @@ def test_the_registry_chooses_by_name_and_refuses_the_rest(tmp_path):
     assert sources.for_path(Path("k.csv")).name == "ncu"
     with pytest.raises(HeadcountError, match=r"\.txt input is not supported yet.*torch.profiler trace"):
         sources.for_path(Path("notes.txt"))
-    bad = tmp_path / "bad.json"
-    bad.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2}]}')
-    with pytest.raises(HeadcountError, match="neither headcount's ranges nor an SDPA call"):
-        sources.for_path(bad).parse(bad, "r", {})
+    # a trace without attention is read, not refused: its operators, one step for the whole recording, and a notice
+    plain = tmp_path / "plain.json"
+    plain.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2}]}')
+    parsed = sources.for_path(plain).parse(plain, "r", {})
+    assert any("no attention found" in n for n in parsed.notices)
+    assert len(parsed.tables["kernels"]) == 1 and not len(parsed.tables["layers"])
+    steps = parsed.tables["steps"]
+    assert len(steps) == 1 and steps["window_ns"].iloc[0] == 2_000 and np.isnan(steps["attention_share_pct"].iloc[0])
 
 
 def test_every_registered_wrapper_and_recorder_has_an_implementation():

@@ -112,8 +112,20 @@ def test_errors():
         prof.get_stats()
     with prof:
         torch.ones(3).sum()
-    with pytest.raises(HeadcountError, match="no attention call was tagged"):
-        prof.get_stats()
+
+
+def test_a_block_without_attention_gives_its_operators_steps_and_findings(capsys):
+    """Nothing tagged is no error: the block's operators, its one step and its
+    findings, and a notice that no attention was found (never 'nothing was written')."""
+    prof = AttentionProfiler(_llama())
+    with prof:
+        torch.ones(3).sum()
+    stats = prof.get_stats()
+    assert "no attention call was tagged" in capsys.readouterr().err
+    assert not len(stats["layers"]) and (stats["kernels"]["kind"] == "op").any()
+    steps = stats["steps"]
+    assert len(steps) == 1 and steps["basis"].iloc[0] == "cpu_step" and np.isnan(steps["attention_share_pct"].iloc[0])
+    assert list(stats["findings"].columns[:3]) == ["run_id", "rank", "kind"]
 
 
 def test_another_profiler_holding_the_session_is_a_clear_error(capsys):

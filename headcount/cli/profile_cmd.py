@@ -190,6 +190,7 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
         The report directory.
     """
     from headcount.api import AttentionProfiler  # torch: imported only when a model is profiled
+    from headcount.build import with_findings
 
     run_id = new_run_id()
     runner = model
@@ -239,16 +240,18 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
             console.print(f"{impl}{label}: {args.steps} profiled steps {steps_s:.2f} s; stop {stopped - after_steps:.2f} s, "
                           f"read and attribute {post_s - (stopped - after_steps):.2f} s ({100 * post_s / steps_s:.0f} % of the steps)",
                           highlight=False, soft_wrap=True)
-            for name in ("kernels", "ranges", "layers", "heads"):
+            for name in ("kernels", "ranges", "layers", "heads", "steps"):
                 collected.setdefault(name, []).append(stats[name])
             meta = prof.run_metadata()
             collected.setdefault("runs", []).append(runs_row(meta))
             metadata = metadata or meta
             progress.update(task, description=f"{impl}{label}: done")
     tables = {name: pd.concat(frames, ignore_index=True) for name, frames in collected.items()}
+    with_findings(tables)  # over every implementation of the run: a slower one is named against a faster one
     metadata = {**metadata, "implementations": impls, "timing": timing}
     metadata.pop("implementation", None)
     out = dataset.write_run(args.out, run_id, tables, metadata, append=append, force=force)
-    console_report.print_summary(tables["layers"], tables["heads"], out, console=terminal.console(), kernels=tables["kernels"])
+    console_report.print_summary(tables["layers"], tables["heads"], out, console=terminal.console(), kernels=tables["kernels"],
+                                 steps=tables["steps"], findings=tables["findings"])
     return out
 

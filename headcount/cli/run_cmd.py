@@ -18,6 +18,7 @@ from headcount.errors import HeadcountError, NothingRecorded
 from headcount.reports import console as console_report
 from headcount.reports import dataset, terminal
 from headcount.reports.metadata import new_run_id, run_metadata, runs_row
+from headcount.tables import WRITTEN
 from headcount.wrap import assemble, launcher, tools
 from headcount.wrap import child as child_mod
 
@@ -150,8 +151,9 @@ def run(args) -> int:
                                     program=r.info.get("program") or {})
                 with dataset.StagedRun(out, r.run_id, meta) as run:
                     staged.append(r.run_id)
-                    for name in ("kernels", "ranges", "layers", "heads"):
-                        run.write(name, r.tables[name])
+                    for name in WRITTEN:
+                        if name in r.tables:
+                            run.write(name, r.tables[name])
                     run.write("runs", runs_row(meta))
             dataset.commit(out, staged, append=args.append, force=args.force)
     except BaseException:
@@ -160,6 +162,6 @@ def run(args) -> int:
     written = len(staged)
     first = next(r for r in runs if not assemble.empty(r.tables))
     console_report.print_summary(first.tables["layers"], first.tables["heads"], None, console=terminal.console(),
-                                 kernels=first.tables["kernels"])
+                                 kernels=first.tables["kernels"], steps=first.tables.get("steps"), findings=first.tables.get("findings"))
     terminal.console().print(f"Report: {out}/ ({written} run{'s' if written > 1 else ''}: {', '.join(r.run_id for r in runs)}); raw files: {raw}/")
     return status

@@ -273,3 +273,24 @@ def with_call_totals(table: pd.DataFrame, calls, implementation: str, heads: boo
     t = _derive(t, "measured")
     t["duration_per_call_ns"] = t["duration_ns"] / t["calls"]
     return t
+
+
+def attention_per_step(layers: pd.DataFrame, keys: list[str] | None = None) -> pd.DataFrame:
+    """Attention time and calls per step of each ``keys`` group (default: run
+    and implementation) — the figures ``compare``'s speed-ups and the
+    ``slow_implementation`` finding divide.
+
+    A group's time is the sum of its layer rows' ``duration_ns`` over its
+    steps (the most steps any of its rows ran; 1 where steps are unknown).
+
+    Returns:
+        ``keys``, ``steps``, ``attention_ns_per_step``, ``calls_per_step``.
+    """
+    keys = keys or ["run_id", "implementation"]
+    rows = []
+    for key, g in layers.groupby(keys, sort=True, dropna=False):
+        steps = g["steps"].max() if g["steps"].notna().any() else 1
+        duration = float(g["duration_ns"].sum(min_count=1)) if "duration_ns" in g else np.nan
+        calls = float(g["calls"].sum(min_count=1)) if "calls" in g else np.nan
+        rows.append((*(key if isinstance(key, tuple) else (key,)), steps, duration / steps, calls / steps))
+    return pd.DataFrame(rows, columns=[*keys, "steps", "attention_ns_per_step", "calls_per_step"])

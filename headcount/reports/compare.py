@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from headcount.derive.aggregate import attention_per_step
+
 COLUMNS = [
     "run_id", "implementation", "compile_mode", "source", "device", "dtype", "batch", "seq", "duration_basis",
     "attention_ms_per_step", "calls_per_step", "kernels_per_call", "cpu_launch_cost_us_per_call", "launch_latency_p50_us",
@@ -67,8 +69,9 @@ def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = 
     """
     rows = []
     info = runs.drop_duplicates(["run_id", "implementation"]).set_index(["run_id", "implementation"]) if len(runs) else None
+    per_step = attention_per_step(layers).set_index(["run_id", "implementation"])
     for (run_id, impl), g in layers.groupby(["run_id", "implementation"], sort=True):
-        steps = g["steps"].max() if g["steps"].notna().any() else 1
+        steps = per_step.loc[(run_id, impl), "steps"]
         calls = _sum(g, "calls")
         duration = _sum(g, "duration_ns")
         dram = _sum(g, "dram_bytes")
@@ -83,7 +86,8 @@ def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = 
         bound = g["roofline_class"].dropna().mode() if "roofline_class" in g else pd.Series(dtype=object)
         rows.append({
             "run_id": run_id, "implementation": impl, **meta, "duration_basis": g["duration_basis"].iloc[0],
-            "attention_ms_per_step": duration / steps / 1e6, "calls_per_step": calls / steps,
+            "attention_ms_per_step": per_step.loc[(run_id, impl), "attention_ns_per_step"] / 1e6,
+            "calls_per_step": per_step.loc[(run_id, impl), "calls_per_step"],
             "kernels_per_call": _sum(g, "kernel_count") / calls if calls else np.nan,
             "cpu_launch_cost_us_per_call": _sum(g, "cpu_launch_cost_ns") / calls / 1e3 if calls else np.nan,
             "launch_latency_p50_us": float(g["launch_latency_p50_ns"].median()) / 1e3 if "launch_latency_p50_ns" in g else np.nan,

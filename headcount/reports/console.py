@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from headcount.reports import findings, terminal
+from headcount.reports import findings as findings_words
 from headcount.reports.figures import number, with_spread
 
 
@@ -83,27 +84,45 @@ def _title(run_id, runs: pd.DataFrame | None) -> str:
 
 def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: Console | None = None, top: int = 5,
                   kernels: pd.DataFrame | None = None, runs: pd.DataFrame | None = None,
-                  ranges: pd.DataFrame | None = None) -> None:
-    """Print, for each run on its own (no figure adds two runs): the
-    per-implementation comparison, what launching costs (GPU sources, given
-    ``kernels``), the costliest layers (or heads, when they were measured)
-    with their spread over calls, and which rows stand out beyond it; then
-    NVTX ranges that are not headcount's (``ranges``:
+                  ranges: pd.DataFrame | None = None, steps: pd.DataFrame | None = None,
+                  findings: pd.DataFrame | None = None) -> None:
+    """Print, for each run on its own (no figure adds two runs): how busy the
+    GPU was and where its idle time went (``steps``), the ranked findings
+    (``findings``), the per-implementation comparison, what launching costs
+    (GPU sources, given ``kernels``), the costliest layers (or heads, when
+    they were measured) with their spread over calls, and which rows stand
+    out beyond it; then NVTX ranges that are not headcount's (``ranges``:
     :func:`headcount.reports.query.range_summary`), and where the report is."""
     console = console or terminal.console()
-    run_ids = list(dict.fromkeys(layers["run_id"])) if "run_id" in layers and len(layers) else ([None] if len(layers) else [])
+    run_ids = []
+    for frame in (steps, layers, ranges):
+        if frame is not None and len(frame):
+            run_ids += list(frame["run_id"]) if "run_id" in frame else [None]
+    run_ids = list(dict.fromkeys(run_ids))
     for run_id in run_ids:
         run_layers = _by_run(layers, run_id) if run_id is not None else layers
         run_heads = _by_run(heads, run_id) if run_id is not None else heads
         if len(run_ids) > 1 or runs is not None:
             terminal.heading(console, _title(run_id, runs))
-        _print_run(console, run_layers, run_heads, _by_run(kernels, run_id) if run_id is not None else kernels, top)
-    if ranges is not None and len(ranges):
-        for run_id, g in ranges.groupby("run_id", sort=False):
-            terminal.heading(console, _title(run_id, runs))
-            console.print(_ranges_table(g, top * 2))
+        _print_triage(console, _by_run(steps, run_id) if run_id is not None else steps,
+                      _by_run(findings, run_id) if run_id is not None and findings is not None and "run_id" in findings else findings)
+        if len(run_layers):
+            _print_run(console, run_layers, run_heads, _by_run(kernels, run_id) if run_id is not None else kernels, top)
+        else:
+            console.print("no attention found in this run: kernels, steps and findings only", highlight=False)
+        run_ranges = _by_run(ranges, run_id) if run_id is not None else ranges
+        if run_ranges is not None and len(run_ranges):
+            console.print(_ranges_table(run_ranges, top * 2))
     if out_dir is not None:
         console.print(f"Report: {out_dir}/ (Parquet datasets kernels, ranges, layers, heads, runs)")
+
+
+def _print_triage(console: Console, steps: pd.DataFrame | None, findings: pd.DataFrame | None) -> None:
+    """The run's opening: busy and idle per device (medians over steps), then its findings in rank order."""
+    for line in findings_words.step_lines(steps):
+        console.print(line, soft_wrap=True, highlight=False)
+    for line in findings_words.finding_lines(findings):
+        console.print(f"  {line}", soft_wrap=True, highlight=False)
 
 
 def _print_run(console: Console, layers: pd.DataFrame, heads: pd.DataFrame, kernels: pd.DataFrame | None, top: int) -> None:

@@ -1,4 +1,7 @@
-"""Bottlenecks in words, for one run at a time (the console and the HTML page).
+"""Bottlenecks in words, for one run at a time (the console and the HTML page):
+the run's opening — how busy the GPU was and its ranked findings
+(:func:`step_lines`, :func:`finding_lines`, from the ``steps`` and ``findings``
+tables) — and the costliest and outlying layers and heads.
 
 Every sentence names whether its figure is per call (median and p10–p90
 over the calls) or a total over the profiled steps, and a layer or head is
@@ -139,3 +142,57 @@ def run_heading(run_id, info: dict) -> str:
         if not missing(info.get(k)):
             facts.append(fmt.format(info[k]))
     return f"Run {run_id}" + (": " + ", ".join(facts) if facts else "")
+
+
+# ---------------------------------------------------------------- triage: the opening lines of a run
+def _ms(ns) -> str:
+    return f"{number(ns / 1e6)} ms"
+
+
+def step_lines(steps: pd.DataFrame | None) -> list[str]:
+    """How busy the GPU was and where its idle time went, one line per
+    implementation × process × device of one run (medians over its steps;
+    rows outside every step range only where there are no steps)."""
+    if steps is None or not len(steps):
+        return []
+    lines = []
+    for (impl, pid, device, basis), g in steps.groupby(["implementation", "pid", "device", "basis"], dropna=False, sort=True):
+        stepped = g[g["step"].notna()]
+        g = stepped if len(stepped) else g
+        n = len(g)
+        over = f"median of {n} steps" if n > 1 else ("one step" if len(stepped) else "no steps recorded")
+        of = "the step" if len(stepped) else "the recording"
+        who = ", ".join(str(x) for x in (device, None if missing(pid) else f"process {pid}",
+                                         None if missing(impl) or impl == "unknown" else impl) if x is not None and not missing(x))
+        attention = g["attention_share_pct"].median()
+        if basis == "gpu_window":
+            idle = {c: g[f"idle_{c}_ns"].median() for c in ("launch_bound", "sync", "host", "other", "unknown")}
+            split = ", ".join(f"{_ms(v)} {c.replace('_', '-')}" for c, v in idle.items() if v > 0 or c in ("launch_bound", "sync", "host"))
+            text = (f"{who}: GPU busy {number(g['gpu_busy_pct'].median())} % of {of} ({_ms(g['window_ns'].median())} GPU window, {over}); "
+                    f"idle {_ms(g['idle_ns'].median())}: {split}")
+            text += ("; attention: none found" if missing(attention) else f"; attention {number(attention)} % of GPU time")
+        elif basis == "cpu_step":
+            text = (f"{who}: CPU run, no GPU (no busy or idle figures); step {_ms(g['window_ns'].median())} ({over})"
+                    + ("; attention: none found" if missing(attention) else f"; attention {number(attention)} % of the step's wall time"))
+        else:
+            text = (f"{who or 'ncu'}: {int(g['kernels'].sum()):,} kernels, {_ms(g['kernel_ns'].sum())} of replayed kernel time "
+                    f"(ncu replays kernels one at a time: no busy or idle figures)"
+                    + ("; attention: none found" if missing(attention) else f"; attention {number(attention)} % of it"))
+        lines.append(text)
+    return lines
+
+
+def finding_lines(findings: pd.DataFrame | None) -> list[str]:
+    """The findings of one run in rank order: what, the figure, the evidence and what to try
+    (``Nothing stands out`` when there is none)."""
+    if findings is None:
+        return []
+    if not len(findings):
+        return ["Nothing stands out: no finding passed its threshold against the spread (docs/reading-a-report.md § Triage)."]
+    lines = []
+    for f in findings.sort_values("rank").itertuples(index=False):
+        gain = "" if missing(f.expected_gain_pct) else f"; expected gain {number(f.expected_gain_pct)} % of the step's time"
+        lines.append(f"{int(f.rank)}. {f.kind}: {f.subject}: {number(f.value)} {f.unit}{gain}")
+        lines.append(f"   evidence: {f.evidence}")
+        lines.append(f"   try: {f.suggestion}")
+    return lines

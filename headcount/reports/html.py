@@ -2,7 +2,8 @@
 inline CSS and SVG) that shows where attention's time and bytes go.
 
 Sections: the runs, the implementation comparison, then one section per run
-(named by its model, shapes, mode and device): the bottlenecks in words,
+(named by its model, shapes, mode and device): how busy the GPU was and where
+its idle time went (a strip per device and step), the ranked findings, the bottlenecks in words,
 layer × head heatmaps per implementation and phase (time per call, bandwidth,
 DRAM bytes, occupancy where measured), and a roofline of the layers against
 that run's device's ceilings. No figure adds two runs. Every figure names its unit and provenance; every text
@@ -250,7 +251,7 @@ def _table(frame: pd.DataFrame, columns: list[tuple[str, str, str]]) -> str:
 
 
 def load_tables(out: str | Path) -> dict[str, pd.DataFrame]:
-    """``layers``, ``heads`` and ``runs`` of report ``out`` (all runs; empty
+    """``layers``, ``heads``, ``runs``, ``steps`` and ``findings`` of report ``out`` (all runs; empty
     when absent), and ``ranges_summary`` (:func:`headcount.reports.query.range_summary`).
 
     Raises:
@@ -258,7 +259,8 @@ def load_tables(out: str | Path) -> dict[str, pd.DataFrame]:
     """
     con = connect(out)
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
-    tables = {name: con.sql(f"SELECT * FROM {name}").df() if name in views else pd.DataFrame() for name in ("layers", "heads", "runs")}
+    tables = {name: con.sql(f"SELECT * FROM {name}").df() if name in views else pd.DataFrame()
+              for name in ("layers", "heads", "runs", "steps", "findings")}
     tables["ranges_summary"] = range_summary(con)
     tables["kernel_summary"] = kernel_summary(con) if "kernels" in views else pd.DataFrame()
     return tables
@@ -304,10 +306,75 @@ def _kernels_section(kernels: pd.DataFrame) -> list[str]:
         "records none: torch.profiler and nsys have no DRAM counters per kernel).</p>"]
 
 
+_IDLE = (("gpu_busy_ns", "busy", "#2c728e"), ("idle_launch_bound_ns", "launch-bound", "#e6550d"),
+         ("idle_sync_ns", "sync", "#c2185b"), ("idle_host_ns", "host", "#fdae6b"), ("idle_other_ns", "other", "#9e9ac8"),
+         ("idle_unknown_ns", "unknown", "#cccccc"))
+
+
+def strip(steps: pd.DataFrame) -> str:
+    """One bar per device and step: its GPU window split into busy time and idle
+    time by cause (lengths are shares of the window, not positions in it)."""
+    rows = steps[steps["basis"] == "gpu_window"] if len(steps) else steps
+    if not len(rows):
+        return ""
+    rows = rows.sort_values(["implementation", "device", "pid", "step"], na_position="last")
+    w, label_w, bar_h, gap = 760, 230, 16, 6
+    h = len(rows) * (bar_h + gap) + 34
+    out = [f'<svg width="{w}" height="{h}" role="img" aria-label="GPU busy and idle by cause, per device and step">']
+    y = 4
+    for r in rows.itertuples(index=False):
+        window = float(r.window_ns) if not missing(r.window_ns) else 0.0
+        step = "outside steps" if missing(r.step) else f"step {int(r.step)}"
+        who = f"{r.device} {'' if missing(r.pid) else 'pid ' + str(r.pid)} {step}"
+        out.append(f'<text x="0" y="{y + bar_h - 4}" font-size="11">{_e(who)}</text>')
+        x = float(label_w)
+        for col, name, colour in _IDLE:
+            value = getattr(r, col)
+            if missing(value) or window <= 0 or value <= 0:
+                continue
+            width = (w - label_w - 10) * float(value) / window
+            tip = f"{name}: {_exact(float(value))} ns ({100 * float(value) / window:.1f} % of the {_exact(window)} ns window; measured)"
+            out.append(f'<rect x="{x:.2f}" y="{y}" width="{max(width, 0.5):.2f}" height="{bar_h}" fill="{colour}"><title>{_e(tip)}</title></rect>')
+            x += width
+        y += bar_h + gap
+    x = 0.0
+    for _, name, colour in _IDLE:
+        out.append(f'<rect x="{x}" y="{y + 4}" width="10" height="10" fill="{colour}"/><text x="{x + 14}" y="{y + 13}" font-size="11">{name}</text>')
+        x += 14 + 8 * len(name) + 16
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _triage_section(steps: pd.DataFrame, found: pd.DataFrame) -> list[str]:
+    """How busy the GPU was, where its idle time went, attention's share, then the findings in rank order."""
+    body = []
+    lines = findings.step_lines(steps)
+    if lines:
+        body.append("<h3>How busy the GPU was</h3><ul>" + "".join(f"<li>{_e(line)}</li>" for line in lines) + "</ul>")
+        chart = strip(steps)
+        if chart:
+            body.append(chart + '<p class="cap">Each bar is one step\'s GPU window on one device (first GPU operation\'s start to the '
+                        "last one's end), split into busy time (the union of kernels, memcpys and memsets) and idle time by cause "
+                        "(docs/reading-a-report.md § Triage); hover a segment for its exact nanoseconds. All measured from the "
+                        "recording's timestamps.</p>")
+    if found is not None:
+        items = []
+        for f in found.sort_values("rank").itertuples(index=False):
+            gain = "" if missing(f.expected_gain_pct) else f"; expected gain {number(f.expected_gain_pct)} % of the step's time"
+            items.append(f"<li><b>{_e(f.kind)}</b>: {_e(f.subject)}: {_e(number(f.value))} {_e(f.unit)}{_e(gain)}"
+                         f"<br><span class=\"cap\">evidence ({_e(f.provenance)}): {_e(f.evidence)}</span>"
+                         f"<br>try: {_e(f.suggestion)}</li>")
+        body.append("<h3>Findings</h3>" + (f"<ol>{''.join(items)}</ol>" if items else
+                                           "<p>Nothing stands out: no finding passed its threshold against the spread.</p>"))
+    return body
+
+
 def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, measured_gbps: float | None,
-                 kernels: pd.DataFrame | None = None) -> list[str]:
-    """Bottlenecks, heatmaps, roofline and top kernels of one run (nothing here adds two runs)."""
+                 kernels: pd.DataFrame | None = None, steps: pd.DataFrame | None = None,
+                 found: pd.DataFrame | None = None) -> list[str]:
+    """Busy and idle time, findings, bottlenecks, heatmaps, roofline and top kernels of one run (nothing here adds two runs)."""
     body = [f"<h2>{_e(findings.run_heading(run_id, info))}</h2>"]
+    body += _triage_section(steps if steps is not None else pd.DataFrame(), found)
     if len(layers):
         body.append("<h3>Bottlenecks</h3><ul>" + "".join(f"<li>{_e(line)}</li>" for line in findings.bottlenecks(layers, heads)) + "</ul>")
         body.append('<p class="cap">Per call: median (p10–p90) over the calls, rounded to that spread; totals: over every call of '
@@ -350,10 +417,10 @@ def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, 
     return body
 
 
-def _ranges_section(summary: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+def _ranges_section(summary: pd.DataFrame) -> list[str]:
+    """The NVTX ranges (not headcount's) of one run without attention layers."""
     body = []
-    for run_id, g in summary.groupby("run_id", sort=True):
-        body.append(f"<h2>{_e(findings.run_heading(run_id, findings.run_info(runs, run_id)))}</h2>")
+    for _, g in summary.groupby("run_id", sort=True):
         body.append('<p class="cap">No attention layers in this run (NVTX ranges that are not headcount\'s): the ranges are '
                     "summarised by name, never posed as layers. Nested ranges overlap: do not add rows.</p>")
         g = g.assign(total_ms=g["duration_ns"] / 1e6, p10_us=g["p10_ns"] / 1e3, p50_us=g["p50_ns"] / 1e3, p90_us=g["p90_ns"] / 1e3)
@@ -394,20 +461,24 @@ def render(out: str | Path, measured_gbps: float | None = None, tables: dict[str
             ("GB/s", "bandwidth_gbps", ",.3g"), ("FLOP/byte", "flop_per_byte", ",.3g"), ("bound", "bound", "s"),
             ("speed-up", "speedup", ",.2f"), ("against", "baseline_run", "s")]))
         body += [f'<p class="note">{_e(n)}</p>' for n in notes]
-    run_ids = list(dict.fromkeys(layers["run_id"])) if len(layers) else []
     kernel_summary_ = tables.get("kernel_summary", pd.DataFrame())
+    steps, found = tables.get("steps", pd.DataFrame()), tables.get("findings", pd.DataFrame())
+    summary = tables.get("ranges_summary", pd.DataFrame())
+    run_ids = []  # every run once: with attention layers, or only kernels, steps or NVTX ranges of untagged work
+    for frame in (layers, steps, kernel_summary_, summary):
+        if frame is not None and len(frame):
+            run_ids += [r for r in dict.fromkeys(frame["run_id"]) if r not in run_ids]
+
+    def of_run(frame, run_id):
+        return frame[frame["run_id"] == run_id] if frame is not None and len(frame) else (frame if frame is not None else pd.DataFrame())
+
     for run_id in run_ids:
         info = findings.run_info(runs, run_id)
         ceiling = measured_gbps if measured_gbps and (measured_device is None or measured_device == info.get("device_name")) else None
-        run_heads = heads[heads["run_id"] == run_id] if len(heads) else heads
-        run_kernels = kernel_summary_[kernel_summary_["run_id"] == run_id] if len(kernel_summary_) else None
-        body += _run_section(run_id, layers[layers["run_id"] == run_id], run_heads, info, ceiling, run_kernels)
-    for run_id in (list(dict.fromkeys(kernel_summary_["run_id"])) if len(kernel_summary_) else []):
-        if run_id not in run_ids:  # kernels without attention layers (an ncu or nsys file of untagged work)
-            body.append(f"<h2>{_e(findings.run_heading(run_id, findings.run_info(runs, run_id)))}</h2>")
-            body += _kernels_section(kernel_summary_[kernel_summary_["run_id"] == run_id])
-    summary = tables.get("ranges_summary")
-    if summary is not None and len(summary):
-        body += _ranges_section(summary, runs)
+        run_kernels = of_run(kernel_summary_, run_id) if len(kernel_summary_) else None
+        body += _run_section(run_id, of_run(layers, run_id), of_run(heads, run_id), info, ceiling, run_kernels,
+                             of_run(steps, run_id), of_run(found, run_id) if len(steps) or len(found) else None)
+        if summary is not None and len(summary) and (summary["run_id"] == run_id).any():
+            body += _ranges_section(summary[summary["run_id"] == run_id])
     return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>headcount report</title>"
             f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>")
