@@ -192,9 +192,8 @@ def steps_of(kernels: pd.DataFrame, syncs: pd.DataFrame, steps: pd.DataFrame, ra
         found: the recording has attention calls (else attention figures are null, not 0).
     """
     syncs = syncs.assign(step=labels.step_of(syncs["start_ns"].to_numpy(np.int64), steps))
-    gpu = kernels[kernels["kind"].astype(object).isin(timeline.GPU_KINDS).to_numpy()] if "kind" in kernels else kernels.iloc[0:0]
-    if len(gpu):
-        return timeline.gpu_steps(gpu, syncs, attention_found=found)
+    if "kind" in kernels and kernels["kind"].isin(timeline.GPU_KINDS).any():
+        return timeline.gpu_steps(kernels, syncs, attention_found=found)
     layer_ranges = ranges_table[(ranges_table["level"] == "layer").to_numpy(dtype=bool, na_value=False)] if len(ranges_table) else ranges_table
     ops = kernels[kernels["kind"].astype(object) == "op"] if "kind" in kernels else None
     return timeline.cpu_steps(steps, layer_ranges, implementation, attention_found=found, ops=ops)
@@ -637,6 +636,7 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
     if len(work):  # with the limits of the GPU each kernel ran on, as the recording describes it
         work = work.assign(theoretical_occupancy_pct=occupancy.device_occupancy(work, devices).to_numpy())
     k = _kernels_table([_gpu_rows(work, work["range_id"].to_numpy())], projected, steps, "nsys", implementation)
+    del work  # the kernels table holds its rows now: not held while the steps are derived
     if gpu_metrics is not None and len(gpu_metrics):
         k = sampling.apportion(k, gpu_metrics)
     found = bool((projected["domain"] == DOMAIN).any())

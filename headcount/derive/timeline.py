@@ -92,6 +92,9 @@ COMMUNICATION = re.compile(r"nccl|rccl", re.IGNORECASE)
 """Kernel names of collective communication (NCCL, RCCL)."""
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
+WORK_COLUMNS = ["kind", "implementation", "pid", "tid", "device", "step", "name", "start_ns", "end_ns", "api_start_ns",
+                "api_end_ns", "correlation_id", "layer_name"]
+"""The kernels table's columns :func:`gpu_steps` reads."""
 KEYS = ["implementation", "pid", "device", "step"]
 COLUMNS = [
     *KEYS, "basis", "window_start_ns", "window_end_ns", "window_ns", "gpu_busy_ns", "gpu_busy_pct",
@@ -107,10 +110,8 @@ def sync_calls(runtime: pd.DataFrame) -> pd.DataFrame:
     if runtime is None or not len(runtime) or "name" not in runtime:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in (("pid", object), ("tid", object), ("name", object),
                                                                    ("start_ns", "int64"), ("end_ns", "int64"))})
-    names = pd.Series(pd.Categorical(runtime["name"].astype(object)))
-    codes = names.cat.codes.to_numpy()
-    hit = np.append(names.cat.categories.to_series().astype(str).str.contains(SYNC_CALL).to_numpy(dtype=bool), False)
-    rows = hit[np.where(codes >= 0, codes, len(hit) - 1)]  # a call without a name (code -1) is none
+    codes, names = _codes(runtime["name"])
+    rows = _matches(names, SYNC_CALL.pattern)[np.where(codes >= 0, codes, len(names))]  # a call without a name is none
     out = runtime.loc[rows, ["pid", "tid", "name", "start_ns", "end_ns"]].reset_index(drop=True)
     for col in ("pid", "tid", "name"):
         out[col] = out[col].astype(object).where(out[col].notna(), None)
@@ -138,13 +139,41 @@ def _union(start: np.ndarray, end: np.ndarray, group: np.ndarray, n: int) -> np.
     return out
 
 
-def _classify(gaps: pd.DataFrame, cpu_calls: pd.DataFrame) -> dict[str, np.ndarray]:
+def _last_before(q_thread: np.ndarray, q_time: np.ndarray, c_thread: np.ndarray, c_time: np.ndarray) -> np.ndarray:
+    """For each query (thread, time): the index of the call of that thread with the
+    latest ``c_time`` ≤ the time (-1: none). Times are whole nanoseconds held as
+    float64; one sorted int64 key (thread, time) answers all queries."""
+    found = np.full(len(q_thread), -1, dtype=np.int64)
+    if not len(q_thread) or not len(c_thread):
+        return found
+    threads, c_rank = np.unique(c_thread, return_inverse=True)
+    lo = float(min(c_time.min(), q_time.min()))
+    span = int(max(c_time.max(), q_time.max()) - lo) + 2
+    if span * (len(threads) + 1) >= 2**62:  # damaged timestamps spanning centuries: per thread
+        for k, t in enumerate(threads):
+            mine, calls = np.flatnonzero(q_thread == t), np.flatnonzero(c_rank == k)
+            order = calls[np.argsort(c_time[calls], kind="stable")]
+            pos = np.searchsorted(c_time[order], q_time[mine], side="right") - 1
+            found[mine] = np.where(pos >= 0, order[np.maximum(pos, 0)], -1)
+        return found
+    key = c_rank.astype(np.int64) * span + (c_time - lo).astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    q_rank = np.searchsorted(threads, q_thread)
+    known = (q_rank < len(threads)) & (threads[np.minimum(q_rank, len(threads) - 1)] == q_thread)
+    pos = np.searchsorted(key, q_rank.astype(np.int64) * span + (q_time - lo).astype(np.int64), side="right") - 1
+    same = known & (pos >= 0) & (c_rank[order[np.maximum(pos, 0)]] == q_rank)
+    found[same] = order[pos[same]]
+    return found
+
+
+def _classify(gaps: dict[str, np.ndarray], calls: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Split each gap (``a``, ``b``; ``s``, ``e`` the launch call of the op
-    ending it, on ``thread``) into launch-bound, sync, host, other and unknown
-    nanoseconds (the rules of the module docstring)."""
-    a, b = gaps["a"].to_numpy(np.float64), gaps["b"].to_numpy(np.float64)
-    s, e = gaps["s"].to_numpy(np.float64), gaps["e"].to_numpy(np.float64)
-    unknown = np.isnan(s) | np.isnan(e) | pd.isna(gaps["thread"]).to_numpy()
+    ending it, on ``thread``, -1: unknown) into launch-bound, sync, host, other
+    and unknown nanoseconds (the rules of the module docstring), given the
+    launching threads' ``calls`` (``thread``, ``end``, ``sync``, ``blocked``)."""
+    a, b, s, e = gaps["a"], gaps["b"], gaps["s"], gaps["e"]
+    unknown = np.isnan(s) | np.isnan(e) | (gaps["thread"] < 0)
     queued = ~unknown & (e <= a)  # launched before the GPU ran dry: it waited on something else
     late = ~unknown & ~queued
     c = np.where(late, np.clip(s, a, b), a)  # the GPU idle before the CPU began launching the op: [a, c)
@@ -153,21 +182,16 @@ def _classify(gaps: pd.DataFrame, cpu_calls: pd.DataFrame) -> dict[str, np.ndarr
     other = np.where(queued, b - a, np.where(late, b - returned - travel, 0.0))
     launch = np.where(late, returned - c + travel, 0.0)
     before = c - a
-    q = np.full(len(gaps), np.nan)
-    was_sync = np.zeros(len(gaps), dtype=bool)
-    lost = np.zeros(len(gaps))
-    asked = late & (before > 0)
-    if asked.any() and len(cpu_calls):
-        # the last call the launching thread finished before it began launching the op
-        query = pd.DataFrame({"thread": gaps["thread"].to_numpy()[asked], "t": s[asked], "row": np.flatnonzero(asked)})
-        query = query.sort_values("t", kind="stable")
-        calls = cpu_calls.dropna(subset=["thread"]).sort_values("t", kind="stable")
-        found = pd.merge_asof(query, calls, on="t", by="thread", direction="backward", allow_exact_matches=True)
-        rows = found["row"].to_numpy(np.int64)
-        q[rows] = found["end"].to_numpy(np.float64)
-        was_sync[rows] = found["sync"].astype("boolean").fillna(False).to_numpy(bool)
-        lost[rows] = found["blocked"].fillna(0.0).to_numpy(np.float64)
-    caused = np.where(np.isnan(q), 0.0, np.clip(q + np.maximum(CPU_PACE_NS, lost) - a, 0.0, before))
+    asked = np.flatnonzero(late & (before > 0))
+    # the last call the launching thread finished before it began launching the op
+    last = np.full(len(a), -1, dtype=np.int64)
+    last[asked] = _last_before(gaps["thread"][asked], s[asked], calls["thread"], calls["end"])
+    hit = last >= 0
+    at = np.maximum(last, 0)
+    was_sync = hit & calls["sync"][at] if len(calls["sync"]) else hit & False
+    lost = np.where(hit, calls["blocked"][at], 0.0) if len(calls["blocked"]) else np.zeros(len(a))
+    q = np.where(hit, calls["end"][at], np.nan) if len(calls["end"]) else np.full(len(a), np.nan)
+    caused = np.where(hit, np.clip(q + np.maximum(CPU_PACE_NS, lost) - a, 0.0, before), 0.0)
     return {
         "idle_launch_bound_ns": launch + np.where(was_sync, 0.0, caused),
         "idle_sync_ns": np.where(was_sync, caused, 0.0),
@@ -177,32 +201,78 @@ def _classify(gaps: pd.DataFrame, cpu_calls: pd.DataFrame) -> dict[str, np.ndarr
     }
 
 
-def _thread_key(pid: pd.Series, tid: pd.Series) -> np.ndarray:
-    p = pid.astype(object).where(pid.notna(), None).to_numpy()
-    t = tid.astype(object).where(tid.notna(), None).to_numpy()
-    return np.array([None if x is None or y is None else f"{x}/{y}" for x, y in zip(p, t)], dtype=object)
+def _codes(values) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes (-1: null) and the distinct values of a column, categorical or
+    not, without a Python object per row (a large export's kernels are categorical)."""
+    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):
+        cat = values.array if isinstance(values, pd.Series) else values
+        return np.asarray(cat.codes, dtype=np.int64), np.asarray(cat.categories, dtype=object)
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    return np.asarray(codes, dtype=np.int64), np.asarray(uniques, dtype=object)
 
 
-def _launching_process(w: pd.DataFrame) -> pd.Series:
-    """Each op's launching process; an op without a launch record (launched before
+def _combine(*parts: tuple[np.ndarray, int]) -> np.ndarray:
+    """One int64 per row from several codes (each ``(codes, number of distinct values)``,
+    -1 for null): equal exactly where every part is equal."""
+    out = np.zeros(len(parts[0][0]), dtype=np.int64)
+    for codes, n in parts:
+        out = out * (n + 1) + (codes + 1)
+    return out
+
+
+def _first_rows(groups: np.ndarray, n: int) -> np.ndarray:
+    """The first row of each group code 0..n-1."""
+    first = np.full(n, -1, dtype=np.int64)
+    first[groups[::-1]] = np.arange(len(groups) - 1, -1, -1)
+    return first
+
+
+def _previous_end(groups: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """For rows sorted by (group, start): the latest end among the group's earlier
+    rows (nan at a group's first row), as float64. One pass of
+    ``np.maximum.accumulate`` over the ends lifted by group (each group above the
+    last), where int64 holds that; else per group with pandas."""
+    span = int(ends.max()) + 1 if len(ends) else 1
+    n = int(groups.max()) + 1 if len(groups) else 0
+    if span * (n + 1) < 2**62:
+        lift = groups.astype(np.int64) * span
+        running = (np.maximum.accumulate(ends + lift) - lift).astype(np.float64)
+    else:  # damaged timestamps spanning centuries: the slow way
+        running = pd.Series(ends).groupby(groups, sort=False).cummax().to_numpy(np.float64)
+    prev = np.empty(len(ends))
+    prev[1:] = running[:-1]
+    if len(ends):
+        prev[0] = np.nan
+        prev[1:][groups[1:] != groups[:-1]] = np.nan
+    return prev
+
+
+def _launching_process(pid: np.ndarray, device: np.ndarray) -> np.ndarray:
+    """Each op's launching process (codes); an op without a launch record (launched before
     the recording began) is given its device's process where the device served one only."""
-    pid = w["pid"].astype(object).where(w["pid"].notna(), None)
-    if pid.notna().all():
+    missing = pid < 0
+    if not missing.any():
         return pid
-    known = w[pid.notna()].groupby("device")["pid"].unique()
-    sole = {d: p[0] for d, p in known.items() if len(p) == 1}
-    return pid.where(pid.notna(), w["device"].map(sole))
+    known = pd.DataFrame({"device": device[~missing], "pid": pid[~missing]}).drop_duplicates()
+    per_device = known.groupby("device")["pid"]
+    sole = per_device.first()[per_device.size() == 1]
+    filled = pd.Series(device[missing]).map(sole).fillna(-1).to_numpy(np.int64)
+    out = pid.copy()
+    out[missing] = filled
+    return out
 
 
-def _group_codes(frame: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
-    """Integer code per row for its (implementation, pid, device, step), and the groups' keys."""
-    keys = frame[KEYS].astype(object).where(frame[KEYS].notna(), None)
-    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(keys))
-    return codes.astype(np.int64), pd.DataFrame(list(uniques), columns=KEYS) if len(uniques) else pd.DataFrame(columns=KEYS)
+def _matches(uniques: np.ndarray, pattern, case: bool = True) -> np.ndarray:
+    """Per distinct name (plus a last False for null), whether it matches ``pattern``."""
+    return np.append(pd.Series(uniques, dtype=object).astype(str).str.contains(pattern, case=case, regex=True).to_numpy(dtype=bool), False)
 
 
 def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_found: bool = True) -> pd.DataFrame:
     """The ``steps`` rows of GPU work (see the module docstring).
+
+    Columnar: per-row work is on integer codes and float64 arrays (a large
+    export's process holds a million operations); text is looked at once per
+    distinct value.
 
     Args:
         work: the GPU rows of a kernels table (``kind`` kernel/memcpy/memset,
@@ -216,100 +286,113 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
     Returns:
         The steps table's rows (:data:`COLUMNS`, no ``run_id``), ``basis`` ``gpu_window``.
     """
-    work = work[work["kind"].astype(object).isin(GPU_KINDS).to_numpy() & work["device"].notna().to_numpy()]
-    if not len(work):
+    kind_codes, kinds = _codes(work["kind"])
+    kind_of = np.append(np.array([str(k) for k in kinds], dtype=object), None)[np.where(kind_codes >= 0, kind_codes, len(kinds))]
+    device_codes, devices = _codes(work["device"])
+    keep = np.isin(kind_of, GPU_KINDS) & (device_codes >= 0)
+    if not keep.any():
         return pd.DataFrame(columns=COLUMNS)
+    if not keep.all():  # CPU operators beside the GPU work (torch source): the GPU rows of the columns read, one copy
+        rows = np.flatnonzero(keep)
+        work = work.iloc[rows, [work.columns.get_loc(c) for c in WORK_COLUMNS if c in work]]
+        kind_of, device_codes = kind_of[rows], device_codes[rows]
     # times relative to the first operation: float64 is exact to the nanosecond for 104 days from it, while
     # CUPTI's absolute timestamps (~1.7e18 ns) are not (their float64 spacing is 256 ns)
-    origin = int(work["start_ns"].min())
+    start_int = work["start_ns"].to_numpy(np.int64)
+    end_int = np.maximum(work["end_ns"].to_numpy(np.int64), start_int)
+    origin = int(start_int.min())
 
     def rel(values) -> np.ndarray:
         return (pd.to_numeric(values, errors="coerce").astype("Float64") - origin).to_numpy(np.float64, na_value=np.nan)
 
-    w = pd.DataFrame({
-        "implementation": work["implementation"].astype(object).to_numpy(),
-        "pid": work["pid"].astype(object).to_numpy(),
-        "device": work["device"].astype(object).to_numpy(),
-        "step": pd.array(work["step"], dtype="Int64") if "step" in work else pd.array([pd.NA] * len(work), dtype="Int64"),
-        "kind": work["kind"].astype(object).to_numpy(),
-        "name": work["name"].astype(object).to_numpy(),
-        "start": rel(work["start_ns"]),
-        "end": rel(work["end_ns"]),
-        "start_int": work["start_ns"].to_numpy(np.int64),
-        "end_int": np.maximum(work["end_ns"].to_numpy(np.int64), work["start_ns"].to_numpy(np.int64)),
-        "s": rel(work["api_start_ns"]) if "api_start_ns" in work else np.full(len(work), np.nan),
-        "e": rel(work["api_end_ns"]) if "api_end_ns" in work else np.full(len(work), np.nan),
-        "correlation": pd.to_numeric(work["correlation_id"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
-        if "correlation_id" in work else np.full(len(work), np.nan),
-        "thread": _thread_key(work["pid"], work["tid"]) if "tid" in work else np.full(len(work), None, dtype=object),
-        "attention": work["layer_name"].notna().to_numpy() if "layer_name" in work else np.zeros(len(work), dtype=bool),
-    })
-    w["end"] = np.maximum(w["end"], w["start"])
-    w["pid"] = _launching_process(w)
-    group, keys = _group_codes(w)
-    n = len(keys)
-    w["g"] = group
-    w = w.sort_values(["g", "start", "s"], kind="stable", na_position="last").reset_index(drop=True)
-    g = w["g"].to_numpy(np.int64)
-    start, end = w["start"].to_numpy(), w["end"].to_numpy()
-    prev_end, piece = _intervals(start, end, g)
-    busy = np.zeros(n)
-    np.add.at(busy, g, piece)
-    # the window's bounds from the integer timestamps (exact where float64 is not)
-    first_int = w.groupby("g")["start_int"].min().reindex(range(n)).to_numpy(np.int64)
-    last_int = w.groupby("g")["end_int"].max().reindex(range(n)).to_numpy(np.int64)
-    first, last = first_int.astype(np.float64), last_int.astype(np.float64)
+    start, end = (start_int - origin).astype(np.float64), (end_int - origin).astype(np.float64)
+    s = rel(work["api_start_ns"]) if "api_start_ns" in work else np.full(len(work), np.nan)
+    e = rel(work["api_end_ns"]) if "api_end_ns" in work else np.full(len(work), np.nan)
+    correlation = (pd.to_numeric(work["correlation_id"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
+                   if "correlation_id" in work else np.full(len(work), np.nan))
+    impl_codes, impls = _codes(work["implementation"]) if "implementation" in work else (np.zeros(len(work), np.int64), np.array(["unknown"], dtype=object))
+    pid_codes, pids = _codes(work["pid"])
+    tid_codes, tids = _codes(work["tid"]) if "tid" in work else (np.full(len(work), -1), np.array([], dtype=object))
+    step_codes, step_values = _codes(pd.array(work["step"], dtype="Int64") if "step" in work else pd.array([pd.NA] * len(work), dtype="Int64"))
+    name_codes, names = _codes(work["name"])
+    pid_codes = _launching_process(pid_codes, device_codes)
 
-    gap_rows = np.flatnonzero(~np.isnan(prev_end) & (start > prev_end))
-    gaps = pd.DataFrame({"g": g[gap_rows], "a": prev_end[gap_rows], "b": start[gap_rows], "s": w["s"].to_numpy()[gap_rows],
-                         "e": w["e"].to_numpy()[gap_rows], "thread": w["thread"].to_numpy()[gap_rows]})
-    # what each launching thread did: its launch calls (one per correlation id) and its synchronizing calls
-    launches = w.dropna(subset=["s", "e"]).drop_duplicates(["thread", "correlation", "s"])
-    cpu_calls = pd.DataFrame({"thread": launches["thread"].to_numpy(), "t": launches["e"].to_numpy(np.float64),
-                              "end": launches["e"].to_numpy(np.float64), "sync": False, "blocked": 0.0})
+    # the launching thread of each op, as one integer (-1: unknown)
+    thread = np.where((pid_codes >= 0) & (tid_codes >= 0), _combine((pid_codes, len(pids)), (tid_codes, len(tids))), -1)
+    group_key = _combine((impl_codes, len(impls)), (pid_codes, len(pids)), (device_codes, len(devices)), (step_codes, len(step_values)))
+    g, _ = pd.factorize(group_key)
+    g = g.astype(np.int64)
+    n = int(g.max()) + 1
+    first_row = _first_rows(g, n)
+
+    def value(uniques, codes):
+        return [None if c < 0 else uniques[c] for c in codes[first_row]]
+
+    out = pd.DataFrame({"implementation": value(impls, impl_codes), "pid": [None if v is None else str(v) for v in value(pids, pid_codes)],
+                        "device": value(devices, device_codes),
+                        "step": pd.array([None if v is None or pd.isna(v) else int(v) for v in value(step_values, step_codes)], dtype="Int64")})
+
+    order = np.lexsort((np.nan_to_num(s, nan=np.inf), start, g))
+    g_o, start_o, end_o = g[order], start[order], end[order]
+    prev_end = _previous_end(g_o, end_int[order] - origin)
+    piece = np.maximum(end_o - np.where(np.isnan(prev_end), start_o, np.maximum(start_o, prev_end)), 0.0)
+    busy = np.bincount(g_o, weights=piece, minlength=n)
+    bounds = np.flatnonzero(np.r_[True, g_o[1:] != g_o[:-1]])  # each group's first row (groups 0..n-1, in order)
+    first = start_int[order][bounds]  # rows are sorted by start within a group
+    last = np.maximum.reduceat(end_int[order], bounds)
+
+    del piece
+    gap = np.flatnonzero(~np.isnan(prev_end) & (start_o > prev_end))
+    at = order[gap]
+    gaps = {"a": prev_end[gap], "b": start_o[gap], "s": s[at], "e": e[at], "thread": thread[at]}
+    gap_group = g_o[gap]
+    del prev_end, start_o, end_o, g_o, gap, at, group_key, impl_codes, step_codes  # a large process's copies: freed before the rest
+    # what each launching thread did: its launch calls (one per thread and correlation id) and its synchronizing calls
+    launched = np.flatnonzero(~np.isnan(s) & ~np.isnan(e) & (thread >= 0))
+    by_call = launched[np.lexsort((s[launched], np.nan_to_num(correlation[launched], nan=-1.0), thread[launched]))]
+    distinct = np.r_[True, (thread[by_call][1:] != thread[by_call][:-1]) | (correlation[by_call][1:] != correlation[by_call][:-1])
+                     | (s[by_call][1:] != s[by_call][:-1])] if len(by_call) else np.zeros(0, dtype=bool)
+    one = by_call[distinct]  # one row per launch call (a graph launch runs many kernels)
+    calls = {"thread": thread[one], "end": e[one], "sync": np.zeros(len(one), dtype=bool), "blocked": np.zeros(len(one))}
     if syncs is not None and len(syncs):
-        cpu_calls = pd.concat([cpu_calls, pd.DataFrame({
-            "thread": _thread_key(syncs["pid"], syncs["tid"]), "t": rel(syncs["end_ns"]),
-            "end": rel(syncs["end_ns"]), "sync": True,
-            "blocked": (syncs["end_ns"] - syncs["start_ns"]).to_numpy(np.float64)})], ignore_index=True)
-    cpu_calls["sync"] = cpu_calls["sync"].astype(bool)
-    parts = _classify(gaps, cpu_calls)
-    out = keys.copy()
-    for name, values in parts.items():
-        total = np.zeros(n)
-        np.add.at(total, gaps["g"].to_numpy(np.int64), values)
-        out[name] = total
+        pairs = pd.DataFrame({"p": pid_codes[launched], "t": tid_codes[launched], "thread": thread[launched]}).drop_duplicates()
+        thread_of = {(str(pids[p]), str(tids[t])): k for p, t, k in pairs.itertuples(index=False)}
+        sync_thread = np.array([thread_of.get((str(p), str(t)), -1) for p, t in zip(syncs["pid"], syncs["tid"])], dtype=np.int64)
+        mine = sync_thread >= 0  # a synchronizing thread that launched nothing here explains no gap
+        calls = {"thread": np.r_[calls["thread"], sync_thread[mine]], "end": np.r_[calls["end"], rel(syncs["end_ns"])[mine]],
+                 "sync": np.r_[calls["sync"], np.ones(int(mine.sum()), dtype=bool)],
+                 "blocked": np.r_[calls["blocked"], (syncs["end_ns"] - syncs["start_ns"]).to_numpy(np.float64)[mine]]}
+    for name, values in _classify(gaps, calls).items():
+        out[name] = np.bincount(gap_group, weights=values, minlength=n)
     out["basis"] = "gpu_window"
-    out["window_start_ns"] = pd.array(first_int, dtype="Int64")
-    out["window_end_ns"] = pd.array(last_int, dtype="Int64")
-    out["window_ns"] = last - first
+    out["window_start_ns"] = pd.array(first, dtype="Int64")
+    out["window_end_ns"] = pd.array(last, dtype="Int64")
+    out["window_ns"] = (last - first).astype(np.float64)
     out["gpu_busy_ns"] = busy
     with np.errstate(divide="ignore", invalid="ignore"):
         out["gpu_busy_pct"] = np.where(out["window_ns"] > 0, 100.0 * busy / out["window_ns"], np.nan)
     out["idle_ns"] = out["window_ns"] - busy
     duration = end - start
-    kinds = w["kind"].to_numpy()
-    by_group = pd.DataFrame({"g": g, "d": duration, "kind": kinds})
-    kernel = kinds == "kernel"
-    out["kernels"] = pd.Series(kernel).groupby(g).sum().reindex(range(n), fill_value=0).to_numpy(np.int64)
+    kernel = kind_of == "kernel"
+    out["kernels"] = np.bincount(g[kernel], minlength=n).astype(np.int64)
     for kind, col in (("kernel", "kernel_ns"), ("memcpy", "memcpy_ns"), ("memset", "memset_ns")):
-        sel = by_group[by_group["kind"] == kind]
-        out[col] = sel.groupby("g")["d"].sum().reindex(range(n)).to_numpy(np.float64)
-    out["kernel_p50_ns"] = by_group[kernel].groupby("g")["d"].median().reindex(range(n)).to_numpy(np.float64)
-    att = w["attention"].to_numpy(bool)
+        sel = kind_of == kind
+        total = np.bincount(g[sel], weights=duration[sel], minlength=n)
+        out[col] = np.where(np.bincount(g[sel], minlength=n) > 0, total, np.nan)
+    out["kernel_p50_ns"] = pd.Series(duration[kernel]).groupby(g[kernel]).median().reindex(range(n)).to_numpy(np.float64)
+    att = work["layer_name"].notna().to_numpy() if "layer_name" in work else np.zeros(len(work), dtype=bool)
     out["attention_gpu_ns"] = _union(start[att], end[att], g[att], n) if attention_found else np.nan
     with np.errstate(divide="ignore", invalid="ignore"):
         out["attention_share_pct"] = np.where(busy > 0, 100.0 * out["attention_gpu_ns"] / busy, np.nan)
-    names = w["name"].astype(str)
-    comm = (kernel & names.str.contains(COMMUNICATION).to_numpy()) | ((kinds == "memcpy") & names.str.contains("PtoP|peer", case=False).to_numpy())
+    name_at = np.where(name_codes >= 0, name_codes, len(names))
+    comm = (kernel & _matches(names, COMMUNICATION.pattern, case=False)[name_at]) | \
+        ((kind_of == "memcpy") & _matches(names, "PtoP|peer", case=False)[name_at])
     out["communication_ns"] = _union(start[comm], end[comm], g[comm], n)
-    calls = w.dropna(subset=["s", "e"]).drop_duplicates(["g", "thread", "correlation", "s"])
-    out["launches"] = calls.groupby("g").size().reindex(range(n), fill_value=0).to_numpy(np.int64)
-    out["cpu_launch_cost_p50_ns"] = (calls["e"] - calls["s"]).groupby(calls["g"]).median().reindex(range(n)).to_numpy(np.float64)
+    out["launches"] = np.bincount(g[one], minlength=n).astype(np.int64)
+    out["cpu_launch_cost_p50_ns"] = pd.Series(e[one] - s[one]).groupby(g[one]).median().reindex(range(n)).to_numpy(np.float64)
     out["sync_calls"] = _sync_counts(out, syncs)
     out["provenance"] = "measured"
-    no_launch = out["launches"] == 0
-    out["note"] = np.where(no_launch, "no launch call recorded for this work: idle time cannot be split by cause", None)
+    out["note"] = np.where(out["launches"] == 0, "no launch call recorded for this work: idle time cannot be split by cause", None)
     return out.reindex(columns=COLUMNS)
 
 
