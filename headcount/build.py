@@ -91,9 +91,10 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
             ``with prof.step(i)``): dropped before anything is attributed.
 
     Returns:
-        ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``,
-        ``steps`` and ``findings`` (without a headcount range, the attention
-        tables are empty and the rest is built all the same).
+        ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``
+        and ``steps`` (without a headcount range, the attention tables are
+        empty and the rest is built all the same); the callers add the
+        roofline class, then the findings (:func:`with_findings`).
     """
     ranges, ops = _split_domains(events)
     if void_steps:
@@ -172,7 +173,6 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     tables = {"kernels": kernels, "ranges": ranges_table, "layers": layers, "heads": heads, "attention_breakdown": breakdown}
     step_rows = steps_of(kernels, timeline.sync_calls(runtime), steps, ranges_table, implementation, found=len(main) > 0)
     tables["steps"] = step_rows[~step_rows["step"].isin(list(exclude_steps)).to_numpy(dtype=bool)].reset_index(drop=True)
-    with_findings(tables)
     for name, table in tables.items():
         labels.plain(table)  # in-process recordings are small: users get plain strings
         table.insert(0, "run_id", run_id)
@@ -365,7 +365,7 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
                                 graph_nodes=graph_nodes, void_steps=void_steps)
     tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
     add_roofline(tables, device, calls)
-    return tables, info, new
+    return with_findings(tables), info, new
 
 
 def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None,
@@ -377,7 +377,7 @@ def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None
     tables = tables_from_events(load_trace(path), calls, implementation, run_id, limits=limits, exclude_steps=exclude_steps,
                                 void_steps=void_steps)
     tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
-    return add_roofline(tables, device, calls)
+    return with_findings(add_roofline(tables, device, calls))
 
 
 def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame], list[str]]:
@@ -441,7 +441,7 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
                 tables[name]["provenance"] = np.where(tables[name]["provenance"] == "apportioned", "apportioned", "module ranges")
     tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
     add_roofline(tables, device, calls)
-    return tables, notices
+    return with_findings(tables), notices
 
 
 NO_ATTENTION = "no attention found: kernels, steps and findings only"

@@ -288,8 +288,20 @@ def cpu_report(tmp_path_factory):
 
 
 def test_a_slow_implementation_is_named_with_compares_speed_up(cpu_report, capsys):
+    """On the CPU report, the finding is made exactly where the report's own
+    per-step attention times hold the difference against their spread (eager's
+    p10 above sdpa's p90) — decided here from the steps table, so that a loaded
+    machine's timings change what is expected, never whether the test passes."""
     found = pd.read_parquet(cpu_report / "findings")
     slow = found[found["kind"] == "slow_implementation"]
+    steps = pd.read_parquet(cpu_report / "steps")
+    per_step = {impl: g.groupby("step")["attention_gpu_ns"].sum() for impl, g in steps.groupby("implementation")}
+    layers = pd.read_parquet(cpu_report / "layers")
+    ratio = (layers[layers["implementation"] == "eager"]["duration_ns"].sum() / layers[layers["implementation"] == "sdpa"]["duration_ns"].sum())
+    holds = ratio >= triage.SLOWER_MIN and per_step["eager"].quantile(0.1) > per_step["sdpa"].quantile(0.9)
+    if not holds:
+        assert not len(slow)
+        pytest.skip("eager and sdpa within each other's spread on this (loaded) machine: no finding, as the rule says")
     assert len(slow) == 1 and slow["implementation"].iloc[0] == "eager"
     capsys.readouterr()
     assert main(["compare", str(cpu_report), "--json", "-"]) == 0
@@ -305,6 +317,34 @@ def test_a_slow_implementation_is_named_with_compares_speed_up(cpu_report, capsy
     assert "use sdpa" in slow["suggestion"].iloc[0]
 
 
+def _layers(impl: str, per_call_ms: float, calls: int = 3) -> pd.DataFrame:
+    return pd.DataFrame([{"implementation": impl, "phase": "fwd", "layer_name": f"layer.{i}", "layer": i, "calls": calls, "steps": 3,
+                          "duration_ns": per_call_ms * 1e6 * calls, "duration_basis": "cpu_range",
+                          "duration_per_call_p10_ns": per_call_ms * 0.9e6, "duration_per_call_p50_ns": per_call_ms * 1e6,
+                          "duration_per_call_p90_ns": per_call_ms * 1.1e6} for i in range(2)])
+
+
+def _cpu_steps(impl: str, attention_ms: list[float], step_ms: float = 100.0) -> pd.DataFrame:
+    return pd.DataFrame([{"implementation": impl, "pid": "1", "device": "cpu", "step": i, "basis": "cpu_step",
+                          "window_ns": step_ms * 1e6, "attention_gpu_ns": a * 1e6, "attention_share_pct": a / step_ms * 100}
+                         for i, a in enumerate(attention_ms)])
+
+
+def test_slow_implementation_rule_on_known_tables():
+    layers = pd.concat([_layers("eager", 10.0), _layers("sdpa", 2.0)], ignore_index=True)
+    steps = pd.concat([_cpu_steps("eager", [20, 21, 19]), _cpu_steps("sdpa", [4, 4.2, 3.9], 80.0)], ignore_index=True)
+    found = triage.findings(steps, layers, pd.DataFrame())
+    slow = found[found["kind"] == "slow_implementation"].iloc[0]
+    assert slow["implementation"] == "eager" and slow["value"] == pytest.approx(5.0)
+    assert slow["expected_gain_pct"] == pytest.approx(100 * (20 - 4) / 100)  # per step: 2 layers × 3 calls × 10 ms ÷ 3 steps
+    # one sdpa step as slow as eager's fastest: within the spread, no finding
+    noisy = pd.concat([_cpu_steps("eager", [20, 21, 19]), _cpu_steps("sdpa", [4, 4.2, 25.0])], ignore_index=True)
+    assert "slow_implementation" not in set(triage.findings(noisy, layers, pd.DataFrame())["kind"])
+    # fewer than 3 steps a side: no spread to test, no finding
+    short = pd.concat([_cpu_steps("eager", [20, 21]), _cpu_steps("sdpa", [4, 4.2])], ignore_index=True)
+    assert "slow_implementation" not in set(triage.findings(short, layers, pd.DataFrame())["kind"])
+
+
 def test_a_cpu_report_says_what_a_cpu_run_cannot_tell(cpu_report, capsys):
     steps = pd.read_parquet(cpu_report / "steps")
     assert set(steps["basis"]) == {"cpu_step"} and len(steps) == 6  # 3 steps × 2 implementations
@@ -313,9 +353,11 @@ def test_a_cpu_report_says_what_a_cpu_run_cannot_tell(cpu_report, capsys):
     capsys.readouterr()
     assert main(["report", str(cpu_report)]) == 0
     out = capsys.readouterr().out
-    assert "CPU run, no GPU" in out and "slow_implementation" in out
+    assert "CPU run, no GPU" in out
     page = (cpu_report / "report.html").read_text()
-    assert "Findings" in page and "slow_implementation" in page
+    assert "Findings" in page and "How busy the GPU was" in page
+    for kind in pd.read_parquet(cpu_report / "findings")["kind"]:  # every finding reaches the console and the page
+        assert kind in out and kind in page
     assert main(["query", str(cpu_report), "SELECT kind, rank FROM findings ORDER BY rank"]) == 0
 
 
@@ -332,3 +374,28 @@ def test_ncu_has_no_idle_figures_and_says_so(tmp_path):
     row = tables["steps"].iloc[0]
     assert row["basis"] == "kernel_sum" and row["kernels"] == 2 and row["kernel_ns"] > 0
     assert np.isnan(row["gpu_busy_pct"]) and np.isnan(row["idle_ns"]) and "one at a time" in row["note"]
+
+
+def test_counter_and_outlier_rules_on_known_tables():
+    layers = _layers("sdpa", 1.0)
+    layers.loc[1, ["duration_per_call_p10_ns", "duration_per_call_p50_ns", "duration_per_call_p90_ns"]] = [1.6e6, 1.7e6, 1.8e6]
+    layers = pd.concat([layers, _layers("sdpa", 1.0).iloc[:1].assign(layer_name="layer.2", layer=2)], ignore_index=True)
+    layers["dram_bytes"], layers["analytic_min_bytes"] = 3e6, 1e6
+    layers["dram_bytes_provenance"] = ["measured", "analytic", "measured"]  # the model over itself is no excess
+    layers["excess_traffic"] = [3.0, np.nan, 3.0]
+    layers["achieved_occupancy_pct"], layers["achieved_occupancy_provenance"] = [10.0, 10.0, 60.0], "measured"
+    steps = _steps([20, 21, 22]).assign(implementation="sdpa", window_ns=10e6)
+    steps[["kernels", "kernel_p50_ns", "cpu_launch_cost_p50_ns"]] = [400, 3_000.0, 5_000.0]
+    steps[[c for c in steps.columns if c.startswith("idle_")]] *= 10  # the same shares of a 10 ms window
+    found = triage.findings(steps, layers, pd.DataFrame())
+    by_kind = {k: g for k, g in found.groupby("kind")}
+    assert set(by_kind) == {"gpu_idle_launch_bound", "many_small_kernels", "layer_outlier", "excess_traffic", "low_occupancy"}
+    outlier = by_kind["layer_outlier"].iloc[0]
+    assert "layer.1" in outlier["subject"] and outlier["value"] == pytest.approx(70.0)
+    assert "2 of 3 layers" in by_kind["excess_traffic"]["evidence"].iloc[0]
+    assert "2 of 3 layers" in by_kind["low_occupancy"]["evidence"].iloc[0]
+    assert list(found["rank"]) == list(range(1, len(found) + 1))
+    # measured gains only: the idle share, and layer.1's 0.7 ms per call beyond the median layer × 1 call per step ÷ 10 ms
+    assert outlier["expected_gain_pct"] == pytest.approx(7.0)
+    gains = found["expected_gain_pct"].dropna().tolist()
+    assert gains == sorted(gains, reverse=True) and found["expected_gain_pct"].notna().sum() == 2

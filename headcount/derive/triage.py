@@ -252,7 +252,9 @@ def _outlier_findings(layers: pd.DataFrame, heads: pd.DataFrame, step_time: dict
     out = []
     for (impl, phase), g in layers.groupby(["implementation", "phase"], sort=True, dropna=False):
         out += _outliers(g, "layer_name", "layer_outlier", f"{phase}, {impl}", impl, step_time, "layer")
-    measured = heads[heads["provenance"] == "measured"] if len(heads) and "provenance" in heads else heads.iloc[0:0]
+    if not len(heads) or "provenance" not in heads:
+        return out
+    measured = heads[heads["provenance"] == "measured"]
     for (impl, phase, layer), g in measured.groupby(["implementation", "phase", "layer_name"], sort=True, dropna=False):
         out += _outliers(g, "head", "head_outlier", f"{layer}, {phase}, {impl}", impl, step_time, "head")
     return out
