@@ -201,7 +201,8 @@ class ReplayCupti:
         """Replay a recorded launching thread on this thread (:func:`schedule_from_trace`):
         each entry waits ``cpu_gap_ns`` of CPU work, then makes its call —
         ``launch``: a launch call of ``launch_cost_ns`` whose kernel runs
-        ``kernel_ns`` once the GPU is free; ``sync``: a ``cudaStreamSynchronize``
+        ``kernel_ns`` once the GPU is free; ``memcpy``: the same for a copy
+        (a ``MEMCPY`` record); ``sync``: a ``cudaStreamSynchronize``
         that returns ``wake_ns`` after the GPU has finished everything launched."""
         tid = threading.get_native_id()
         for op in schedule:
@@ -213,6 +214,9 @@ class ReplayCupti:
                     end = max(t0 + int(op.get("launch_cost_ns", 1_000)), self._gpu_free + wake_ns)
                     call = self._call("cudaStreamSynchronize_v3020", t0, end, tid, corr)
                     records = [call]
+                elif op["kind"] == "memcpy":
+                    call = self._call(op.get("api", "cudaMemcpyAsync_v3020"), t0, t0 + int(op["launch_cost_ns"]), tid, corr)
+                    records = [*self._external(tid, corr), call, self._copy(call, corr, int(op["kernel_ns"]))]
                 else:
                     call = self._call(op.get("api", "cudaLaunchKernel_v7000"), t0, t0 + int(op["launch_cost_ns"]), tid, corr)
                     records = [*self._external(tid, corr), call, self._kernel(call, corr, op["name"], 0, int(op["kernel_ns"]))]
@@ -240,6 +244,18 @@ class ReplayCupti:
         ext.external_id, ext.correlation_id = stack[-1], corr
         return [ext]
 
+    def _copy(self, api, corr: int, duration_ns: int):
+        """A device-to-host copy of launch call ``api`` (CUPTI's ``ActivityMemcpy6``), after the previous GPU work."""
+        m = real.ActivityMemcpy6()
+        m.kind = int(real.ActivityKind.MEMCPY)
+        m.copy_kind = int(real.ActivityMemcpyKind.DTOH)
+        m.bytes = 4096
+        m.start = max(api.end + self.latency_ns, self._gpu_free + 1_000)
+        m.end = m.start + duration_ns
+        self._gpu_free = m.end
+        m.correlation_id, m.device_id, m.context_id, m.stream_id = corr, 0, 1, 7
+        return m
+
     def _kernel(self, api, corr: int, name: str, graph_node_id: int, kernel_ns: int | None = None):
         """The record of one kernel of launch call ``api``: runs on one stream, after the previous kernel."""
         h = zlib.crc32(name.encode())
@@ -262,26 +278,28 @@ class ReplayCupti:
 
 
 def schedule_from_trace(path, sync_after_every_launch: bool = False) -> list[dict]:
-    """The kernel launches of a real torch.profiler trace's launching thread, as
-    :meth:`ReplayCupti.run_recorded` replays them: for each launch call that
-    started a kernel (in time order), the CPU time since the thread's previous
-    such call ended (other calls of the thread, memcpy/memset launches and
-    Python included), the call's own duration and the kernel's recorded
-    duration. ``sync_after_every_launch``: a synchronize after each launch, as
+    """The kernel launches and copies of a real torch.profiler trace's launching
+    thread, as :meth:`ReplayCupti.run_recorded` replays them: for each launch
+    call that started a kernel or a memcpy (in time order), the CPU time since
+    the thread's previous such call ended (its other calls, memset launches
+    and Python included), the call's own duration and the operation's
+    recorded duration. ``sync_after_every_launch``: a synchronize after each launch, as
     ``CUDA_LAUNCH_BLOCKING=1`` makes every launch wait for its kernel."""
     from headcount.parsers.kineto import load_trace
 
     events = load_trace(path)
-    kernels = events[events["kind"] == "kernel"].dropna(subset=["correlation_id"])
+    kernels = events[events["kind"].isin(["kernel", "memcpy"])].dropna(subset=["correlation_id"])
     calls = events[(events["kind"] == "runtime") & events["correlation_id"].isin(kernels["correlation_id"])]
     thread = calls["tid"].mode().iloc[0]  # the thread that launched the most kernels
     calls = calls[calls["tid"] == thread].sort_values("start_ns")
     duration = dict(zip(kernels["correlation_id"], kernels["end_ns"] - kernels["start_ns"]))
     names = dict(zip(kernels["correlation_id"], kernels["name"]))
+    kinds = dict(zip(kernels["correlation_id"], kernels["kind"]))
     schedule, last_end = [], None
     for call in calls.itertuples(index=False):
         gap = 0 if last_end is None else max(int(call.start_ns) - last_end, 0)
-        schedule.append({"kind": "launch", "name": str(names[call.correlation_id])[:200], "cpu_gap_ns": gap,
+        kind = "memcpy" if kinds[call.correlation_id] == "memcpy" else "launch"
+        schedule.append({"kind": kind, "name": str(names[call.correlation_id])[:200], "cpu_gap_ns": gap,
                          "launch_cost_ns": int(call.end_ns - call.start_ns), "kernel_ns": int(duration[call.correlation_id])})
         last_end = int(call.end_ns)
         if sync_after_every_launch:

@@ -73,7 +73,7 @@ def test_record_of_reads_cupti_python_objects():
     assert record_of(real_cupti, ext) == {"kind": "external_correlation", "correlation_id": 9, "external_id": 42,
                                           "external_kind": 0}
     other = real_cupti.ActivityAPI()
-    other.kind = int(real_cupti.ActivityKind.MEMCPY)
+    other.kind = int(real_cupti.ActivityKind.MEMORY_POOL)
     assert record_of(real_cupti, other) is None
 
 

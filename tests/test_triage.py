@@ -200,7 +200,7 @@ def test_replayed_launch_bound_timeline_names_cuda_graphs_first(replayed, tmp_pa
 def test_replayed_timeline_with_a_synchronize_gives_gpu_idle_sync(replayed, tmp_path):
     stats = replayed(KINETO["qwen"], tmp_path, sync=True)
     row = stats["steps"].iloc[0]
-    assert row["sync_calls"] == row["kernels"]  # one synchronize after each launch
+    assert row["sync_calls"] == row["launches"] == 1030  # one synchronize after each launch: 1,029 kernels and a copy
     kinds = list(stats["findings"]["kind"])
     assert kinds[0] == "gpu_idle_sync" and stats["findings"].iloc[0]["value"] > 20
     assert row["idle_sync_ns"] > row["idle_launch_bound_ns"]
@@ -209,6 +209,9 @@ def test_replayed_timeline_with_a_synchronize_gives_gpu_idle_sync(replayed, tmp_
 def test_replayed_qwen_timeline_gives_no_idle_finding(replayed, tmp_path):
     stats = replayed(KINETO["qwen"], tmp_path)
     assert stats["steps"]["gpu_busy_pct"].iloc[0] > 90
+    # the trace's device-to-host copy arrives as a CUPTI MEMCPY record and counts as busy time
+    copies = stats["kernels"][stats["kernels"]["kind"] == "memcpy"]
+    assert list(copies["name"]) == ["Memcpy DTOH"] and stats["steps"]["memcpy_ns"].iloc[0] == copies["duration_ns"].sum() > 0
     assert not stats["findings"]["kind"].str.startswith("gpu_idle").any()
 
 
@@ -283,7 +286,7 @@ def test_an_idle_finding_must_hold_over_the_steps():
 @pytest.fixture(scope="module")
 def cpu_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu") / "report"
-    assert main(["profile", "--impl", "eager,sdpa", "--steps", "3", "-o", str(out)]) == 0
+    assert main(["profile", "--impl", "eager,sdpa", "--steps", "5", "-o", str(out)]) == 0  # 5 steps: one preempted step moves no p10/p90 far
     return out
 
 
@@ -347,7 +350,7 @@ def test_slow_implementation_rule_on_known_tables():
 
 def test_a_cpu_report_says_what_a_cpu_run_cannot_tell(cpu_report, capsys):
     steps = pd.read_parquet(cpu_report / "steps")
-    assert set(steps["basis"]) == {"cpu_step"} and len(steps) == 6  # 3 steps × 2 implementations
+    assert set(steps["basis"]) == {"cpu_step"} and len(steps) == 10  # 5 steps × 2 implementations
     assert steps["gpu_busy_pct"].isna().all() and steps["idle_ns"].isna().all()
     assert ((steps["attention_share_pct"] > 0) & (steps["attention_share_pct"] <= 100)).all()
     capsys.readouterr()
@@ -399,3 +402,19 @@ def test_counter_and_outlier_rules_on_known_tables():
     assert outlier["expected_gain_pct"] == pytest.approx(7.0)
     gains = found["expected_gain_pct"].dropna().tolist()
     assert gains == sorted(gains, reverse=True) and found["expected_gain_pct"].notna().sum() == 2
+
+
+def test_cupti_copy_records_are_kept():
+    """The cupti source enables MEMCPY and MEMSET: their records (real cupti-python classes) become GPU operations."""
+    from cupti import cupti
+
+    from headcount.collector.cupti_source import record_of
+
+    m = cupti.ActivityMemcpy6()
+    m.kind, m.copy_kind, m.start, m.end, m.bytes, m.correlation_id, m.device_id, m.stream_id = (
+        int(cupti.ActivityKind.MEMCPY), int(cupti.ActivityMemcpyKind.HTOD), 100, 250, 4096, 7, 0, 3)
+    z = cupti.ActivityMemset4()
+    z.kind, z.start, z.end, z.bytes, z.correlation_id, z.device_id = int(cupti.ActivityKind.MEMSET), 300, 320, 64, 8, 0
+    copy, fill = record_of(cupti, m), record_of(cupti, z)
+    assert copy["kind"] == "memcpy" and copy["name"] == "Memcpy HTOD" and (copy["start"], copy["end"], copy["bytes"]) == (100, 250, 4096)
+    assert fill["kind"] == "memset" and fill["correlation_id"] == 8

@@ -62,6 +62,7 @@ _KERNEL_FIELDS = (
     "local_memory_per_thread", "graph_id", "graph_node_id", "launch_type", "grid_id",
 )
 _API_FIELDS = ("cbid", "start", "end", "process_id", "thread_id", "correlation_id", "return_value")
+_COPY_FIELDS = ("start", "end", "bytes", "correlation_id", "device_id", "context_id", "stream_id", "graph_id", "graph_node_id")
 
 
 def load_cupti():
@@ -95,13 +96,24 @@ def api_name(cupti, kind_name: str, cbid: int) -> str:
 def record_of(cupti, activity) -> dict | None:
     """Copy one activity record into a plain dict (``None`` for kinds not kept).
 
-    ``kind`` becomes ``kernel``, ``runtime``, ``driver``, ``external_correlation``
-    or ``marker``; timestamps stay CUPTI's nanoseconds.
+    ``kind`` becomes ``kernel``, ``memcpy``, ``memset``, ``runtime``, ``driver``,
+    ``external_correlation`` or ``marker``; timestamps stay CUPTI's nanoseconds.
     """
     kind = cupti.ActivityKind(activity.kind).name
     if kind in ("CONCURRENT_KERNEL", "KERNEL"):
         rec = {f: getattr(activity, f, None) for f in _KERNEL_FIELDS}
         rec["kind"] = "kernel"
+        return rec
+    if kind in ("MEMCPY", "MEMSET"):  # GPU busy time that is not a kernel (the steps table's union needs it)
+        rec = {f: getattr(activity, f, None) for f in _COPY_FIELDS}
+        rec["kind"] = kind.lower()
+        if kind == "MEMCPY":
+            try:
+                rec["name"] = f"Memcpy {cupti.ActivityMemcpyKind(getattr(activity, 'copy_kind', 0)).name}"
+            except (ValueError, TypeError):
+                rec["name"] = "Memcpy"
+        else:
+            rec["name"] = "Memset"
         return rec
     if kind in ("RUNTIME", "DRIVER"):
         rec = {f: getattr(activity, f) for f in _API_FIELDS}
@@ -380,8 +392,8 @@ class CuptiRecorder:
                 another profiler, counters not permitted, libcupti mismatch.
         """
         cupti = self.cupti
-        kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER,
-                 cupti.ActivityKind.EXTERNAL_CORRELATION]
+        kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET,
+                 cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER, cupti.ActivityKind.EXTERNAL_CORRELATION]
         if os.environ.get("NVTX_INJECTION64_PATH"):
             kinds.append(cupti.ActivityKind.MARKER)
             self.stats["nvtx_markers_enabled"] = True

@@ -3,7 +3,7 @@
 The file (``cupti-records.jsonl.gz``, written by
 :class:`headcount.collector.cupti_source.CuptiRecorder`) holds a header line,
 headcount's ranges (with their external correlation ids), then CUPTI's
-records as plain dicts: kernels, runtime and driver API calls, external
+records as plain dicts: kernels, memcpys and memsets, runtime and driver API calls, external
 correlations, NVTX markers and PM samples. Timestamps are CUPTI's
 nanoseconds.
 
@@ -132,6 +132,15 @@ def events_frame(header: dict, records: list[dict]) -> pd.DataFrame:
             "local_memory_per_thread_bytes": k["local_memory_per_thread"], "graph_id": _nonzero_column(k["graph_id"]),
             "launch_type": k["launch_type"], "graph_node_id": node,
         }))
+
+    copies = pd.DataFrame(by_kind.get("memcpy", []) + by_kind.get("memset", []),
+                          columns=["kind", "name", "start", "end", "correlation_id", "device_id", "stream_id", "graph_id", "graph_node_id"])
+    if len(copies):
+        frames.append(pd.DataFrame({
+            "kind": copies["kind"], "name": copies["name"], "pid": str(header.get("pid")), "tid": None, "start_ns": copies["start"],
+            "end_ns": copies["end"], "correlation_id": copies["correlation_id"], "device": copies["device_id"],
+            "stream": copies["stream_id"], "external_id": copies["correlation_id"].map(external),
+            "graph_id": _nonzero_column(copies["graph_id"]), "graph_node_id": _nonzero_column(copies["graph_node_id"])}))
 
     api = pd.DataFrame(by_kind.get("runtime", []) + by_kind.get("driver", []),
                        columns=["name", "process_id", "thread_id", "start", "end", "correlation_id"])
