@@ -361,6 +361,20 @@ def check(out: Path) -> int:
         record("no CUPTI record dropped", "ok" if all(d == 0 for d in dropped) else "FAIL", f"dropped per run: {dropped}")
         summary["collector"] = [m.get("collector") for m in manifests]
 
+    steps = pd.read_parquet(report / "steps") if (report / "steps").exists() else pd.DataFrame()
+    gpu_steps = steps[steps["basis"] == "gpu_window"] if len(steps) else steps
+    if on_gpu and len(gpu_steps):  # issue 25: busy within the window, idle split without remainder, attention a share of busy
+        parts = gpu_steps[["idle_launch_bound_ns", "idle_sync_ns", "idle_host_ns", "idle_other_ns", "idle_unknown_ns"]].sum(axis=1)
+        sound = (gpu_steps["gpu_busy_pct"].between(0, 100) & ((parts - gpu_steps["idle_ns"]).abs() <= 1)
+                 & (gpu_steps["attention_gpu_ns"].fillna(0) <= gpu_steps["gpu_busy_ns"] + 1))
+        record("steps: busy, idle split and attention share consistent", "ok" if sound.all() else "FAIL",
+               f"busy {gpu_steps['gpu_busy_pct'].min():.1f}–{gpu_steps['gpu_busy_pct'].max():.1f} % over {len(gpu_steps)} rows; "
+               f"idle launch-bound {gpu_steps['idle_launch_bound_ns'].sum() / 1e6:.2f} ms, sync {gpu_steps['idle_sync_ns'].sum() / 1e6:.2f} ms, "
+               f"host {gpu_steps['idle_host_ns'].sum() / 1e6:.2f} ms, other {gpu_steps['idle_other_ns'].sum() / 1e6:.2f} ms")
+        summary["steps"] = gpu_steps.drop(columns=["note"], errors="ignore").to_dict("records")
+    elif on_gpu:
+        record("steps: busy, idle split and attention share consistent", "FAIL", "no gpu_window rows in the steps table")
+
     attention = ranges[ranges["level"].isin(["layer", "head"])]
     if on_gpu:
         empty = attention[attention["gpu_op_count"].fillna(0) == 0]

@@ -182,6 +182,14 @@ def step_lines(steps: pd.DataFrame | None) -> list[str]:
     return lines
 
 
+def gain_text(finding) -> str:
+    """``"; expected gain 23.1 % of the step's time"`` (of the recording's, for a recording without steps), or ``""``."""
+    if missing(finding.expected_gain_pct):
+        return ""
+    of = "the recording's" if str(finding.subject).startswith("recording") else "the step's"
+    return f"; expected gain {number(finding.expected_gain_pct)} % of {of} time"
+
+
 def finding_lines(findings: pd.DataFrame | None) -> list[str]:
     """The findings of one run in rank order: what, the figure, the evidence and what to try
     (``Nothing stands out`` when there is none)."""
@@ -191,7 +199,7 @@ def finding_lines(findings: pd.DataFrame | None) -> list[str]:
         return ["Nothing stands out: no finding passed its threshold against the spread (docs/reading-a-report.md § Triage)."]
     lines = []
     for f in findings.sort_values("rank").itertuples(index=False):
-        gain = "" if missing(f.expected_gain_pct) else f"; expected gain {number(f.expected_gain_pct)} % of the step's time"
+        gain = gain_text(f)
         lines.append(f"{int(f.rank)}. {f.kind}: {f.subject}: {number(f.value)} {f.unit}{gain}")
         lines.append(f"   evidence: {f.evidence}")
         lines.append(f"   try: {f.suggestion}")

@@ -360,7 +360,7 @@ def _triage_section(steps: pd.DataFrame, found: pd.DataFrame) -> list[str]:
     if found is not None:
         items = []
         for f in found.sort_values("rank").itertuples(index=False):
-            gain = "" if missing(f.expected_gain_pct) else f"; expected gain {number(f.expected_gain_pct)} % of the step's time"
+            gain = findings.gain_text(f)
             items.append(f"<li><b>{_e(f.kind)}</b>: {_e(f.subject)}: {_e(number(f.value))} {_e(f.unit)}{_e(gain)}"
                          f"<br><span class=\"cap\">evidence ({_e(f.provenance)}): {_e(f.evidence)}</span>"
                          f"<br>try: {_e(f.suggestion)}</li>")
