@@ -292,7 +292,7 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
         k["launch_latency_ns"] = (k["start_ns"] - k["api_start_ns"]).astype("Float64")
         k["cpu_launch_cost_ns"] = (k["api_end_ns"] - k["api_start_ns"]).astype("Float64")
         step_time = k["api_start_ns"].fillna(k["start_ns"])
-    gpu = k["kind"].astype(object).isin(timeline.GPU_KINDS).to_numpy()
+    gpu = k["kind"].isin(timeline.GPU_KINDS).to_numpy(dtype=bool)
     unlaunched = gpu & (k["api_start_ns"].isna().to_numpy() if "api_start_ns" in k else np.ones(len(k), dtype=bool))
     if unlaunched.any() and (gpu & ~unlaunched).any():
         # GPU work whose launch the recording lacks, where it has the others' (launched before it began): no step of it
@@ -450,16 +450,14 @@ NO_ATTENTION = "no attention found: kernels, steps and findings only"
 def _profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
     """torch.profiler's ``ProfilerStep#N`` annotations as headcount's step ranges
     (``headcount.step@step#N``), where the trace has no step range of headcount's."""
-    ranges = events["kind"] == "range"
-    names = events["name"].astype(str)
-    if (ranges & names.str.startswith(STEP_DOMAIN + "@")).any():
+    names = events.loc[events["kind"] == "range", "name"].astype(str)  # annotations only: a few among the operators
+    if names.str.startswith(STEP_DOMAIN + "@").any():
         return events
-    number = names.str.extract(r"^ProfilerStep#(\d+)$", expand=False)
-    hit = ranges & number.notna()
-    if not hit.any():
+    number = names.str.extract(r"^ProfilerStep#(\d+)$", expand=False).dropna()
+    if not len(number):
         return events
     events = events.copy()
-    events.loc[hit, "name"] = STEP_DOMAIN + "@step#" + number[hit]
+    events.loc[number.index, "name"] = STEP_DOMAIN + "@step#" + number
     return events
 
 

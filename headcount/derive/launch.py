@@ -32,18 +32,37 @@ def kernel_columns(k: pd.DataFrame) -> pd.DataFrame:
     return k
 
 
-def _union_length(range_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
-    """Per range id (0..n-1), the length of the union of its intervals."""
-    out = np.zeros(n, dtype=np.float64)
-    if not len(range_ids):
-        return out
-    order = np.lexsort((starts, range_ids))
-    r, s, e = range_ids[order], starts[order], ends[order]
-    frame = pd.DataFrame({"r": r, "e": e})
-    prev_end = frame.groupby("r")["e"].cummax().groupby(frame["r"]).shift(1).to_numpy(dtype=np.float64)
-    begin = np.where(np.isnan(prev_end), s, np.maximum(s, prev_end))
-    np.add.at(out, r, np.maximum(e - begin, 0))
-    return out
+def previous_end(groups: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """For rows sorted by (group, start), ``ends`` whole nanoseconds ≥ 0 (int64):
+    the latest end among the group's earlier rows (nan at a group's first row),
+    as float64. One pass of ``np.maximum.accumulate`` over the ends lifted by
+    group (each group above the last), where int64 holds that; else per group
+    with pandas (damaged timestamps spanning centuries)."""
+    span = int(ends.max()) + 1 if len(ends) else 1
+    n = int(groups.max()) + 1 if len(groups) else 0
+    if span * (n + 1) < 2**62:
+        lift = groups.astype(np.int64) * span
+        running = (np.maximum.accumulate(ends + lift) - lift).astype(np.float64)
+    else:
+        running = pd.Series(ends).groupby(groups, sort=False).cummax().to_numpy(np.float64)
+    prev = np.empty(len(ends))
+    prev[1:] = running[:-1]
+    if len(ends):
+        prev[0] = np.nan
+        prev[1:][groups[1:] != groups[:-1]] = np.nan
+    return prev
+
+
+def union_length(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
+    """Per group code (0..n-1), the length of the union of its intervals (ns)."""
+    if not len(groups):
+        return np.zeros(n)
+    order = np.lexsort((starts, groups))
+    g, s, e = groups[order].astype(np.int64), starts[order].astype(np.float64), ends[order].astype(np.float64)
+    lo = float(min(s.min(), e.min()))  # relative to the earliest time: whole nanoseconds in int64
+    prev = previous_end(g, np.rint(e - lo).astype(np.int64)) + lo
+    begin = np.where(np.isnan(prev), s, np.maximum(s, prev))
+    return np.bincount(g, weights=np.maximum(e - begin, 0.0), minlength=n)
 
 
 def per_range(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray, occupancy: pd.Series | None = None) -> pd.DataFrame:
@@ -80,7 +99,7 @@ def per_range(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray, occup
         if pairs:
             owner = np.concatenate([p[0] for p in pairs])
             row = np.concatenate([p[1] for p in pairs])
-            busy = _union_length(owner, start[row], end[row], n)
+            busy = union_length(owner, start[row], end[row], n)
         for level in levels:
             sel = level >= 0
             has_api = sel & ~np.isnan(api)

@@ -70,6 +70,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from headcount.derive.launch import previous_end, union_length
+
 CPU_PACE_NS = 100_000
 """How long after a launch (or synchronizing) call the launching thread's idle
 GPU is still that call's consequence: launching one PyTorch operator takes
@@ -115,27 +117,6 @@ def sync_calls(runtime: pd.DataFrame) -> pd.DataFrame:
     out = runtime.loc[rows, ["pid", "tid", "name", "start_ns", "end_ns"]].reset_index(drop=True)
     for col in ("pid", "tid", "name"):
         out[col] = out[col].astype(object).where(out[col].notna(), None)
-    return out
-
-
-def _intervals(start: np.ndarray, end: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For rows sorted by (group, start): the end of the union so far before
-    each row (nan at a group's first row) and the union's length per row's
-    contribution (so that a group's sum is its union's length)."""
-    frame = pd.DataFrame({"g": group, "e": end})
-    prev = frame.groupby("g", sort=False)["e"].cummax().groupby(frame["g"], sort=False).shift(1).to_numpy(np.float64)
-    begin = np.where(np.isnan(prev), start, np.maximum(start, prev))
-    return prev, np.maximum(end - begin, 0.0)
-
-
-def _union(start: np.ndarray, end: np.ndarray, group: np.ndarray, n: int) -> np.ndarray:
-    """Per group code (0..n-1): the length of the union of its intervals."""
-    out = np.zeros(n)
-    if not len(start):
-        return out
-    order = np.lexsort((start, group))
-    _, piece = _intervals(start[order], end[order], group[order])
-    np.add.at(out, group[order], piece)
     return out
 
 
@@ -227,26 +208,6 @@ def _first_rows(groups: np.ndarray, n: int) -> np.ndarray:
     return first
 
 
-def _previous_end(groups: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """For rows sorted by (group, start): the latest end among the group's earlier
-    rows (nan at a group's first row), as float64. One pass of
-    ``np.maximum.accumulate`` over the ends lifted by group (each group above the
-    last), where int64 holds that; else per group with pandas."""
-    span = int(ends.max()) + 1 if len(ends) else 1
-    n = int(groups.max()) + 1 if len(groups) else 0
-    if span * (n + 1) < 2**62:
-        lift = groups.astype(np.int64) * span
-        running = (np.maximum.accumulate(ends + lift) - lift).astype(np.float64)
-    else:  # damaged timestamps spanning centuries: the slow way
-        running = pd.Series(ends).groupby(groups, sort=False).cummax().to_numpy(np.float64)
-    prev = np.empty(len(ends))
-    prev[1:] = running[:-1]
-    if len(ends):
-        prev[0] = np.nan
-        prev[1:][groups[1:] != groups[:-1]] = np.nan
-    return prev
-
-
 def _launching_process(pid: np.ndarray, device: np.ndarray) -> np.ndarray:
     """Each op's launching process (codes); an op without a launch record (launched before
     the recording began) is given its device's process where the device served one only."""
@@ -334,7 +295,7 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
 
     order = np.lexsort((np.nan_to_num(s, nan=np.inf), start, g))
     g_o, start_o, end_o = g[order], start[order], end[order]
-    prev_end = _previous_end(g_o, end_int[order] - origin)
+    prev_end = previous_end(g_o, end_int[order] - origin)
     piece = np.maximum(end_o - np.where(np.isnan(prev_end), start_o, np.maximum(start_o, prev_end)), 0.0)
     busy = np.bincount(g_o, weights=piece, minlength=n)
     bounds = np.flatnonzero(np.r_[True, g_o[1:] != g_o[:-1]])  # each group's first row (groups 0..n-1, in order)
@@ -381,13 +342,13 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
         out[col] = np.where(np.bincount(g[sel], minlength=n) > 0, total, np.nan)
     out["kernel_p50_ns"] = pd.Series(duration[kernel]).groupby(g[kernel]).median().reindex(range(n)).to_numpy(np.float64)
     att = work["layer_name"].notna().to_numpy() if "layer_name" in work else np.zeros(len(work), dtype=bool)
-    out["attention_gpu_ns"] = _union(start[att], end[att], g[att], n) if attention_found else np.nan
+    out["attention_gpu_ns"] = union_length(g[att], start[att], end[att], n) if attention_found else np.nan
     with np.errstate(divide="ignore", invalid="ignore"):
         out["attention_share_pct"] = np.where(busy > 0, 100.0 * out["attention_gpu_ns"] / busy, np.nan)
     name_at = np.where(name_codes >= 0, name_codes, len(names))
     comm = (kernel & _matches(names, COMMUNICATION.pattern, case=False)[name_at]) | \
         ((kind_of == "memcpy") & _matches(names, "PtoP|peer", case=False)[name_at])
-    out["communication_ns"] = _union(start[comm], end[comm], g[comm], n)
+    out["communication_ns"] = union_length(g[comm], start[comm], end[comm], n)
     out["launches"] = np.bincount(g[one], minlength=n).astype(np.int64)
     out["cpu_launch_cost_p50_ns"] = pd.Series(e[one] - s[one]).groupby(g[one]).median().reindex(range(n)).to_numpy(np.float64)
     out["sync_calls"] = _sync_counts(out, syncs)
@@ -442,8 +403,8 @@ def cpu_steps(steps: pd.DataFrame, attention: pd.DataFrame, implementation: str,
         else:
             codes = pd.Series(pd.array(attention["step"], dtype="Int64")).map({s: i for i, s in enumerate(out["step"]) if pd.notna(s)})
         ok = codes.notna().to_numpy()
-        out["attention_gpu_ns"] = _union(attention["start_ns"].to_numpy(np.float64)[ok], attention["end_ns"].to_numpy(np.float64)[ok],
-                                         codes[ok].to_numpy(np.int64), len(out))
+        out["attention_gpu_ns"] = union_length(codes[ok].to_numpy(np.int64), attention["start_ns"].to_numpy(np.float64)[ok],
+                                               attention["end_ns"].to_numpy(np.float64)[ok], len(out))
     else:
         out["attention_gpu_ns"] = 0.0 if attention_found else np.nan
     with np.errstate(divide="ignore", invalid="ignore"):

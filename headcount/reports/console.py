@@ -10,7 +10,6 @@ from rich.console import Console
 from rich.table import Table
 
 from headcount.reports import findings, terminal
-from headcount.reports import findings as findings_words
 from headcount.reports.figures import number, with_spread
 
 
@@ -105,7 +104,7 @@ def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: C
         if len(run_ids) > 1 or runs is not None:
             terminal.heading(console, _title(run_id, runs))
         _print_triage(console, _by_run(steps, run_id) if run_id is not None else steps,
-                      _by_run(findings, run_id) if run_id is not None and findings is not None and "run_id" in findings else findings)
+                      _by_run(findings, run_id) if run_id is not None else findings)
         if len(run_layers):
             _print_run(console, run_layers, run_heads, _by_run(kernels, run_id) if run_id is not None else kernels, top)
         else:
@@ -114,14 +113,14 @@ def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: C
         if run_ranges is not None and len(run_ranges):
             console.print(_ranges_table(run_ranges, top * 2))
     if out_dir is not None:
-        console.print(f"Report: {out_dir}/ (Parquet datasets kernels, ranges, layers, heads, runs)")
+        console.print(f"Report: {out_dir}/ (Parquet datasets kernels, ranges, layers, heads, steps, findings, runs)")
 
 
-def _print_triage(console: Console, steps: pd.DataFrame | None, findings: pd.DataFrame | None) -> None:
+def _print_triage(console: Console, steps: pd.DataFrame | None, found: pd.DataFrame | None) -> None:
     """The run's opening: busy and idle per device (medians over steps), then its findings in rank order."""
-    for line in findings_words.step_lines(steps):
+    for line in findings.step_lines(steps):
         console.print(line, soft_wrap=True, highlight=False)
-    for line in findings_words.finding_lines(findings):
+    for line in findings.finding_lines(found):
         console.print(f"  {line}", soft_wrap=True, highlight=False)
 
 
