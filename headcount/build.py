@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.arrays import positions
-from headcount.attribute import attribution, graphs, labels
+from headcount.attribute import attribution, graphs, labels, untagged
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling, timeline, triage
 from headcount.errors import HeadcountError, NothingRecorded
@@ -221,9 +221,13 @@ def _with_shapes(ranges_table: pd.DataFrame, calls, implementation: str) -> pd.D
         logged = attention.drop(columns=[c for c in instances.columns if c != "range_id"]).rename(columns={"range_id": "replay_of"})
         instances = instances.merge(logged.astype({"replay_of": "Int64"}), on="replay_of", how="left")
         attention = pd.concat([attention, instances], ignore_index=True)
-    attention["flop"] = analytic.flop(attention, attention["phase"]) if len(attention) else []
-    attention["analytic_min_bytes"] = analytic.min_bytes(attention, attention["phase"]) if len(attention) else []
-    attention.loc[attention["q_heads"].isna(), ["flop", "analytic_min_bytes"]] = np.nan
+    # the analytic model needs every size (a call found untagged may lack lengths or causality): else null
+    for column, needs, model in (("flop", analytic.FLOP_NEEDS, analytic.flop), ("analytic_min_bytes", analytic.BYTES_NEEDS, analytic.min_bytes)):
+        attention[column] = np.nan
+        complete = attention[needs].notna().all(axis=1).to_numpy() if len(attention) else np.zeros(0, dtype=bool)
+        if complete.any():
+            known = attention[complete].astype({c: "float64" for c in needs if c != "causal"})
+            attention.loc[complete, column] = model(known, known["phase"])
     attention["implementation"] = attention["implementation"].fillna(implementation)
     extra = [c for c in attention.columns if c not in ranges_table.columns]
     ranges_table = ranges_table.merge(attention[["range_id", *extra]], on="range_id", how="left")
@@ -388,9 +392,10 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
 
     With headcount's ranges in the trace, they are used as recorded (no call
     log: analytic FLOPs and bytes are null). Without them, attention calls
-    come from ``nn.Module`` ranges and SDPA inputs
-    (:func:`headcount.attribute.modules.attention_ranges`) and the layers'
-    ``provenance`` says ``module ranges``. GPU kernels whose launch is not in
+    are found by operator, module and kernel names
+    (:func:`headcount.attribute.untagged.find_calls`), each row saying which
+    ``signal`` found it, and the layers' ``provenance`` says how they were
+    numbered (``module ranges`` or ``call order``). GPU kernels whose launch is not in
     the trace (launched before the window opened) are counted in a notice and
     attributed to nothing.
 
@@ -401,7 +406,6 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
     (:data:`NO_ATTENTION`). torch.profiler's ``ProfilerStep#N`` annotations
     are its steps (where headcount's own step ranges are absent).
     """
-    from headcount.attribute import modules
     from headcount.parsers import kineto
 
     events = trace["events"]
@@ -411,15 +415,17 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
     events = drop_implausible(events, "events", notices)  # a negative duration: no such event happened
     events = _profiler_steps(events)
     ours = (events["kind"] == "range") & events["name"].astype(str).str.startswith(DOMAIN + "@")
-    calls, by_modules = [], False
+    calls, found = [], None
     if not ours.any():
-        extra, calls = modules.attention_ranges(events)
-        if len(extra):
-            events = pd.concat([events, extra], ignore_index=True)
-            by_modules = True
+        found = untagged.find_calls(events)
+        notices += found.notices
+        calls = found.calls
+        if len(found.ranges):
+            events = pd.concat([events, found.ranges], ignore_index=True)
         else:
-            notices.append(NO_ATTENTION + " (neither headcount's ranges nor an SDPA call inside an nn.Module range; record with "
-                           "torch.profiler.profile(with_modules=True, record_shapes=True), or tag the model with headcount)")
+            notices.append(NO_ATTENTION + " (neither headcount's ranges nor an attention operator, module or kernel that "
+                           "docs/cli.md § Untagged recordings lists; record with torch.profiler.profile(with_modules=True, "
+                           "with_stack=True, record_shapes=True), or tag the model with headcount)")
     gpu = events["kind"].isin(["kernel", "memcpy", "memset"])
     launched = set(events.loc[events["kind"] == "runtime", "correlation_id"].dropna().astype("int64"))
     orphan = gpu & ~events["correlation_id"].isin(launched)
@@ -435,16 +441,30 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
     device = kineto.run_device(trace.get("devices") or [])
     limits = occupancy.limits_from_device(device["limits"]) if device else None
     tables = tables_from_events(events, calls, implementation_of(calls), run_id, source="torch", limits=limits)
-    if by_modules:
-        for name in ("layers", "heads", "attention_breakdown"):
-            if name in tables and len(tables[name]):
-                tables[name]["provenance"] = np.where(tables[name]["provenance"] == "apportioned", "apportioned", "module ranges")
+    untagged_provenance(tables, tables["ranges"])
     tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
     add_roofline(tables, device, calls)
     return with_findings(tables), notices
 
 
 NO_ATTENTION = "no attention found: kernels, steps and findings only"
+
+
+def untagged_provenance(tables: dict, ranges: pd.DataFrame) -> None:
+    """Where the calls were found in an untagged recording (``numbered_by`` of the
+    ranges, :mod:`headcount.attribute.untagged`), the attention tables' ``provenance``
+    says how each layer was numbered: ``module ranges`` or ``call order`` (head rows
+    apportioned from their layer stay ``apportioned``). In place; nothing for tagged calls."""
+    if "numbered_by" not in ranges or not ranges["numbered_by"].notna().any():
+        return
+    known = ranges[ranges["numbered_by"].notna().to_numpy()]
+    provenance = dict(zip(zip(known["phase"].astype(object), known["layer_name"].astype(object)), known["numbered_by"]))
+    for name in ("layers", "heads", "attention_breakdown"):
+        table = tables.get(name)
+        if table is None or not len(table):
+            continue
+        how = [provenance.get((p, n), untagged.CALL_ORDER) for p, n in zip(table["phase"], table["layer_name"])]
+        table["provenance"] = np.where(table["provenance"] == "apportioned", "apportioned", how)
 
 
 def _profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
@@ -552,6 +572,7 @@ def nsys_aggregates(attention: list[pd.DataFrame], calls=None, device: dict | No
         ranges_table[col] = ranges_table[col].astype(object)
     layers = aggregate.layers_table(ranges_table)
     heads = aggregate.heads_table(ranges_table, layers)
+    untagged_provenance({"layers": layers, "heads": heads}, ranges_table)
     add_roofline({"layers": layers, "heads": heads}, device, calls)
     return layers, heads
 
@@ -608,6 +629,12 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
         release: empty ``export``'s ranges, launches and GPU work once projected
             (a transient part read for this call: its rows are not held twice).
     """
+    found = None
+    if not calls and not (export.ranges["domain"] == DOMAIN).any():  # no tags: attention by operator, module and kernel names
+        events = untagged.nvtx_events(export.ranges, export.runtime, export.gpu)
+        found = untagged.find_calls(events) if events is not None else None
+        if found is not None and found.calls:
+            export.ranges, calls = _with_found_ranges(export.ranges, found.ranges), found.calls
     projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu, graph_nodes=export.graph_nodes,
                                               not_replayed=(STEP_DOMAIN,))
     syncs = timeline.sync_calls(export.runtime)
@@ -637,8 +664,24 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
     del work  # the kernels table holds its rows now: not held while the steps are derived
     if gpu_metrics is not None and len(gpu_metrics):
         k = sampling.apportion(k, gpu_metrics)
-    found = bool((projected["domain"] == DOMAIN).any())
-    return ranges_table, k, steps_of(k, syncs, steps, ranges_table, implementation, found)
+    if found is not None:
+        ranges_table.attrs["notices"] = found.notices
+    attention_found = bool((projected["domain"] == DOMAIN).any())
+    return ranges_table, k, steps_of(k, syncs, steps, ranges_table, implementation, attention_found)
+
+
+def _with_found_ranges(ranges: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
+    """An nsys export's NVTX ranges plus the ranges of the calls found untagged
+    (:func:`headcount.attribute.untagged.find_calls`), as ranges of headcount's domain."""
+    first = int(ranges["range_id"].max()) + 1 if len(ranges) else 1
+    ours = pd.DataFrame({"range_id": np.arange(first, first + len(found), dtype=np.int64), "pid": found["pid"].to_numpy(object),
+                         "tid": found["tid"].to_numpy(object), "domain": DOMAIN,
+                         "name": [n.split("@", 1)[1] for n in found["name"]], "style": "PushPop",
+                         "start_ns": found["start_ns"].to_numpy(np.int64), "end_missing": False,
+                         "end_ns": found["end_ns"].to_numpy(np.int64)})
+    both = pd.concat([ranges.astype({c: object for c in ("pid", "tid", "domain", "name", "style") if c in ranges}), ours],
+                     ignore_index=True)
+    return both.astype({c: "category" for c in ("pid", "tid", "domain", "name", "style")})
 
 
 def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: dict | None = None) -> dict[str, pd.DataFrame]:
@@ -769,8 +812,9 @@ def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitSt
         parts = _noticed(_nsys_parts(sqlite, plan), notices)
         for name, frame in nsys_pieces(parts, devices=plan.devices, gpu_metrics=plan.gpu_metrics, release=True):
             tally(counts, name, frame)
+            notices.extend(frame.attrs.get("notices", []))
             if name == "layers" and not len(frame):
-                notices.append(f"{NO_ATTENTION} (no headcount range in the export)")
+                notices.append(f"{NO_ATTENTION} (neither headcount's ranges nor an attention operator, module or kernel name in the export)")
             yield name, frame
             del frame  # the consumer is done with it: not held while the next process is built
     lines.extend(nsys_lines(path, counts))
@@ -817,7 +861,8 @@ def from_torch_trace(path: Path, run_id: str, options: dict) -> Parsed:
     tables, notices = tables_from_kineto(trace, run_id)
     device = kineto.run_device(trace["devices"]) or {"kind": "cpu", "name": None}
     layers = tables["layers"]
-    how = "from nn.Module ranges" if len(layers) and (layers["provenance"] == "module ranges").any() else "from headcount's ranges"
+    found = sorted({s for v in layers["signal"].dropna() for s in str(v).split(", ")}) if "signal" in layers else []
+    how = f"found by {'/'.join(found)} names" if found else "from headcount's ranges"
     return Parsed(tables, device, None, [f"{path}: {int((tables['kernels']['kind'] == 'kernel').sum())} kernels, "
                                          f"{len(layers)} layer rows {how}"], notices)
 

@@ -52,7 +52,7 @@ RANGES = pa.schema([
     ("kernel_busy_ns", F), ("kernel_gap_ns", F), ("cpu_launch_cost_ns", F),
     ("dram_read_sampled_bytes", F), ("dram_write_sampled_bytes", F), ("sm_warps_active_sampled_pct", F),
     ("phase", S), ("layer_name", S), ("layer", I), ("head", I), ("kv_head", I), ("model", S),
-    *_SHAPE, ("flop", F), ("analytic_min_bytes", F),
+    *_SHAPE, ("flop", F), ("analytic_min_bytes", F), ("signal", S), ("found_as", S),
 ])
 
 _AGG = [
@@ -67,7 +67,7 @@ _AGG = [
     ("achieved_occupancy_pct", F), ("achieved_occupancy_provenance", S), ("incomplete", B), ("provenance", S),
     ("kernel_count", F), ("kernels_per_call", F), ("cpu_launch_cost_ns", F), ("cpu_launch_cost_per_call_ns", F),
     ("kernel_gap_ns", F), ("kernel_gap_per_call_ns", F), ("kernel_busy_ns", F), ("theoretical_occupancy_pct", F),
-    ("dram_bytes_sampled", F),
+    ("dram_bytes_sampled", F), ("signal", S), ("found_as", S),
 ]
 
 LAYERS = pa.schema([

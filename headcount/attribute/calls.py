@@ -19,15 +19,16 @@ SHAPE_COLUMNS = [
 
 
 def calls_frame(calls) -> pd.DataFrame:
-    """The tagger's log as a table: phase, layer_name, head, kv_head, model, seq and shape columns."""
+    """The tagger's log as a table: phase, layer_name, head, kv_head, model, signal, found_as, numbered_by, seq and shape columns."""
     rows = []
     for log in calls:
-        row = {"phase": log.phase, "layer_name": log.layer_name, "head": log.head, "kv_head": log.kv_head, "model": log.model}
+        row = {"phase": log.phase, "layer_name": log.layer_name, "head": log.head, "kv_head": log.kv_head, "model": log.model,
+               "signal": log.signal, "found_as": log.found_as, "numbered_by": log.numbered_by}
         shape = log.shape
         for col in SHAPE_COLUMNS:
             row[col] = getattr(shape, col) if shape is not None else None
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=["phase", "layer_name", "head", "kv_head", "model", *SHAPE_COLUMNS])
+    frame = pd.DataFrame(rows, columns=["phase", "layer_name", "head", "kv_head", "model", "signal", "found_as", "numbered_by", *SHAPE_COLUMNS])
     frame["head"] = frame["head"].astype("Int64")
     frame["kv_head"] = frame["kv_head"].astype("Int64")
     frame["seq"] = frame.groupby(["phase", "layer_name", frame["head"].fillna(-1)], sort=False).cumcount()

@@ -51,6 +51,15 @@ _SUMS = {
 }
 
 
+_NAMES = ("signal", "found_as")
+
+
+def _distinct(values: pd.Series) -> str | None:
+    """The distinct non-null values, in order of first appearance, joined by ``, ``; ``None`` for none."""
+    seen = list(dict.fromkeys(v for v in values if isinstance(v, str)))
+    return ", ".join(seen) if seen else None
+
+
 def _aggregate(ranges: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     present = {c: f for c, f in _SUMS.items() if c in ranges.columns}
     ranges = ranges.assign(**{spread.CALL_BANDWIDTH: spread.call_bandwidth_gbps(ranges)})
@@ -62,6 +71,9 @@ def _aggregate(ranges: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         out[col] = out[col].astype("float64").where(counts[col] > 0)
     out["steps"] = out["steps"].where(out["steps"] > 0)  # no step ranges: unknown, not 0
     out["duration_basis"] = grouped["duration_basis"].first()
+    for col in _NAMES:  # a call found in an untagged recording: what found it, as the recording names it
+        if col in ranges.columns and ranges[col].notna().any():
+            out[col] = grouped[col].agg(_distinct)
     for col, values in spread.per_call(grouped).items():
         out[col] = values
     return out.reset_index()

@@ -32,7 +32,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-FUSED = {"sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention", "manual"}
+FUSED = {"sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention", "manual",
+         "vllm", "sglang", "flashinfer", "xformers", "aiter"}
+"""Implementations whose kernels never write the score matrix to DRAM (the serving frameworks' are fused kernels too)."""
+
+FLOP_NEEDS = ["batch", "q_heads", "q_len", "kv_len", "head_dim", "v_head_dim", "causal"]
+BYTES_NEEDS = [*FLOP_NEEDS, "kv_heads", "dtype_bytes"]
+"""The shape columns :func:`flop` and :func:`min_bytes` need, every one known (else their figure is null)."""
 
 BACKWARD_FLOP_FACTOR = 2.5
 LSE_BYTES = 4  # fp32 log-sum-exp per query row, saved by fused kernels

@@ -1,7 +1,7 @@
 """Device peaks for the roofline (docs/architecture.md §6): DRAM bandwidth and dense
 tensor/vector FLOP/s per dtype, with where each number comes from.
 
-Peaks are NVIDIA's datasheet figures (dense, i.e. without 2:4 sparsity; the
+Peaks are the vendors' datasheet figures (NVIDIA's; AMD's for the MI300X) (dense, i.e. without 2:4 sparsity; the
 boost clock). A measured copy ceiling (``scripts/gpu_check.py bandwidth``)
 replaces the datasheet bandwidth when given: real kernels never reach the
 datasheet figure.
@@ -63,6 +63,8 @@ DEVICES: list[tuple[tuple[str, ...], DevicePeaks | None]] = [
                                    "NVIDIA V100 Tensor Core GPU datasheet (2020); no BF16 or TF32 on Volta")),
     (("v100",), DevicePeaks("V100 SXM2", 900.0, {"float16": 125.0, "float32": 15.7},
                             "NVIDIA V100 Tensor Core GPU datasheet (2020); no BF16 or TF32 on Volta")),
+    (("mi300x",), DevicePeaks("AMD Instinct MI300X", 5300.0, {"float16": 1307.4, "bfloat16": 1307.4, "float32": 163.4, "tf32": 653.7},
+                              "AMD Instinct MI300X data sheet (2023): peak HBM3 bandwidth, peak dense matrix FP16/BF16/TF32/FP32")),
     (("t4",), DevicePeaks("T4", 320.0, {"float16": 65.0, "float32": 8.1},
                           "NVIDIA T4 Tensor Core GPU datasheet (2019); no BF16 or TF32 on Turing")),
 ]

@@ -22,8 +22,11 @@ Output columns (one row per complete ``"ph": "X"`` event):
 ``grid``, ``block``   launch configuration, e.g. ``"(256, 1, 1)"``
 ``registers_per_thread``, ``shared_memory_bytes``, ``est_achieved_occupancy_pct``
 ``args``              the op's recorded inputs (``Input Dims``, ``Input type``,
-                      ``Concrete Inputs``) for ``aten::scaled_dot_product_attention``
-                      only (what :mod:`headcount.attribute.modules` needs), else null
+                      ``Concrete Inputs``) for attention operators and the
+                      softmax and batched-matmul operators of eager attention
+                      only (what :mod:`headcount.attribute.untagged` needs), else null
+``sequence``          a CPU op's autograd ``Sequence number`` (a backward op carries
+                      its forward op's); null otherwise
 ``graph_node_id``     a kernel replayed from a CUDA graph: its node (Kineto's
                       ``graph node id``); null otherwise
 ====================  =========================================================
@@ -44,6 +47,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from headcount.attribute import signals
 from headcount.errors import HeadcountError
 
 _KIND_BY_CAT = {
@@ -59,10 +63,10 @@ _KIND_BY_CAT = {
 COLUMNS = [
     "kind", "name", "pid", "tid", "start_ns", "end_ns", "correlation_id", "device", "stream",
     "grid", "block", "registers_per_thread", "shared_memory_bytes", "est_achieved_occupancy_pct", "args", "graph_node_id",
+    "sequence",
 ]
 _GPU_SIDE = {"kernel", "memcpy", "memset", "runtime"}
 MODULE_PREFIX = "nn.Module: "
-SDPA_OP = "aten::scaled_dot_product_attention"
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -80,6 +84,7 @@ class _Args(msgspec.Struct, gc=False):
     input_type: Any = msgspec.field(default=None, name="Input type")
     concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
     graph_node: Any = msgspec.field(default=None, name="graph node id")
+    sequence: Any = msgspec.field(default=None, name="Sequence number")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -329,8 +334,13 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
             out.iloc[gpu] = values if text else pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").astype(dtype).array
         return out
 
-    sdpa = {i: {"Input Dims": kept[i].args.input_dims, "Input type": kept[i].args.input_type, "Concrete Inputs": kept[i].args.concrete}
-            for i, name in enumerate(names) if name == SDPA_OP and kept[i].args is not None}
+    ops = [i for i, k in enumerate(kinds) if k == "op" and kept[i].args is not None]
+    shaped = signals.shaped_names(set(names[i] for i in ops))
+    inputs = {i: {"Input Dims": kept[i].args.input_dims, "Input type": kept[i].args.input_type, "Concrete Inputs": kept[i].args.concrete}
+              for i in ops if names[i] in shaped}
+    sequence = pd.Series(pd.NA, index=range(n), dtype="Int64")
+    if ops:
+        sequence.iloc[ops] = pd.to_numeric(pd.Series([kept[i].args.sequence for i in ops], dtype=object), errors="coerce").astype("Int64").array
     frame = pd.DataFrame({
         "kind": kinds,
         "name": names,
@@ -346,7 +356,8 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
         "registers_per_thread": column([a.registers for a in gpu_args], "Int64"),
         "shared_memory_bytes": column([a.shared for a in gpu_args], "Int64"),
         "est_achieved_occupancy_pct": column([a.occupancy for a in gpu_args], "Float64"),
-        "args": [sdpa.get(i) for i in range(n)] if sdpa else [None] * n,
+        "args": [inputs.get(i) for i in range(n)] if inputs else [None] * n,
         "graph_node_id": column([a.graph_node or None for a in gpu_args], "Int64"),  # 0: not from a graph
+        "sequence": sequence,
     }, columns=COLUMNS)
     return frame

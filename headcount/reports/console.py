@@ -34,8 +34,8 @@ def implementation_summary(layers: pd.DataFrame) -> pd.DataFrame:
     out = per_step.groupby(["implementation", "phase"], sort=True).agg(
         attention_ns_per_step=("duration_step", "sum"),
         calls_per_step=("calls_step", "sum"),
-        flop_per_step=("flop_step", "sum"),
-        dram_bytes_per_step=("bytes_step", "sum"),
+        flop_per_step=("flop_step", _known_sum),
+        dram_bytes_per_step=("bytes_step", _known_sum),
         ops=("op_count", "sum"),
         calls=("calls", "sum"),
         basis=("duration_basis", "first"),
@@ -43,6 +43,11 @@ def implementation_summary(layers: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
     out["ops_per_call"] = out["ops"] / out["calls"]
     return out.drop(columns=["ops", "calls"])
+
+
+def _known_sum(values: pd.Series) -> float:
+    """A sum that is null when no value is known (unrecorded shapes: no FLOPs, not 0)."""
+    return values.sum(min_count=1)
 
 
 def _has_kernels(layers: pd.DataFrame) -> bool:
@@ -67,8 +72,10 @@ def _launch_table(layers: pd.DataFrame, kernels: pd.DataFrame) -> Table:
 
 def _provenance_caption(frame: pd.DataFrame) -> str:
     basis = ", ".join(sorted(frame["duration_basis"].dropna().unique())) or "–"
+    found = findings.found_line(frame)
+    found = f"; {found}" if found else ""
     return (f"time: {basis} ({'/'.join(sorted(frame['duration_provenance'].dropna().unique())) or '–'}); "
-            f"bytes: {'/'.join(sorted(frame['dram_bytes_provenance'].dropna().unique())) or '–'}; FLOP: analytic")
+            f"bytes: {'/'.join(sorted(frame['dram_bytes_provenance'].dropna().unique())) or '–'}; FLOP: analytic{found}")
 
 
 def _by_run(frame: pd.DataFrame | None, run_id) -> pd.DataFrame | None:

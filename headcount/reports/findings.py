@@ -204,3 +204,15 @@ def finding_lines(findings: pd.DataFrame | None) -> list[str]:
         lines.append(f"   evidence: {f.evidence}")
         lines.append(f"   try: {f.suggestion}")
     return lines
+
+
+def found_line(layers: pd.DataFrame) -> str | None:
+    """How the attention calls of an untagged recording were found (``signal`` and
+    ``provenance`` of the layer rows), e.g. ``found without tags by operator names
+    (layers numbered by call order)``; ``None`` for tagged calls."""
+    if "signal" not in layers or not layers["signal"].notna().any():
+        return None
+    found = sorted({s for v in layers["signal"].dropna() for s in str(v).split(", ")})
+    numbered = sorted(set(layers["provenance"].dropna()) - {"apportioned", "measured"})
+    return (f"found without tags by {'/'.join(found)} names"
+            + (f" (layers numbered by {'/'.join(numbered)})" if numbered else ""))

@@ -377,6 +377,8 @@ def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, 
     body += _triage_section(steps if steps is not None else pd.DataFrame(), found)
     if len(layers):
         body.append("<h3>Bottlenecks</h3><ul>" + "".join(f"<li>{_e(line)}</li>" for line in findings.bottlenecks(layers, heads)) + "</ul>")
+        if found := findings.found_line(layers):
+            body.append(f'<p class="cap">Attention {_e(found)}: see the layers table\'s <code>signal</code> and <code>found_as</code>.</p>')
         body.append('<p class="cap">Per call: median (p10–p90) over the calls, rounded to that spread; totals: over every call of '
                     "the profiled steps. A layer or head is called hotter only when its p10–p90 interval lies wholly above the "
                     "median row's; otherwise the rows are within noise.</p>")

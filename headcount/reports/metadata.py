@@ -17,7 +17,7 @@ import pandas as pd
 from headcount._version import __version__
 from headcount.env import package_version, program_versions
 
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:

@@ -59,6 +59,11 @@ class CallLog:
         kv_head: the key/value head that query head reads (GQA), or ``None``.
         shape: the attention call's shapes (``None`` for ranges without tensors).
         model: name of the model class the layer belongs to.
+        signal: for a call found in an untagged recording (:mod:`headcount.attribute.untagged`),
+            what found it: ``operator``, ``module`` or ``kernel``; ``None`` for the tagger's own calls.
+        found_as: the names the recording gives the call (enclosing layer module, attention
+            module, operator or kernel, joined by ``/``); ``None`` for the tagger's own calls.
+        numbered_by: for such a call, how its layer index was found: ``module ranges`` or ``call order``.
     """
 
     thread_id: int
@@ -69,6 +74,9 @@ class CallLog:
     kv_head: int | None
     shape: _shapes.CallShape | None
     model: str | None
+    signal: str | None = None
+    found_as: str | None = None
+    numbered_by: str | None = None
 
 
 @dataclass(frozen=True)

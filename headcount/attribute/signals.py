@@ -1,0 +1,131 @@
+"""What names attention in a recording made without headcount's tags: one table.
+
+A call is found by one of three signals, in this order of precedence
+(:mod:`headcount.attribute.untagged` applies them):
+
+1. ``operator``: a CPU operator (Kineto ``cpu_op``, or an NVTX range that
+   PyTorch's ``emit_nvtx`` named after one) whose name matches a row below;
+   its recorded input dims give the call's shapes (``layout``).
+2. ``module``: the innermost ``nn.Module`` range whose class name matches
+   (``…Attention``, ``…SelfAttention``, ``RadixAttention``, ``CoreAttention``;
+   not the decoder block around it) and that holds no operator of 1.
+3. ``kernel``: a GPU kernel whose name matches, launched outside every call
+   of 1 and 2: the launch call is the call.
+
+**Adding a framework is one line** in :data:`SIGNALS`: its kind, a regular
+expression searched in the name (Python :func:`re.search`), the framework
+it stands for, and for operators the ``implementation`` recorded for its
+calls, the layout of q/k/v in its recorded input dims and which argument
+says causal. docs/cli.md lists the table.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One row of the table.
+
+    Attributes:
+        kind: ``operator``, ``module`` or ``kernel``.
+        pattern: regular expression searched in the operator name, the module's
+            class name (instance suffix ``_N`` removed) or the kernel name.
+        framework: who names things so (shown in docs and in ``found_as``).
+        implementation: the ``implementation`` of calls found by this row.
+        layout: operators only: q/k/v in the input dims as ``bhsd`` (batch, heads,
+            sequence, head dim: PyTorch SDPA) or ``bshd`` (flash-attn, xFormers);
+            3-D inputs are always packed tokens ``(tokens, heads, head dim)``.
+        causal_arg: operators only: index of the ``is_causal`` argument in the
+            recorded concrete inputs (``None``: the operator does not record it).
+    """
+
+    kind: str
+    pattern: str
+    framework: str
+    implementation: str | None = None
+    layout: str | None = None
+    causal_arg: int | None = None
+
+
+SIGNALS: tuple[Signal, ...] = (
+    # ---- operators (forward and backward; a backward operator is one whose name says so, BACKWARD below)
+    Signal("operator", r"^aten::scaled_dot_product_attention$", "PyTorch SDPA", "sdpa", "bhsd", 5),
+    Signal("operator", r"^aten::_scaled_dot_product_(flash_attention|flash_attention_for_cpu)$", "PyTorch SDPA (flash)", "sdpa", "bhsd", 4),
+    Signal("operator", r"^aten::_scaled_dot_product_(efficient|cudnn)_attention$", "PyTorch SDPA (efficient, cuDNN)", "sdpa", "bhsd", 6),
+    Signal("operator", r"^aten::_scaled_dot_product_\w*attention\w*_backward$", "PyTorch SDPA backward", "sdpa", "bhsd"),
+    Signal("operator", r"^aten::_(flash|efficient|cudnn)_attention(_forward|_backward)?$", "PyTorch fused attention", "sdpa", "bshd"),
+    Signal("operator", r"^aten::_scaled_dot_product_attention_math$", "PyTorch SDPA (math)", "sdpa", "bhsd"),
+    Signal("operator", r"^flash_attn\w*::\w*(fwd|bwd|forward|backward)\w*$", "flash-attn (flash_attn::, flash_attn_3::)", "flash_attention_2", "bshd", 5),
+    Signal("operator", r"^xformers\w*::\w*(attention|flash|fmha)\w*$", "xFormers", "xformers", "bshd"),
+    Signal("operator", r"^vllm::unified_(mla_)?attention(_with_output)?$", "vLLM", "vllm", "bshd"),
+    Signal("operator", r"^_(rocm_)?C::paged_attention", "vLLM paged attention", "vllm", "bshd"),
+    Signal("operator", r"^flashinfer::\w*(prefill|decode|attention|mla)\w*$", "FlashInfer", "flashinfer", "bshd"),
+    Signal("operator", r"^sglang_profiler::\w*(mha|attention|attn)\w*$", "SGLang (its profiler's operator ranges)", "sglang", "bshd"),
+    Signal("operator", r"^sgl_kernel::\w*(attention|mla|fmha)\w*$", "sgl-kernel", "sglang", "bshd"),
+    Signal("operator", r"^aiter::\w*(mha|fmha|attention|paged_attention)\w*$", "AMD aiter", "aiter", "bshd"),
+    # ---- nn.Module class names: HF …Attention / …SelfAttention / …FlashAttention2, SGLang RadixAttention,
+    # vLLM Attention, Megatron CoreAttention, Transformer Engine DotProductAttention, torch.nn.MultiheadAttention
+    Signal("module", r"(Attention|Attn)\d*$", "nn.Module classes named …Attention (Hugging Face, SGLang, vLLM, Megatron, TE)", "eager"),
+    # ---- kernel names
+    Signal("kernel", r"flash_fwd|flash_bwd|flash::|FlashAttn|flash_attn", "FlashAttention kernels (PyTorch, flash-attn)", "flash_attention_2"),
+    Signal("kernel", r"fmha|Fmha", "fmha kernels (CUTLASS, xFormers, ck_tile FmhaBatchPrefill, TRT-LLM)"),
+    Signal("kernel", r"[Pp]aged_?[Aa]ttention|unified_attention", "paged / unified attention kernels (vLLM, SGLang, aiter)"),
+    Signal("kernel", r"PrefillWithPagedKVCache|DecodeWithPagedKVCache|PrefillWithKVCache|DecodeWithKVCache", "FlashInfer kernels", "flashinfer"),
+    Signal("kernel", r"native_sdpa|_sdpa_|sdpa_sm\d", "cuDNN SDPA kernels", "sdpa"),
+    Signal("kernel", r"AttentionKernel|attention_kernel|_attn_fwd|_attn_bwd|mha_fwd|mha_bwd|fused_attn", "other attention kernels (CUTLASS, Triton, TE)"),
+)
+
+BACKWARD = re.compile(r"backward|Backward|_bwd|bwd_")
+"""A found operator whose name matches is a backward call."""
+
+MODULE_INSTANCE = re.compile(r"^(?:nn\.Module: )?(?P<cls>[A-Za-z_]\w*?)(?:_(?P<k>\d+))?$")
+"""``nn.Module: RadixAttention_5`` → class ``RadixAttention``, instance 5 (torch.profiler numbers instances per class)."""
+
+LAYER_MODULE = re.compile(r"(?:Layer|Block)_(\d+)$")
+"""A module instance named like a repeated decoder block (``Qwen3DecoderLayer_5``, ``GPT2Block_3``): its layer index."""
+
+ATTENTION_MODULE = re.compile(r"Attention_(\d+)$")
+
+
+def _compiled(kind: str) -> list[tuple[re.Pattern, Signal]]:
+    return [(re.compile(s.pattern), s) for s in SIGNALS if s.kind == kind]
+
+
+_BY_KIND = {kind: _compiled(kind) for kind in ("operator", "module", "kernel")}
+
+
+@lru_cache(maxsize=65536)
+def match(kind: str, name: str) -> Signal | None:
+    """The first row of ``kind`` whose pattern is found in ``name`` (for a
+    module: its class name), or ``None`` (also for a missing name: a damaged recording's)."""
+    if not isinstance(name, str):
+        return None
+    if kind == "module":
+        m = MODULE_INSTANCE.match(name)
+        if not m:
+            return None
+        name = m.group("cls")
+    for pattern, signal in _BY_KIND[kind]:
+        if pattern.search(name):
+            return signal
+    return None
+
+
+def operator_name(name: str) -> str:
+    """An operator's name as ``emit_nvtx`` ranges carry it: ``aten::bmm, seq = 4, op_id = 7, sizes = …`` → ``aten::bmm``."""
+    return name.split(", ", 1)[0] if isinstance(name, str) else ""
+
+
+SOFTMAX_OPS = frozenset({"aten::softmax", "aten::_softmax", "aten::_safe_softmax"})
+MATMUL_OPS = frozenset({"aten::bmm", "aten::matmul", "aten::baddbmm"})
+"""The operators of eager attention (scores = q·kᵀ, softmax, ·v) whose input dims give an eager call's shapes."""
+
+
+def shaped_names(names) -> set[str]:
+    """Of ``names`` (operator names), those whose recorded inputs a found call reads:
+    attention operators and the softmax and batched-matmul operators of eager attention."""
+    return {n for n in names if n in SOFTMAX_OPS or n in MATMUL_OPS or match("operator", operator_name(n)) is not None}

@@ -1,0 +1,609 @@
+"""Attention calls of a recording made without headcount's tags (a serving
+framework's torch.profiler trace, an eager Hugging Face model, an nsys export
+of PyTorch's ``emit_nvtx`` ranges), found by the signals of
+:mod:`headcount.attribute.signals`.
+
+Each call becomes what headcount's tagger would have emitted: a ``fwd`` (or
+``bwd``) range around a ``layer.N`` range spanning the call on its thread
+(so the kernels it launched are attributed by the one launch rule every
+source uses) and a call-log entry with its shapes, its ``signal`` and the
+names the recording gives it (``found_as``).
+
+- **Extent.** An operator call spans the operator (nested attention
+  operators count once: the outermost); a module call spans the module's
+  ``nn.Module`` range, projections included where the module holds them; a
+  kernel call spans the runtime call that launched the kernel.
+- **Layer index** ``N``: the instance suffix of the nearest enclosing module
+  named like a repeated block (``Qwen3DecoderLayer_5``, ``GPT2Block_3``), else
+  of the nearest attention module (``RadixAttention_5``): ``provenance``
+  ``module ranges``. Without modules, the call's position (0, 1, …) among
+  the calls of its phase inside the outermost annotation around it (a
+  ``ProfilerStep#N``, vLLM's ``execute_…``; the whole process without one):
+  ``provenance`` ``call order``.
+- **Backward.** A backward call (an operator named so) belongs to the
+  forward call whose operators carry its autograd sequence number (Kineto's
+  ``Sequence number``, ``emit_nvtx``'s ``stashed seq``): it gets that call's
+  layer and shapes. A module's backward is the stretch, on the backward
+  thread, from the first to the last autograd function whose sequence
+  number is one of the module's forward operators (other autograd work the
+  engine ran in between counts with it). Unlinked backward calls are
+  numbered by their order.
+- **Shapes** only from recorded input dims (``record_shapes=True``):
+  an operator's q/k/v by its layout; an eager module's from its softmax
+  input ``(batch, heads, q_len, kv_len)`` and the q·kᵀ / ·v matmuls around it
+  (head dims). Packed variable-length inputs ``(tokens, heads, head_dim)``
+  (vLLM, SGLang, FlashInfer) give heads and head dims but no batch or
+  lengths: FLOPs and analytic bytes stay null, with a notice. Nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from headcount.attribute import signals
+from headcount.tagging.naming import DOMAIN
+from headcount.tagging.shapes import CallShape
+from headcount.tagging.tagger import CallLog
+
+_DTYPES = {"c10::BFloat16": ("bfloat16", 2), "c10::Half": ("float16", 2), "float": ("float32", 4), "double": ("float64", 8),
+           "c10::Float8_e4m3fn": ("float8_e4m3fn", 1), "c10::Float8_e5m2": ("float8_e5m2", 1)}
+_KERNEL_NAME_CHARS = 80
+MODULE_RANGES, CALL_ORDER = "module ranges", "call order"
+
+
+@dataclass
+class Found:
+    """What :func:`find_calls` found.
+
+    Attributes:
+        ranges: rows of the events table (``kind`` ``range``), named ``headcount@fwd`` /
+            ``headcount@bwd`` around ``headcount@layer.N``, one pair per call.
+        calls: one :class:`~headcount.tagging.tagger.CallLog` per call, in time order.
+        notices: what the reader should know (signals used, shapes not recorded, kernels left out).
+    """
+
+    ranges: pd.DataFrame
+    calls: list[CallLog] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Call:
+    pid: object
+    tid: object
+    start: int
+    end: int
+    phase: str
+    signal: str
+    row: signals.Signal | None
+    found_as: str
+    shape: CallShape | None = None
+    layer: int | None = None
+    layer_name: str | None = None
+    numbered_by: str = CALL_ORDER
+    sequences: frozenset = frozenset()
+    forward: "_Call | None" = None   # a backward call: the forward call it belongs to
+
+
+class _Thread:
+    """One thread's events of a kind, sorted by start, for containment queries."""
+
+    def __init__(self, frame: pd.DataFrame):
+        frame = frame.sort_values(["start_ns", "end_ns"], ascending=[True, False], kind="stable")
+        self.frame = frame
+        self.start = frame["start_ns"].to_numpy(np.int64)
+        self.end = frame["end_ns"].to_numpy(np.int64)
+
+    def inside(self, start: int, end: int) -> np.ndarray:
+        """Positions of the events wholly inside ``[start, end]``."""
+        lo, hi = np.searchsorted(self.start, [start, end + 1])
+        pos = np.arange(lo, hi)
+        return pos[self.end[pos] <= end]
+
+    def around(self, starts, ends) -> list[list[int]]:
+        """For each query interval, the positions of the events that contain it,
+        outermost first: one sweep over the events in start order with a stack of
+        the open ones (events on one thread nest), so many queries cost one pass."""
+        out: list[list[int]] = [[] for _ in range(len(starts))]
+        stack: list[int] = []
+        i, n = 0, len(self.start)
+        for q in np.argsort(np.asarray(starts, dtype=np.int64), kind="stable"):
+            qs, qe = starts[q], ends[q]
+            while i < n and self.start[i] <= qs:
+                while stack and self.end[stack[-1]] < self.start[i]:
+                    stack.pop()
+                stack.append(i)
+                i += 1
+            while stack and self.end[stack[-1]] < qs:
+                stack.pop()
+            out[q] = [p for p in stack if self.end[p] >= qe]  # an event left open below the top but ended: not around
+        return out
+
+
+def _around(threads: dict, calls: list["_Call"]) -> list[list[int]]:
+    """:meth:`_Thread.around` for each call on its own thread (empty where the thread has no events)."""
+    out: list[list[int]] = [[] for _ in calls]
+    by_thread: dict = {}
+    for i, c in enumerate(calls):
+        by_thread.setdefault((c.pid, c.tid), []).append(i)
+    for key, idx in by_thread.items():
+        thread = threads.get(key)
+        if thread is None:
+            continue
+        for i, found in zip(idx, thread.around([calls[i].start for i in idx], [calls[i].end for i in idx])):
+            out[i] = found
+    return out
+
+
+class _Spans:
+    """Disjoint intervals per thread, for "is this inside one of them / does it overlap one" queries."""
+
+    def __init__(self):
+        self._by_thread: dict = {}
+
+    def add(self, key, start: int, end: int) -> None:
+        bisect.insort(self._by_thread.setdefault(key, []), (start, end))
+
+    def _near(self, key, start: int) -> list:
+        spans = self._by_thread.get(key, [])
+        at = bisect.bisect_right(spans, (start, float("inf")))
+        return spans[max(at - 1, 0):at + 1]
+
+    def holds(self, key, start: int, end: int) -> bool:
+        return any(s <= start and end <= e for s, e in self._near(key, start))
+
+    def overlaps(self, key, start: int, end: int) -> bool:
+        return any(start <= e and s <= end for s, e in self._near(key, start))
+
+
+def _threads(frame: pd.DataFrame) -> dict:
+    return {key: _Thread(part) for key, part in frame.groupby(["pid", "tid"], sort=False, observed=True)} if len(frame) else {}
+
+
+def _outermost(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows not nested inside another row of ``frame`` on their thread."""
+    keep = []
+    for _, part in frame.groupby(["pid", "tid"], sort=False, observed=True):
+        part = part.sort_values(["start_ns", "end_ns"], ascending=[True, False], kind="stable")
+        reach = -1
+        for idx, end in zip(part.index, part["end_ns"].to_numpy(np.int64)):
+            if end > reach:
+                keep.append(idx)
+                reach = end
+    return frame.loc[sorted(keep)] if keep else frame.iloc[:0]
+
+
+# ---------------------------------------------------------------- shapes
+def _dtype(types, i: int) -> tuple[str | None, int | None]:
+    name = types[i] if types and len(types) > i else None
+    if not name:
+        return None, None
+    known = _DTYPES.get(str(name))
+    return known if known else (str(name), None)
+
+
+def _is_dims(d, rank: int | None = None) -> bool:
+    return isinstance(d, list) and len(d) > 0 and all(isinstance(v, int) for v in d) and (rank is None or len(d) == rank)
+
+
+def operator_shape(args: dict | None, row: signals.Signal) -> CallShape | None:
+    """Shapes of a forward attention operator from its recorded inputs, by the
+    row's ``layout``; ``None`` where the inputs were not recorded or do not fit."""
+    dims = (args or {}).get("Input Dims") or []
+    if len(dims) < 3 or not all(_is_dims(d) for d in dims[:3]):
+        return None
+    q, k, v = dims[:3]
+    types = (args or {}).get("Input type") or []
+    concrete = (args or {}).get("Concrete Inputs") or []
+    dtype, size = _dtype(types, 0)
+    impl = row.implementation or "unknown"
+    if len(q) == 3 and len(k) == 3 and len(v) == 3:  # packed tokens: (tokens, heads, head dim)
+        return CallShape(impl, None, q[1], k[1], None, None, q[2], v[2], dtype, size, None)
+    if not (len(q) == len(k) == len(v) == 4):
+        return None
+    if row.layout == "bhsd":
+        (b, hq, sq, d), (_, hkv, sk, _), dv = q, k, v[3]
+    else:  # bshd
+        (b, sq, hq, d), (_, sk, hkv, _), dv = q, k, v[3]
+    causal = None
+    if row.causal_arg is not None and len(concrete) > row.causal_arg:
+        flag = str(concrete[row.causal_arg]).strip()
+        causal = True if flag == "True" else False if flag == "False" else None
+    mask = dims[3] if row.layout == "bhsd" and len(dims) > 3 and _is_dims(dims[3]) else []
+    return CallShape(impl, b, hq, hkv, sq, sk, d, dv, dtype, size, bool(causal and sq > 1) if causal is not None else None,
+                     mask_elements=math.prod(mask) if mask else 0, mask_dtype_bytes=1 if mask else 0)
+
+
+def eager_shape(ops: pd.DataFrame) -> CallShape | None:
+    """Shapes of eager attention from the operators inside one module call (in
+    time order): the first 4-D softmax input ``(b, h, q_len, kv_len)``, the
+    matmul ``(…, q_len, d) × (…, d, kv_len)`` before it and ``(…, q_len, kv_len)
+    × (…, kv_len, dv)`` after it; ``None`` unless all three are recorded and agree."""
+    names = [signals.operator_name(str(n)) for n in ops["name"]]
+    args = ops["args"].to_numpy(object)
+    soft = next((i for i, n in enumerate(names) if n in signals.SOFTMAX_OPS and args[i]
+                 and _is_dims((args[i].get("Input Dims") or [None])[0], 4)), None)
+    if soft is None:
+        return None
+    b, h, sq, sk = args[soft]["Input Dims"][0]
+
+    def matmul(rng, want):
+        for i in rng:
+            if names[i] in signals.MATMUL_OPS and args[i]:
+                dims = args[i].get("Input Dims") or []
+                if len(dims) >= 2 and _is_dims(dims[0]) and _is_dims(dims[1]) and len(dims[0]) >= 3 and len(dims[1]) >= 3:
+                    got = want(dims[0], dims[1])
+                    if got is not None and math.prod(dims[0][:-2]) == b * h:
+                        return got, i
+        return None, None
+
+    d, at = matmul(range(soft - 1, -1, -1), lambda a, c: a[-1] if a[-2] == sq and c[-1] == sk and c[-2] == a[-1] else None)
+    dv, _ = matmul(range(soft + 1, len(names)), lambda a, c: c[-1] if a[-2:] == [sq, sk] and c[-2] == sk else None)
+    if d is None or dv is None:
+        return None
+    dtype, size = _dtype(args[at].get("Input type") or [], 0)
+    # eager attention computes every (query, key) score whatever the mask: not causal for the work done
+    return CallShape("eager", b, h, h, sq, sk, d, dv, dtype, size, False)
+
+
+# ---------------------------------------------------------------- finding
+def find_calls(events: pd.DataFrame) -> Found:
+    """The attention calls of an untagged recording.
+
+    Args:
+        events: the events table (:func:`headcount.parsers.kineto.events_frame`
+            layout: ``kind`` ``op`` / ``module`` / ``range`` / ``kernel`` /
+            ``runtime``, ``name``, ``pid``, ``tid``, ``start_ns``, ``end_ns``,
+            ``correlation_id``, ``args``, ``sequence``, ``graph_node_id``).
+
+    Returns:
+        A :class:`Found`; its ``ranges`` empty when no signal found a call.
+    """
+    kind = events["kind"].astype(object)
+    ops = events[(kind == "op").to_numpy()]
+    modules = events[(kind == "module").to_numpy()]
+    annotations = events[(kind == "range").to_numpy() & ~events["name"].astype(str).str.startswith(DOMAIN + "@", na=False).to_numpy(dtype=bool)]
+    op_threads, module_threads, annotation_threads = _threads(ops), _threads(modules), _threads(annotations)
+    found = Found(pd.DataFrame(columns=events.columns))
+
+    calls = _operator_calls(ops)
+    calls += _module_calls(modules, op_threads, calls)
+    _number_by_modules(calls, module_threads)
+    calls += _module_backward(ops, calls)
+    calls = _without_overlaps(calls, found)  # disjoint on each thread from here on
+    kernel_calls, left_out = _kernel_calls(events, calls)
+    calls += kernel_calls
+    _link_backward(calls, op_threads)
+    _number_by_position(calls, annotation_threads)
+    for c in calls:
+        if c.forward is not None:  # a backward call: its forward call's layer and shapes
+            f = c.forward
+            c.layer, c.layer_name, c.numbered_by, c.shape = f.layer, f.layer_name, f.numbered_by, f.shape
+
+    if left_out:
+        found.notices.append(f"{left_out} attention kernels have no launch call of their own in the recording (replayed from a "
+                             "CUDA graph, or launched before it began): counted in kernels, not as attention calls")
+    if not calls:
+        return found
+    calls.sort(key=lambda c: c.start)
+    rows = []
+    for c in calls:
+        # as headcount tags a call: phase around layer.N (1 ns wider, so that the two nest unambiguously)
+        rows.append(_range(events, c.phase, c.pid, c.tid, c.start - 1, c.end + 1))
+        rows.append(_range(events, c.layer_name, c.pid, c.tid, c.start, c.end))
+        found.calls.append(CallLog(thread_id=0, phase=c.phase, layer_name=c.layer_name, layer=c.layer, head=None, kv_head=None,
+                                   shape=c.shape, model=None, signal=c.signal, found_as=c.found_as, numbered_by=c.numbered_by))
+    ranges = pd.DataFrame(rows, columns=events.columns)
+    ranges["start_ns"] = ranges["start_ns"].astype("int64")
+    ranges["end_ns"] = ranges["end_ns"].astype("int64")
+    found.ranges = ranges
+    found.notices[:0] = _summary(calls)
+    return found
+
+
+def _range(events: pd.DataFrame, name: str, pid, tid, start: int, end: int) -> dict:
+    return {**{c: None for c in events.columns}, "kind": "range", "name": f"{DOMAIN}@{name}", "pid": pid, "tid": tid,
+            "start_ns": start, "end_ns": end}
+
+
+def _operator_calls(ops: pd.DataFrame) -> list[_Call]:
+    """One call per outermost operator the table names (forward or backward)."""
+    if not len(ops):
+        return []
+    names = ops["name"].astype(str)
+    distinct = names.unique()
+    row_of = {n: signals.match("operator", signals.operator_name(n)) for n in distinct}
+    hits = ops[names.map(row_of).notna().to_numpy()]
+    if not len(hits):
+        return []
+    top = _outermost(hits)
+    hit_threads = _threads(hits)
+    calls = []
+    for op in top.itertuples():
+        name = signals.operator_name(str(op.name))
+        row = row_of[str(op.name)]
+        backward = bool(signals.BACKWARD.search(name))
+        call = _Call(op.pid, op.tid, int(op.start_ns), int(op.end_ns), "bwd" if backward else "fwd", "operator", row, name)
+        if not backward:
+            thread = hit_threads[(op.pid, op.tid)]
+            for cand in thread.frame.iloc[thread.inside(op.start_ns, op.end_ns)].itertuples():
+                call.shape = operator_shape(cand.args, row_of[str(cand.name)])
+                if call.shape is not None:
+                    break
+        calls.append(call)
+    return calls
+
+
+def _module_calls(modules: pd.DataFrame, op_threads: dict, taken: list[_Call]) -> list[_Call]:
+    """One call per innermost attention module that holds no forward operator call."""
+    if not len(modules):
+        return []
+    names = modules["name"].astype(str)
+    row_of = {n: signals.match("module", n) for n in names.unique()}
+    attention = modules[names.map(row_of).notna().to_numpy()]
+    calls = []
+    fwd_ops = _Spans()
+    for c in taken:
+        if c.phase == "fwd":
+            fwd_ops.add((c.pid, c.tid), c.start, c.end)
+    for key, part in attention.groupby(["pid", "tid"], sort=False, observed=True):
+        thread = _Thread(part)
+        op_thread = op_threads.get(key)
+        for pos, m in enumerate(thread.frame.itertuples()):
+            if len(thread.inside(m.start_ns, m.end_ns)) > 1:  # holds another attention module: not the innermost
+                continue
+            if fwd_ops.overlaps(key, m.start_ns, m.end_ns):
+                continue  # an operator inside is the call
+            name = str(m.name).removeprefix("nn.Module: ")
+            call = _Call(m.pid, m.tid, int(m.start_ns), int(m.end_ns), "fwd", "module", row_of[str(m.name)], name)
+            if op_thread is not None:
+                inside = op_thread.frame.iloc[op_thread.inside(m.start_ns, m.end_ns)]
+                call.shape = eager_shape(inside)
+                call.sequences = frozenset(int(s) for s in inside["sequence"].dropna()) if "sequence" in inside else frozenset()
+            calls.append(call)
+    return calls
+
+
+def _number_by_modules(calls: list[_Call], module_threads: dict) -> None:
+    """Layer index from the enclosing modules (innermost first): a block's suffix, else an attention module's."""
+    for call, around in zip(calls, _around(module_threads, calls)):
+        if not around:
+            continue
+        frame = module_threads[(call.pid, call.tid)].frame
+        names = [str(n).removeprefix("nn.Module: ") for n in frame["name"].iloc[around]]
+        index = None
+        for pattern in (signals.LAYER_MODULE, signals.ATTENTION_MODULE):
+            for n in reversed(names):  # innermost first
+                m = pattern.search(n)
+                if m:
+                    index = int(m.group(1))
+                    break
+            if index is not None:
+                break
+        if index is None:
+            continue
+        call.layer, call.layer_name, call.numbered_by = index, f"layer.{index}", MODULE_RANGES
+        outer = [n for n in names if signals.LAYER_MODULE.search(n) or signals.match("module", n)]
+        if call.signal == "module":
+            outer = [n for n in outer if n != call.found_as]
+        call.found_as = "/".join([*outer, call.found_as])
+
+
+def _module_backward(ops: pd.DataFrame, calls: list[_Call]) -> list[_Call]:
+    """The backward of each module call: the autograd functions carrying its forward operators' sequence numbers."""
+    module_calls = [c for c in calls if c.signal == "module" and c.sequences]
+    if not module_calls or "sequence" not in ops or not ops["sequence"].notna().any():
+        return []
+    wanted = pd.DataFrame([(i, c.pid, s, c.end) for i, c in enumerate(module_calls) for s in c.sequences],
+                          columns=["call", "pid", "sequence", "forward_end"])
+    seq_ops = ops.loc[ops["sequence"].notna().to_numpy(), ["pid", "tid", "sequence", "start_ns", "end_ns"]]
+    seq_ops = seq_ops.astype({"pid": object, "sequence": "int64"})
+    mine = wanted.astype({"pid": object}).merge(seq_ops, on=["pid", "sequence"])
+    mine = mine[mine["start_ns"] > mine["forward_end"]]
+    out = []
+    for i, part in mine.groupby("call", sort=True):
+        call = module_calls[i]
+        part = part[part["tid"] == part.sort_values("start_ns")["tid"].iloc[0]]  # one backward thread per call
+        out.append(_Call(call.pid, part["tid"].iloc[0], int(part["start_ns"].min()), int(part["end_ns"].max()), "bwd", "module",
+                         call.row, call.found_as, forward=call))
+    return out
+
+
+def _kernel_calls(events: pd.DataFrame, calls: list[_Call]) -> tuple[list[_Call], int]:
+    """One call per attention kernel launched outside every call found so far; and
+    how many such kernels have no launch of their own (graph replays, launched before the recording)."""
+    kind = events["kind"].astype(object)
+    kernels = events[(kind == "kernel").to_numpy()]
+    if not len(kernels):
+        return [], 0
+    names = kernels["name"].astype(str)
+    row_of = {n: signals.match("kernel", n) for n in names.unique()}
+    hits = kernels[names.map(row_of).notna().to_numpy()]
+    if not len(hits):
+        return [], 0
+    runtime = events[(kind == "runtime").to_numpy() & events["correlation_id"].notna().to_numpy()]
+    launch = runtime.drop_duplicates("correlation_id").set_index("correlation_id")
+    replayed = hits["graph_node_id"].notna().to_numpy() if "graph_node_id" in hits else np.zeros(len(hits), dtype=bool)
+    spans = _Spans()
+    for c in calls:
+        spans.add((c.pid, c.tid), c.start, c.end)
+    out, left_out, seen = [], 0, set()
+    for k, is_replay in zip(hits.itertuples(), replayed):
+        corr = k.correlation_id
+        if is_replay or pd.isna(corr) or corr not in launch.index:
+            left_out += 1
+            continue
+        call = launch.loc[corr]
+        key, start, end = (call["pid"], call["tid"]), int(call["start_ns"]), int(call["end_ns"])
+        if spans.holds(key, start, end):
+            continue  # launched inside a call already found
+        if (key, start) in seen:
+            continue  # one launch call, several kernels
+        seen.add((key, start))
+        out.append(_Call(key[0], key[1], start, end, "bwd" if signals.BACKWARD.search(str(k.name)) else "fwd", "kernel",
+                         row_of[str(k.name)], str(k.name)[:_KERNEL_NAME_CHARS]))
+    return out, left_out
+
+
+def _without_overlaps(calls: list[_Call], found: Found) -> list[_Call]:
+    """The calls, less any that overlaps an earlier-found one on its thread (a backward stretch
+    crossing another call): ranges must nest."""
+    kept, dropped = [], 0
+    spans = _Spans()
+    for c in calls:
+        if spans.overlaps((c.pid, c.tid), c.start, c.end):
+            dropped += 1
+            continue
+        spans.add((c.pid, c.tid), c.start, c.end)
+        kept.append(c)
+    if dropped:
+        found.notices.append(f"{dropped} backward stretches of attention modules overlap another attention call: left out")
+    return kept
+
+
+def _link_backward(calls: list[_Call], op_threads: dict) -> None:
+    """Backward operator calls: the forward call their sequence number names (whose layer and shapes they take)."""
+    backward = [c for c in calls if c.phase == "bwd" and c.signal == "operator"]
+    if not backward:
+        return
+    forward = [c for c in calls if c.phase == "fwd"]
+    by_sequence: dict = {}
+    for c in sorted(forward, key=lambda c: c.start):
+        thread = op_threads.get((c.pid, c.tid))
+        if thread is None or "sequence" not in thread.frame:
+            continue
+        for s in thread.frame["sequence"].iloc[thread.inside(c.start, c.end)].dropna():
+            by_sequence[(c.pid, int(s))] = c  # the latest forward call with that number wins
+    for c, around in zip(backward, _around(op_threads, backward)):
+        thread = op_threads.get((c.pid, c.tid))
+        if thread is None or "sequence" not in thread.frame:
+            continue
+        seqs = thread.frame["sequence"].iloc[around].dropna()
+        if not len(seqs):
+            continue
+        fwd = by_sequence.get((c.pid, int(seqs.iloc[-1])))  # the innermost op with a number: the autograd function's
+        if fwd is not None and fwd.start < c.start:
+            c.forward = fwd
+            if fwd.found_as and "/" in fwd.found_as:
+                c.found_as = fwd.found_as.rsplit("/", 1)[0] + "/" + c.found_as
+
+
+def _number_by_position(calls: list[_Call], annotation_threads: dict) -> None:
+    """Calls without a layer yet: their position among the calls of their phase inside the outermost annotation around them."""
+    counters: dict = {}
+    todo = sorted((c for c in calls if c.layer_name is None and c.forward is None), key=lambda c: c.start)
+    for c, around in zip(todo, _around(annotation_threads, todo)):
+        group = around[0] if around else None
+        key = (c.pid, c.tid, group, c.phase)
+        c.layer = counters.get(key, 0)
+        counters[key] = c.layer + 1
+        c.layer_name = f"layer.{c.layer}"
+
+
+def _summary(calls: list[_Call]) -> list[str]:
+    """Notices: which signals found how many calls, how layers were numbered, which shapes are missing."""
+    lines = []
+    by_signal: dict = {}
+    for c in calls:
+        by_signal.setdefault(c.signal, {}).setdefault(c.row.framework if c.row else c.signal, 0)
+        by_signal[c.signal][c.row.framework if c.row else c.signal] += 1
+    parts = [f"{sum(v.values())} by {s} ({', '.join(f'{k}: {n}' for k, n in v.items())})" for s, v in by_signal.items()]
+    lines.append(f"attention found without headcount's tags: {len(calls)} calls, " + "; ".join(parts))
+    by_order = sum(1 for c in calls if c.numbered_by == CALL_ORDER)
+    if by_order:
+        lines.append(f"{by_order} attention calls have no nn.Module range naming their layer: layer.N is the call's position "
+                     "inside its step (or enclosing annotation); record nn.Module ranges (torch.profiler.profile("
+                     "with_modules=True, with_stack=True)) to number them by module")
+    no_shape = sum(1 for c in calls if c.shape is None)
+    packed = sum(1 for c in calls if c.shape is not None and c.shape.q_len is None)
+    if no_shape:
+        lines.append(f"{no_shape} attention calls have no recorded shapes (record with record_shapes=True; kernel-only and "
+                     "unlinked backward calls never have them): their FLOPs and analytic bytes are null")
+    if packed:
+        lines.append(f"{packed} attention calls have packed variable-length inputs (tokens, heads, head dim): heads and head "
+                     "dim are known, batch and sequence lengths are not recorded, so FLOPs and analytic bytes are null")
+    return lines
+
+
+# ---------------------------------------------------------------- nsys exports
+_NVTX_SEQ = re.compile(r", (?:stashed seq = (\d+)|seq = (\d+))")
+_NVTX_SIZES = re.compile(r", sizes = (\[.*?\]\])")
+
+
+def _nvtx_name(name: str) -> tuple[str | None, int | None, dict | None]:
+    """An NVTX range name's kind (``op``, ``module`` or ``None``: an annotation), the
+    autograd sequence number and the input sizes ``emit_nvtx`` wrote into it."""
+    base = signals.operator_name(name)
+    if "::" in base:
+        m = _NVTX_SEQ.search(name)
+        seq = int(m.group(1) or m.group(2)) if m else None
+        args = None
+        if base in signals.SOFTMAX_OPS or base in signals.MATMUL_OPS or signals.match("operator", base):
+            sizes = _NVTX_SIZES.search(name)
+            if sizes:
+                try:
+                    args = {"Input Dims": json.loads(sizes.group(1))}
+                except ValueError:
+                    args = None
+        return "op", seq, args
+    if base.startswith("nn.Module: ") or (signals.MODULE_INSTANCE.match(base)
+                                         and (signals.LAYER_MODULE.search(base) or signals.match("module", base))):
+        return "module", None, None
+    if signals.BACKWARD.search(base) and (", seq = " in name or ", stashed seq = " in name):
+        m = _NVTX_SEQ.search(name)  # an autograd node's range (``SoftmaxBackward0, seq = 12, …``)
+        return "op", int(m.group(1) or m.group(2)) if m else None, None
+    return None, None, None
+
+
+def nvtx_events(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame | None:
+    """One process of an nsys export (:class:`~headcount.tables.Timeline`'s
+    ``ranges``, ``runtime``, ``gpu``) as the events table :func:`find_calls` reads:
+    NVTX ranges named after operators (PyTorch's ``emit_nvtx``: ``aten::x, seq = N,
+    op_id = M, sizes = […]``) are operators with their sequence number and input
+    sizes (no dtypes: analytic bytes stay null), ranges named like module classes
+    (``nn.Module: X_3``, ``CoreAttention``, ``…DecoderLayer_5``) are modules, other
+    ranges annotations; runtime calls and kernels as they are.
+
+    Returns:
+        The events, or ``None`` when no range or kernel name can be a signal (nothing to find).
+    """
+    names = ranges["name"] if isinstance(ranges["name"].dtype, pd.CategoricalDtype) else ranges["name"].astype("category")
+    distinct = [str(c) for c in names.cat.categories]
+    parsed = [_nvtx_name(n) for n in distinct]  # once per distinct name
+    kernel_names = gpu.loc[(gpu["kind"].astype(object) == "kernel").to_numpy(), "name"].astype(str).unique() if len(gpu) else []
+    named = any(p[0] == "module" or (p[0] == "op" and signals.match("operator", signals.operator_name(n)))
+                for n, p in zip(distinct, parsed))
+    if not named and not any(signals.match("kernel", k) for k in kernel_names):
+        return None
+    codes = names.cat.codes.to_numpy()
+    text = np.array(distinct + [""], dtype=object)[codes]  # code -1 (no name): ""
+    kinds = np.array([p[0] or "range" for p in parsed] + ["range"], dtype=object)[codes]
+    args = np.array([p[2] for p in parsed] + [None], dtype=object)[codes]
+    sequence = pd.array([p[1] for p in parsed] + [None], dtype="Int64")[codes]
+    out = pd.DataFrame({
+        "kind": kinds, "name": text,
+        "pid": ranges["pid"].astype(object).to_numpy(), "tid": ranges["tid"].astype(object).to_numpy(),
+        "start_ns": ranges["start_ns"].to_numpy(np.int64), "end_ns": ranges["end_ns"].to_numpy(np.int64),
+        "correlation_id": pd.array([pd.NA] * len(ranges), dtype="Int64"),
+        "args": args, "sequence": sequence,
+        "graph_node_id": pd.array([pd.NA] * len(ranges), dtype="Int64"),
+    })
+    calls = pd.DataFrame({"kind": "runtime", "name": runtime["name"].astype(object).to_numpy(),
+                          "pid": runtime["pid"].astype(object).to_numpy(), "tid": runtime["tid"].astype(object).to_numpy(),
+                          "start_ns": runtime["start_ns"].to_numpy(np.int64), "end_ns": runtime["end_ns"].to_numpy(np.int64),
+                          "correlation_id": pd.array(runtime["correlation_id"], dtype="Int64")})
+    kernels = gpu[(gpu["kind"].astype(object) == "kernel").to_numpy()]
+    work = pd.DataFrame({"kind": "kernel", "name": kernels["name"].astype(object).to_numpy(),
+                         "pid": kernels["pid"].astype(object).to_numpy(), "tid": None,
+                         "start_ns": kernels["start_ns"].to_numpy(np.int64), "end_ns": kernels["end_ns"].to_numpy(np.int64),
+                         "correlation_id": pd.array(kernels["correlation_id"], dtype="Int64"),
+                         "graph_node_id": pd.array(kernels["graph_node_id"], dtype="Int64") if "graph_node_id" in kernels
+                         else pd.array([pd.NA] * len(kernels), dtype="Int64")})
+    return pd.concat([f for f in (out, calls, work) if len(f)] or [out], ignore_index=True)
