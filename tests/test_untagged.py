@@ -176,6 +176,9 @@ def test_vllm_attention_operators_and_their_kernels():
     assert starts["layer_name"].tolist() == [f"layer.{i}" for i in range(24)]
     assert len(ops) == 24
     assert any("position" in n for n in notices)
+    # the trace names no GPU (empty names in deviceProperties): unknown, not "", and no roofline against a guess
+    device = kineto.run_device(kineto.read_trace(VLLM)["devices"])
+    assert device["name"] is None and device["sm_count"] == 304 and layers["roofline_class"].isna().all()
 
 
 # ---------------------------------------------------------------- kernels alone

@@ -201,7 +201,9 @@ def read_trace(path: str | Path) -> dict:
 
 def run_device(devices: list[dict]) -> dict | None:
     """The run metadata's ``device`` from a trace's ``deviceProperties`` (the
-    first GPU), with the per-SM limits the occupancy calculator reads; ``None`` for a CPU trace."""
+    first GPU; NVIDIA or AMD, ROCm traces have the same fields), with the per-SM
+    limits the occupancy calculator reads; ``None`` for a CPU trace. An empty
+    name (some ROCm traces) is unknown: null, not ``""``."""
     if not devices:
         return None
     d = devices[0]
@@ -212,7 +214,7 @@ def run_device(devices: list[dict]) -> dict | None:
 
     major, minor = num("computeMajor"), num("computeMinor")
     threads = num("maxThreadsPerMultiprocessor")
-    return {"kind": "cuda", "name": d.get("name"), "index": num("id"), "count": len(devices),
+    return {"kind": "cuda", "name": d.get("name") or None, "index": num("id"), "count": len(devices),
             "compute_capability": f"{major}.{minor}" if major is not None and minor is not None else None,
             "sm_count": num("numSms"), "memory_bytes": num("totalGlobalMem"), "source": "trace deviceProperties",
             "limits": {"cc_major": major, "cc_minor": minor, "max_warps_per_sm": threads // 32 if threads else None,
