@@ -17,7 +17,7 @@ from headcount.errors import HeadcountError
 # subcommand → its module under headcount.cli; only the one that runs is imported (pandas, pyarrow, torch are
 # imported by the commands that need them, so `--version` and `query` do not wait for torch)
 COMMANDS = {"profile": "profile_cmd", "run": "run_cmd", "parse": "parse_cmd", "report": "report_cmd",
-            "compare": "compare_cmd", "query": "query_cmd", "export": "export_cmd", "calibrate": "calibrate_cmd",
+            "compare": "compare_cmd", "diff": "diff_cmd", "query": "query_cmd", "export": "export_cmd", "calibrate": "calibrate_cmd",
             "doctor": "doctor_cmd"}
 
 EXAMPLES = """\
@@ -29,6 +29,7 @@ examples:
   headcount run --backend nsys -o out/ -- python train.py   any script, tagged without code changes
   headcount report headcount-report             an HTML page: heatmaps, roofline, comparison, bottlenecks
   headcount compare headcount-report            eager vs sdpa (vs flash…): time, kernels, launch cost, bytes
+  headcount diff before/ after/ --fail-on-regression 5   per call, against the noise: a CI gate
   headcount query headcount-report "SELECT * FROM layers ORDER BY duration_ns DESC LIMIT 5"
   headcount doctor                       what works here: GPU, driver, CUPTI, counters, nsys/ncu
   headcount profile --backend cupti      in-process CUPTI on an NVIDIA GPU (launch latency, occupancy, DRAM samples)

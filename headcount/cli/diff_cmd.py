@@ -1,0 +1,113 @@
+"""``headcount diff BASE NEW``: did the change make attention faster? Per call, against the noise, as a CI gate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from contextlib import ExitStack
+
+import pandas as pd
+from rich.table import Table
+
+from headcount.errors import HeadcountError
+from headcount.reports import terminal
+
+EXAMPLES = """\
+examples:
+  headcount diff before/ after/                              two reports (headcount profile/run/parse)
+  headcount diff base.sqlite new.sqlite                      two recordings, parsed on the fly as headcount parse would
+  headcount diff before/ after/ --fail-on-regression 5       exit 1 when attention regressed by more than 5 %
+  headcount diff before/ after/ --json diff.json --markdown comment.md
+  headcount diff report/ report/ --run 20261205T010203Z-ab12cd 20261205T020304Z-ef34ab    two runs of one report
+
+exit status: 0 (no regression beyond the gate, or no gate), 1 (--fail-on-regression: the overall
+verdict or an attention layer/head regressed by more than PCT), 2 (bad input: one line).
+"""
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "diff", help="before/after: what changed per call, against the noise (a CI gate)",
+        description="Compare two reports (or recordings) row by row — steps, attention layers and heads, kernels, ranges — on "
+        "the distribution of their per-call times: a row regressed or improved only when its new p10–p90 interval lies "
+        "wholly beyond the base's (at least 3 calls a side) and its median moved by more than 5 %% (--min-change). Call counts are reported, "
+        "never folded into time.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("base", help="the report (or recording) before the change")
+    p.add_argument("new", help="the report (or recording) after it")
+    p.add_argument("--run", nargs="+", default=None, metavar="ID", help="the runs to compare (ids from either side)")
+    p.add_argument("--fail-on-regression", type=float, default=None, metavar="PCT",
+                   help="exit 1 when the overall verdict or any attention row regressed by more than PCT %%")
+    p.add_argument("--min-change", type=float, default=None, metavar="PCT",
+                   help="the least change of a median that can be a regression or improvement (default 5 %%; more on a noisy machine)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the diff as JSON ('-': to stdout, instead of the table)")
+    p.add_argument("--markdown", default=None, metavar="FILE", help="write a markdown summary (a pull-request comment; '-': stdout)")
+    p.add_argument("--top", type=int, default=20, help="rows shown in the table and the markdown (default 20)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    from headcount.derive import difference
+    from headcount.reports import diff as diffing
+
+    if args.min_change is not None and args.min_change < 0:
+        raise HeadcountError(f"--min-change {args.min_change:g}: must be 0 or more", hint="e.g. --min-change 10")
+    if args.fail_on_regression is not None and args.fail_on_regression < 0:
+        raise HeadcountError(f"--fail-on-regression {args.fail_on_regression:g}: must be 0 or more", hint="e.g. --fail-on-regression 5")
+    with ExitStack() as stack:
+        base = diffing.open_side(args.base, stack, diffing.parse_recording)
+        new = diffing.open_side(args.new, stack, diffing.parse_recording)
+        result = diffing.diff(base, new, args.run, difference.MIN_CHANGE_PCT if args.min_change is None else args.min_change)
+    document = diffing.as_json(result)
+    if args.json and args.json != "-":
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(document, fh, indent=1)
+            fh.write("\n")
+    if args.markdown:
+        text = diffing.as_markdown(result, args.top)
+        if args.markdown == "-":
+            print(text, end="")
+        else:
+            with open(args.markdown, "w", encoding="utf-8") as fh:
+                fh.write(text)
+    if args.json == "-":
+        print(json.dumps(document, indent=1))
+    elif args.markdown != "-":
+        _print(result, args.top)
+    if args.fail_on_regression is not None:
+        failed = diffing.gate(result, args.fail_on_regression)
+        console = terminal.console(stderr=True)
+        for line in failed:
+            console.print(f"headcount: regression beyond {args.fail_on_regression:g} %: {line}", soft_wrap=True, highlight=False)
+        return 1 if failed else 0
+    return 0
+
+
+def _print(result, top: int) -> None:
+    from headcount.reports import diff as diffing
+
+    console = terminal.console(width=max(terminal.console().width, 160))
+    console.print(f"Verdict: {result.verdict}", highlight=False)
+    for o in result.overall:
+        tail = ""
+        if o.get("base_p50_ns") is not None and not pd.isna(o.get("base_p50_ns")):
+            tail = f", median {diffing._ms(o['base_p50_ns'])} → {diffing._ms(o['new_p50_ns'])} ({diffing._pct(o['change_pct'])})"
+        console.print(f"  {o['base_run']} → {o['new_run']}: {o['verdict']} on {o['basis']}{tail}", soft_wrap=True, highlight=False)
+    table = Table(title=f"Top changes (regressions first; {len(result.changes)} rows compared)",
+                  caption="per call: median (p10–p90) over the calls of each side; steps: per step; "
+                          "a regression/improvement holds against the spread (docs/cli.md § headcount diff)")
+    for col in ("row", "verdict", "base calls", "new calls", "base p50 (p10–p90)", "new p50 (p10–p90)", "median"):
+        table.add_column(col, justify="left" if col in ("row", "verdict") else "right")
+    shown = diffing.ranked(result.changes)
+    changed = shown[shown["verdict"] != "unchanged"]
+    for r in (changed if len(changed) else shown).head(top).to_dict("records"):
+        table.add_row(diffing.row_label(r), r["verdict"], str(r["base_calls"]), str(r["new_calls"]),
+                      diffing.spread(r, "base"), diffing.spread(r, "new"),
+                      diffing._pct(r["change_pct"]))
+    console.print(table)
+    counts = result.changes.groupby(["level", "verdict"]).size()
+    console.print("rows: " + "; ".join(f"{level} {verdict} {n}" for (level, verdict), n in counts.items()), soft_wrap=True,
+                  highlight=False)
+    for note in result.notes:
+        console.print(f"note: {note}", soft_wrap=True, highlight=False)
