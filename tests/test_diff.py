@@ -178,3 +178,13 @@ def test_two_incomparable_runs(sdpa_report, tmp_path, capsys):
     assert main(["diff", str(sdpa_report), str(other)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not comparable" in err[0] and "batch 1 vs 2" in err[0] and "inconclusive" in err[0]
+
+
+def test_a_torch_profiler_trace_against_itself(capsys):
+    """A parsed recording's runs row does not name the implementation its calls do: units come from the tables."""
+    trace = Path(__file__).parent / "fixtures" / "kineto" / "h100_qwen1.5-0.5b_kineto.json.gz"
+    rc, doc = _diff_json(capsys, trace, trace, "--fail-on-regression", "5")
+    assert rc == 0 and doc["verdict"] == "unchanged"
+    overall = doc["overall"][0]
+    assert overall["basis"] == "attention time per call" and overall["base_calls"] == overall["new_calls"] == 24
+    assert overall["base_run"].endswith("(sdpa)")

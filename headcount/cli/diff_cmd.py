@@ -30,7 +30,7 @@ def add_parser(subparsers):
         "diff", help="before/after: what changed per call, against the noise (a CI gate)",
         description="Compare two reports (or recordings) row by row — steps, attention layers and heads, kernels, ranges — on "
         "the distribution of their per-call times: a row regressed or improved only when its new p10–p90 interval lies "
-        "wholly beyond the base's (at least 3 calls a side) and its median moved by more than 5 %% (--min-change). Call counts are reported, "
+        "wholly beyond the base's (at least 3 calls a side) and its median moved by more than 5 % (--min-change). Call counts are reported, "
         "never folded into time.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("base", help="the report (or recording) before the change")
@@ -99,9 +99,10 @@ def _print(result, top: int) -> None:
                           "a regression/improvement holds against the spread (docs/cli.md § headcount diff)")
     for col in ("row", "verdict", "base calls", "new calls", "base p50 (p10–p90)", "new p50 (p10–p90)", "median"):
         table.add_column(col, justify="left" if col in ("row", "verdict") else "right")
-    shown = diffing.ranked(result.changes)
-    changed = shown[shown["verdict"] != "unchanged"]
-    for r in (changed if len(changed) else shown).head(top).to_dict("records"):
+    shown = diffing.notable(result.changes).head(top)
+    if not len(shown):
+        table.add_row("(no row changed beyond its spread)", "", "", "", "", "", "")
+    for r in shown.to_dict("records"):
         table.add_row(diffing.row_label(r), r["verdict"], str(r["base_calls"]), str(r["new_calls"]),
                       diffing.spread(r, "base"), diffing.spread(r, "new"),
                       diffing._pct(r["change_pct"]))

@@ -107,13 +107,29 @@ def open_side(path: str, stack: ExitStack, parse=None) -> Side:
         parse(p, out)
         p, parsed = out, True
     con = connect(p)
-    runs = _table(con, "runs")
-    if not len(runs):
-        units = _query(con, "SELECT DISTINCT run_id, implementation FROM layers") if _has(con, "layers") else pd.DataFrame()
-        runs = units
+    runs = _units(con)
     if not len(runs):
         raise HeadcountError(f"{path}: the report holds no run", hint="profile or parse something into it first")
     return Side(path, p, con, runs, parsed)
+
+
+def _units(con) -> pd.DataFrame:
+    """The (run, implementation) units of a report, as its tables hold them (a parsed recording's
+    ``runs`` row may not know the implementation its calls name), with the facts of their ``runs`` row."""
+    parts = [f"SELECT DISTINCT run_id, implementation FROM {t}" for t in ("steps", "layers", "kernels") if _has(con, t)]
+    if not parts:
+        return pd.DataFrame()
+    units = _query(con, " UNION ".join(parts) + " ORDER BY run_id, implementation")
+    runs = _table(con, "runs")
+    if not len(runs):
+        return units
+    runs = runs.astype({"run_id": str})
+    units = units.astype({"run_id": str})
+    exact = units.merge(runs, on=["run_id", "implementation"], how="left", indicator=True)
+    found = exact[exact["_merge"] == "both"].drop(columns="_merge")
+    rest = units.merge(exact.loc[exact["_merge"] != "both", ["run_id", "implementation"]], on=["run_id", "implementation"])
+    by_run = rest.merge(runs.drop(columns="implementation").drop_duplicates("run_id"), on="run_id", how="left")
+    return pd.concat([found, by_run], ignore_index=True).sort_values(["run_id", "implementation"]).reset_index(drop=True)
 
 
 def _has(con, table: str) -> bool:
@@ -407,6 +423,13 @@ def gate(result: Diff, pct: float) -> list[str]:
 ORDER = {"regression": 0, "improvement": 1, "added": 2, "removed": 3, "inconclusive": 4, "unchanged": 5}
 
 
+def notable(changes: pd.DataFrame) -> pd.DataFrame:
+    """The rows worth showing, :func:`ranked`: regressions, improvements, rows added or removed (not
+    ``unchanged``, nor ``inconclusive``: those are counted, not listed)."""
+    shown = ranked(changes)
+    return shown[shown["verdict"].isin(["regression", "improvement", "added", "removed"])]
+
+
 def ranked(changes: pd.DataFrame) -> pd.DataFrame:
     """Regressions first (largest change first), then improvements, added, removed, inconclusive, unchanged."""
     key = changes["verdict"].map(ORDER).fillna(9)
@@ -482,8 +505,7 @@ def as_markdown(result: Diff, top: int = 20) -> str:
         lines.append(f"- {o['base_run']} → {o['new_run']}: **{o['verdict']}** on {o['basis']}"
                      + (f", median {_ms(o.get('base_p50_ns'))} → {_ms(o.get('new_p50_ns'))} ({_pct(o.get('change_pct'))})"
                         if o.get("base_p50_ns") is not None and not pd.isna(o.get("base_p50_ns")) else ""))
-    shown = ranked(result.changes)
-    shown = shown[shown["verdict"] != "unchanged"].head(top)
+    shown = notable(result.changes).head(top)
     counts = result.changes.groupby(["level", "verdict"]).size()
     lines += ["", "| change | verdict | base calls | new calls | base p50 (p10–p90) | new p50 (p10–p90) | median |",
               "|---|---|---:|---:|---|---|---:|"]
