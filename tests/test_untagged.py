@@ -22,8 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from headcount import build
-from headcount.attribute import signals
+from headcount import build, signals
 from headcount.cli.main import main
 from headcount.parsers import kineto
 from tests.nsight import nsight_bin

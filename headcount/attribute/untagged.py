@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from headcount.attribute import signals
+from headcount import signals
 from headcount.tagging.naming import DOMAIN
 from headcount.tagging.shapes import CallShape
 from headcount.tagging.tagger import CallLog

@@ -47,7 +47,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from headcount.attribute import signals
+from headcount import signals
 from headcount.errors import HeadcountError
 
 _KIND_BY_CAT = {

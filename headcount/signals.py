@@ -1,5 +1,8 @@
 """What names attention in a recording made without headcount's tags: one table.
 
+A bottom module (no torch, nothing of headcount's): the Kineto parser reads it to
+know which operators' inputs to keep, :mod:`headcount.attribute.untagged` to find calls.
+
 A call is found by one of three signals, in this order of precedence
 (:mod:`headcount.attribute.untagged` applies them):
 
