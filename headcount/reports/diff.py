@@ -466,7 +466,7 @@ def as_json(result: Diff) -> dict:
         "new": {"path": result.new.path, "runs": sorted({str(o["new_run"]) for o in result.overall})},
         "overall": [{k: _clean(v) for k, v in o.items()} for o in result.overall],
         "rule": {"min_calls": difference.MIN_CALLS, "min_change_pct": result.min_change,
-                 "text": "regression: new p10 > base p90 and median +> min_change_pct; improvement: the mirror image; "
+                 "text": "regression: new p10 > base p90 and the median grew by more than min_change_pct; improvement: the mirror image; "
                          "per call (per step for steps), at least min_calls on each side"},
         "notes": list(result.notes),
         "changes": changes,
