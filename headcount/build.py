@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from headcount import signals
 from headcount.arrays import positions
 from headcount.attribute import attribution, graphs, labels, untagged
 from headcount.attribute.calls import attach_calls, calls_frame
@@ -634,7 +635,7 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
         events = untagged.nvtx_events(export.ranges, export.runtime, export.gpu)
         found = untagged.find_calls(events) if events is not None else None
         if found is not None and found.calls:
-            export.ranges, calls = _with_found_ranges(export.ranges, found.ranges), found.calls
+            export.ranges, calls = untagged.with_nvtx_ranges(export.ranges, found.ranges), found.calls
     projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu, graph_nodes=export.graph_nodes,
                                               not_replayed=(STEP_DOMAIN,))
     syncs = timeline.sync_calls(export.runtime)
@@ -668,20 +669,6 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
         ranges_table.attrs["notices"] = found.notices
     attention_found = bool((projected["domain"] == DOMAIN).any())
     return ranges_table, k, steps_of(k, syncs, steps, ranges_table, implementation, attention_found)
-
-
-def _with_found_ranges(ranges: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
-    """An nsys export's NVTX ranges plus the ranges of the calls found untagged
-    (:func:`headcount.attribute.untagged.find_calls`), as ranges of headcount's domain."""
-    first = int(ranges["range_id"].max()) + 1 if len(ranges) else 1
-    ours = pd.DataFrame({"range_id": np.arange(first, first + len(found), dtype=np.int64), "pid": found["pid"].to_numpy(object),
-                         "tid": found["tid"].to_numpy(object), "domain": DOMAIN,
-                         "name": [n.split("@", 1)[1] for n in found["name"]], "style": "PushPop",
-                         "start_ns": found["start_ns"].to_numpy(np.int64), "end_missing": False,
-                         "end_ns": found["end_ns"].to_numpy(np.int64)})
-    both = pd.concat([ranges.astype({c: object for c in ("pid", "tid", "domain", "name", "style") if c in ranges}), ours],
-                     ignore_index=True)
-    return both.astype({c: "category" for c in ("pid", "tid", "domain", "name", "style")})
 
 
 def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: dict | None = None) -> dict[str, pd.DataFrame]:
@@ -861,7 +848,7 @@ def from_torch_trace(path: Path, run_id: str, options: dict) -> Parsed:
     tables, notices = tables_from_kineto(trace, run_id)
     device = kineto.run_device(trace["devices"]) or {"kind": "cpu", "name": None}
     layers = tables["layers"]
-    found = sorted({s for v in layers["signal"].dropna() for s in str(v).split(", ")}) if "signal" in layers else []
+    found = signals.kinds_in(layers["signal"]) if "signal" in layers else []
     how = f"found by {'/'.join(found)} names" if found else "from headcount's ranges"
     return Parsed(tables, device, None, [f"{path}: {int((tables['kernels']['kind'] == 'kernel').sum())} kernels, "
                                          f"{len(layers)} layer rows {how}"], notices)

@@ -132,3 +132,9 @@ def shaped_names(names) -> set[str]:
     """Of ``names`` (operator names), those whose recorded inputs a found call reads:
     attention operators and the softmax and batched-matmul operators of eager attention."""
     return {n for n in names if n in SOFTMAX_OPS or n in MATMUL_OPS or match("operator", operator_name(n)) is not None}
+
+
+def kinds_in(values) -> list[str]:
+    """The signal kinds named in a column of ``signal`` values (a layer row joins its calls'
+    distinct kinds with ``, ``), sorted: ``["module", "operator"]``."""
+    return sorted({kind for v in values if isinstance(v, str) for kind in v.split(", ")})

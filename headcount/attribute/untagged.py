@@ -607,3 +607,18 @@ def nvtx_events(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame) 
                          "graph_node_id": pd.array(kernels["graph_node_id"], dtype="Int64") if "graph_node_id" in kernels
                          else pd.array([pd.NA] * len(kernels), dtype="Int64")})
     return pd.concat([f for f in (out, calls, work) if len(f)] or [out], ignore_index=True)
+
+
+def with_nvtx_ranges(ranges: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
+    """An nsys export's NVTX ranges (:class:`~headcount.tables.Timeline` ``ranges``) plus the
+    ranges of the calls :func:`find_calls` found there, as ranges of headcount's domain
+    (new ``range_id`` s after the export's own)."""
+    first = int(ranges["range_id"].max()) + 1 if len(ranges) else 1
+    ours = pd.DataFrame({"range_id": np.arange(first, first + len(found), dtype=np.int64), "pid": found["pid"].to_numpy(object),
+                         "tid": found["tid"].to_numpy(object), "domain": DOMAIN,
+                         "name": [n.split("@", 1)[1] for n in found["name"]], "style": "PushPop",
+                         "start_ns": found["start_ns"].to_numpy(np.int64), "end_missing": False,
+                         "end_ns": found["end_ns"].to_numpy(np.int64)})
+    text = [c for c in ("pid", "tid", "domain", "name", "style") if c in ranges]
+    both = pd.concat([ranges.astype({c: object for c in text}), ours], ignore_index=True)
+    return both.astype({c: "category" for c in text})

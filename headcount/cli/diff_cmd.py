@@ -92,7 +92,7 @@ def _print(result, top: int) -> None:
     for o in result.overall:
         tail = ""
         if o.get("base_p50_ns") is not None and not pd.isna(o.get("base_p50_ns")):
-            tail = f", median {diffing._ms(o['base_p50_ns'])} → {diffing._ms(o['new_p50_ns'])} ({diffing._pct(o['change_pct'])})"
+            tail = f", median {diffing.duration(o['base_p50_ns'])} → {diffing.duration(o['new_p50_ns'])} ({diffing.percent(o['change_pct'])})"
         console.print(f"  {o['base_run']} → {o['new_run']}: {o['verdict']} on {o['basis']}{tail}", soft_wrap=True, highlight=False)
     table = Table(title=f"Top changes (regressions first; {len(result.changes)} rows compared)",
                   caption="per call: median (p10–p90) over the calls of each side; steps: per step; "
@@ -105,7 +105,7 @@ def _print(result, top: int) -> None:
     for r in shown.to_dict("records"):
         table.add_row(diffing.row_label(r), r["verdict"], str(r["base_calls"]), str(r["new_calls"]),
                       diffing.spread(r, "base"), diffing.spread(r, "new"),
-                      diffing._pct(r["change_pct"]))
+                      diffing.percent(r["change_pct"]))
     console.print(table)
     counts = result.changes.groupby(["level", "verdict"]).size()
     console.print("rows: " + "; ".join(f"{level} {verdict} {n}" for (level, verdict), n in counts.items()), soft_wrap=True,

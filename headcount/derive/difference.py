@@ -37,8 +37,6 @@ import pandas as pd
 MIN_CALLS = 3
 MIN_CHANGE_PCT = 5.0
 """The default; ``headcount diff --min-change PCT`` sets another (a noisy machine: larger)."""
-QUANTILES = (10, 50, 90)
-VERDICTS = ("regression", "improvement", "unchanged", "inconclusive", "added", "removed")
 
 CHANGE_COLUMNS = [
     "level", "name", "phase", "layer", "head", "verdict", "base_calls", "new_calls", "calls_changed",

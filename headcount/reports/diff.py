@@ -40,16 +40,11 @@ import pandas as pd
 
 from headcount.derive import difference
 from headcount.errors import HeadcountError
+from headcount.reports.figures import number
 
-COUNTERS = {
-    "dram_bytes_per_call": "DRAM bytes per call",
-    "bandwidth_gbps": "bandwidth, GB/s",
-    "achieved_occupancy_pct": "achieved occupancy, %",
-    "theoretical_occupancy_pct": "theoretical occupancy, %",
-    "kernels_per_call": "kernels per call",
-    "cpu_launch_cost_per_call_ns": "CPU launch cost per call, ns",
-}
-"""Counters compared where both sides have them (layer and head rows), base and new value and change in %."""
+COUNTERS = ("dram_bytes_per_call", "bandwidth_gbps", "achieved_occupancy_pct", "theoretical_occupancy_pct",
+            "kernels_per_call", "cpu_launch_cost_per_call_ns")
+"""Counters shown where both sides have them (layer and head rows), as ``base_<name>`` and ``new_<name>``; units in the names."""
 
 FACTS = {"model": "model", "batch": "batch", "seq": "sequence length", "dtype": "dtype", "device_name": "device"}
 """What two runs must share to be compared (where both sides know it)."""
@@ -65,7 +60,6 @@ class Side:
     report: Path
     con: object
     runs: pd.DataFrame
-    parsed: bool = False
 
 
 @dataclass
@@ -94,7 +88,6 @@ def open_side(path: str, stack: ExitStack, parse=None) -> Side:
     p = Path(path)
     if not p.exists():
         raise HeadcountError(f"{path}: no such file or directory", hint="pass a report directory or a recording")
-    parsed = False
     if not (p / MARKER).exists():
         try:
             sources.for_path(p)
@@ -105,12 +98,12 @@ def open_side(path: str, stack: ExitStack, parse=None) -> Side:
             raise HeadcountError(f"{path}: not a headcount report (no {MARKER})", hint="pass the directory headcount profile/run/parse wrote")
         out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="headcount-diff-"))) / "report"
         parse(p, out)
-        p, parsed = out, True
+        p = out
     con = connect(p)
     runs = _units(con)
     if not len(runs):
         raise HeadcountError(f"{path}: the report holds no run", hint="profile or parse something into it first")
-    return Side(path, p, con, runs, parsed)
+    return Side(path, p, con, runs)
 
 
 def _units(con) -> pd.DataFrame:
@@ -295,9 +288,8 @@ def _compare(base: pd.DataFrame, new: pd.DataFrame, keys: list[str], level: str,
                 int(calls) if pd.notna(calls) else 0
         (bp, bc), (np_, nc) = side("b"), side("n")
         row = {k: r[k] for k in keys}
-        for k in ("layer",):
-            if f"{k}_b" in r:
-                row[k] = r[f"{k}_b"] if pd.notna(r[f"{k}_b"]) else r.get(f"{k}_n")
+        if "layer_b" in r:  # attention rows: the layer index, from whichever side has the row
+            row["layer"] = r["layer_b"] if pd.notna(r["layer_b"]) else r.get("layer_n")
         rows.append({**row, **difference.summary_row(bp, np_, bc, nc, level, min_change)})
     return pd.DataFrame(rows).reindex(columns=list(dict.fromkeys([*difference.CHANGE_COLUMNS, *keys])))
 
@@ -410,11 +402,11 @@ def diff(base: Side, new: Side, run_ids: list[str] | None = None, min_change: fl
 
 def gate(result: Diff, pct: float) -> list[str]:
     """What fails ``--fail-on-regression PCT``: the overall verdict or any attention row, regressed by more than ``pct`` %."""
-    failed = [f"overall ({o['basis']}, {o['new_run']}): {_pct(o['change_pct'])}" for o in result.overall
+    failed = [f"overall ({o['basis']}, {o['new_run']}): {percent(o['change_pct'])}" for o in result.overall
               if o["verdict"] == "regression" and (o["change_pct"] is None or pd.isna(o["change_pct"]) or o["change_pct"] > pct)]
     rows = result.changes[(result.changes["verdict"] == "regression") & result.changes["level"].isin(ATTENTION_LEVELS)
                           & (result.changes["change_pct"] > pct)]
-    failed += [f"{r.level} {r.phase} {r.name}{'' if pd.isna(r.head) else f' head {int(r.head)}'}: {_pct(r.change_pct)}"
+    failed += [f"{r.level} {r.phase} {r.name}{'' if pd.isna(r.head) else f' head {int(r.head)}'}: {percent(r.change_pct)}"
                for r in rows.itertuples()]
     return failed
 
@@ -473,8 +465,11 @@ def as_json(result: Diff) -> dict:
     }
 
 
-def _ms(ns) -> str:
-    return "–" if ns is None or pd.isna(ns) else (f"{ns / 1e6:,.3f} ms" if ns >= 1e5 else f"{ns / 1e3:,.1f} µs")
+def duration(ns) -> str:
+    """A time in ns as ``0.761 ms`` or ``5.0 µs`` (three significant digits; ``–`` when unknown)."""
+    if ns is None or pd.isna(ns):
+        return "–"
+    return f"{number(ns / 1e6)} ms" if ns >= 1e5 else f"{number(ns / 1e3)} µs"
 
 
 def spread(r: dict, side: str) -> str:
@@ -482,11 +477,11 @@ def spread(r: dict, side: str) -> str:
     if r.get(f"{side}_p50_ns") is None or pd.isna(r.get(f"{side}_p50_ns")):
         return "–"
     if pd.isna(r.get(f"{side}_p10_ns")) or r.get(f"{side}_calls", 0) < 2:
-        return _ms(r[f"{side}_p50_ns"])
-    return f"{_ms(r[f'{side}_p50_ns'])} ({_ms(r[f'{side}_p10_ns'])}–{_ms(r[f'{side}_p90_ns'])})"
+        return duration(r[f"{side}_p50_ns"])
+    return f"{duration(r[f'{side}_p50_ns'])} ({duration(r[f'{side}_p10_ns'])}–{duration(r[f'{side}_p90_ns'])})"
 
 
-def _pct(v) -> str:
+def percent(v) -> str:
     return "–" if v is None or pd.isna(v) else f"{v:+.1f} %"
 
 
@@ -503,7 +498,7 @@ def as_markdown(result: Diff, top: int = 20) -> str:
     lines = [f"### headcount diff: **{result.verdict}**", ""]
     for o in result.overall:
         lines.append(f"- {o['base_run']} → {o['new_run']}: **{o['verdict']}** on {o['basis']}"
-                     + (f", median {_ms(o.get('base_p50_ns'))} → {_ms(o.get('new_p50_ns'))} ({_pct(o.get('change_pct'))})"
+                     + (f", median {duration(o.get('base_p50_ns'))} → {duration(o.get('new_p50_ns'))} ({percent(o.get('change_pct'))})"
                         if o.get("base_p50_ns") is not None and not pd.isna(o.get("base_p50_ns")) else ""))
     shown = notable(result.changes).head(top)
     counts = result.changes.groupby(["level", "verdict"]).size()
@@ -511,7 +506,7 @@ def as_markdown(result: Diff, top: int = 20) -> str:
               "|---|---|---:|---:|---|---|---:|"]
     for r in shown.to_dict("records"):
         lines.append(f"| {row_label(r)} | {r['verdict']} | {r['base_calls']} | {r['new_calls']} | "
-                     f"{spread(r, 'base')} | {spread(r, 'new')} | {_pct(r['change_pct'])} |")
+                     f"{spread(r, 'base')} | {spread(r, 'new')} | {percent(r['change_pct'])} |")
     if not len(shown):
         lines.append("| (no row changed beyond its spread) | | | | | | |")
     lines += ["", "Rows: " + "; ".join(f"{level} {verdict} {n}" for (level, verdict), n in counts.items()), ""]

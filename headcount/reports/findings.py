@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from headcount import signals
 from headcount.derive import spread
 from headcount.reports.figures import missing, number, with_spread
 
@@ -212,7 +213,7 @@ def found_line(layers: pd.DataFrame) -> str | None:
     (layers numbered by call order)``; ``None`` for tagged calls."""
     if "signal" not in layers or not layers["signal"].notna().any():
         return None
-    found = sorted({s for v in layers["signal"].dropna() for s in str(v).split(", ")})
+    found = signals.kinds_in(layers["signal"])
     numbered = sorted(set(layers["provenance"].dropna()) - {"apportioned", "measured"})
     return (f"found without tags by {'/'.join(found)} names"
             + (f" (layers numbered by {'/'.join(numbered)})" if numbered else ""))
