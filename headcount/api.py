@@ -20,11 +20,11 @@ from headcount.collector.compile_watch import CompileWatch
 from headcount.collector.torch_source import TorchRecorder
 from headcount.derive import occupancy
 from headcount.errors import HeadcountError, notice
+from headcount.naming import STEP_DOMAIN
 from headcount.reports import dataset
 from headcount.reports.metadata import device_info, new_run_id, run_metadata, runs_row
 from headcount.sources import RECORDERS
 from headcount.tables import WRITTEN
-from headcount.tagging.naming import STEP_DOMAIN
 from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
 from headcount.tagging.tagger import MODES, AttentionTagger
 

@@ -29,10 +29,10 @@ from headcount.attribute import attribution, graphs, labels, untagged
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling, timeline, triage
 from headcount.errors import HeadcountError, NothingRecorded
+from headcount.naming import DOMAIN, STEP_DOMAIN, parse_path
 from headcount.parsers import ncu_metrics, nsys_sqlite
 from headcount.parsers.plausible import drop_implausible
 from headcount.tables import Timeline
-from headcount.tagging.naming import DOMAIN, STEP_DOMAIN, parse_path
 
 BREAKDOWN_COLUMNS = [
     "implementation", "phase", "layer_name", "layer", "head", "kv_head", "calls", "steps",
@@ -72,7 +72,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
             range whose id its launch carried (exact, any thread); without
             it, to the innermost range that contains its launch call on the
             launching thread.
-        calls: the tagger's :class:`~headcount.tagging.tagger.CallLog` list.
+        calls: the tagger's :class:`~headcount.call_log.CallLog` list.
         implementation: attention implementation of the session (fills rows the
             call log does not name, e.g. operators outside attention).
         run_id: identifier stored in every row.

@@ -12,9 +12,8 @@ from __future__ import annotations
 import pandas as pd
 
 from headcount.build import tables_from_events
+from headcount.call_log import CallLog, CallShape
 from headcount.parsers.kineto import events_frame
-from headcount.tagging.shapes import CallShape
-from headcount.tagging.tagger import CallLog
 
 
 def _x(cat, name, ts, dur, tid=1, pid=4242, **args):

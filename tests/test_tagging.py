@@ -9,7 +9,8 @@ from conftest import MODEL_BUILDERS, _llama, inputs_for
 
 from headcount import AttentionTagger, attention_range, tag, tag_attention, untag
 from headcount.errors import HeadcountError
-from headcount.tagging.naming import layer_names, parse_path, sanitize
+from headcount.naming import parse_path, sanitize
+from headcount.tagging.layer_names import layer_names
 
 
 def _train_step(model, inputs):

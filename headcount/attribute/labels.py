@@ -1,7 +1,7 @@
 """Phase, layer, head, level and step of ranges and of the operations inside them.
 
 Columnar: a recording holds millions of ranges but a few hundred distinct
-paths, so a path is parsed once (:func:`headcount.tagging.naming.parse_path`)
+paths, so a path is parsed once (:func:`headcount.naming.parse_path`)
 and its labels reach the rows by integer code (pandas Categoricals, which
 Arrow writes as dictionary arrays). Nothing here loops over rows in Python.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.arrays import positions, unique_inverse
-from headcount.tagging.naming import PHASES, parse_path
+from headcount.naming import PHASES, parse_path
 
 LEVELS = ["phase", "layer", "head", "other"]
 

@@ -48,9 +48,8 @@ import numpy as np
 import pandas as pd
 
 from headcount import signals
-from headcount.tagging.naming import DOMAIN
-from headcount.tagging.shapes import CallShape
-from headcount.tagging.tagger import CallLog
+from headcount.call_log import CallLog, CallShape
+from headcount.naming import DOMAIN
 
 _DTYPES = {"c10::BFloat16": ("bfloat16", 2), "c10::Half": ("float16", 2), "float": ("float32", 4), "double": ("float64", 8),
            "c10::Float8_e4m3fn": ("float8_e4m3fn", 1), "c10::Float8_e5m2": ("float8_e5m2", 1)}
@@ -65,7 +64,7 @@ class Found:
     Attributes:
         ranges: rows of the events table (``kind`` ``range``), named ``headcount@fwd`` /
             ``headcount@bwd`` around ``headcount@layer.N``, one pair per call.
-        calls: one :class:`~headcount.tagging.tagger.CallLog` per call, in time order.
+        calls: one :class:`~headcount.call_log.CallLog` per call, in time order.
         notices: what the reader should know (signals used, shapes not recorded, kernels left out).
     """
 

@@ -178,7 +178,7 @@ class RangeLog:
     def current(self) -> int | None:
         """The innermost range open on this thread that can capture work (``None``
         outside every such range): step ranges never do (they are not replayed)."""
-        from headcount.tagging.naming import STEP_DOMAIN
+        from headcount.naming import STEP_DOMAIN
 
         stack = getattr(self._open, "ids", None) or ()
         return next((rid for rid, domain in reversed(stack) if domain != STEP_DOMAIN), None)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from headcount.collector.cupti_errors import PERMISSION_HINT
 from headcount.errors import HeadcountError
+from headcount.naming import DOMAIN
 from headcount.parsers import ncu_metrics
-from headcount.tagging.naming import DOMAIN
 
 # oldest releases whose options and report formats headcount uses
 MIN_VERSION = {"ncu": (2022, 1), "nsys": (2023, 1)}

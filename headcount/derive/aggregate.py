@@ -254,7 +254,7 @@ def with_call_totals(table: pd.DataFrame, calls, implementation: str, heads: boo
 
     Args:
         table: :func:`from_kernels` output (``layers`` or, with ``heads``, ``heads``).
-        calls: the :class:`~headcount.tagging.tagger.CallLog` list of the profiled steps.
+        calls: the :class:`~headcount.call_log.CallLog` list of the profiled steps.
         implementation: the attention implementation the calls ran.
     """
     if not len(table) or not calls:

@@ -32,9 +32,12 @@ What this module does instead (chosen for torch ≥ 2.4):
   whose backward closes it), with bodies that call the operators; AOTAutograd
   puts those calls in the compiled backward graph.
 
-Tracing reads only :data:`MODE` (the innermost active tagger's mode, or
-``None``) and :data:`LAYERS` (module id → layer name), so a new profiler of
-the same mode reuses the compiled graph: no recompile in a profiled step.
+Tracing reads only :data:`headcount.tagging.state.MODE` (the innermost
+active tagger's mode, or ``None``) and :data:`headcount.tagging.state.LAYERS`
+(module id → layer name), so a new profiler of the same mode reuses the
+compiled graph: no recompile in a profiled step. The operators reach the
+tagger through :func:`headcount.tagging.state.current` (its ``open_site`` /
+``close_site``): this module imports nothing of the tagger.
 """
 
 from __future__ import annotations
@@ -43,20 +46,13 @@ import threading
 
 import torch
 
+from headcount.call_log import CallMeta
 from headcount.errors import HeadcountError
-
-MODE: str | None = None  # "layer" | "head" while a tagger is active; read by Dynamo (guarded by value)
-LAYERS: dict[int, tuple[str, int, str]] = {}  # id(attention module) -> (layer name, index (-1: none), model class)
+from headcount.tagging import state
 
 _SEP = "\x1f"
 _NO_LAYER = -1
 _stacks = threading.local()
-
-
-def _runtime():
-    from headcount.tagging.tagger import current_tagger
-
-    return current_tagger()
 
 
 @torch.library.custom_op("headcount::open_range", mutates_args=())
@@ -66,11 +62,11 @@ def open_range(after: list[torch.Tensor], site: str, phase: str, head: int, kv_h
 
     Returns an empty tensor: what :func:`order_ranges` makes the range's first
     kernels wait for."""
-    tagger = _runtime()
+    tagger = state.current()
     stack = getattr(_stacks, "open", None)
     if stack is None:
         stack = _stacks.open = []
-    stack.append(tagger._open_site(site, phase, head, kv_head, dims) if tagger is not None else None)
+    stack.append(tagger.open_site(site, phase, head, kv_head, dims) if tagger is not None else None)
     return after[0].new_empty(0)
 
 
@@ -86,9 +82,9 @@ def close_range(after: list[torch.Tensor]) -> torch.Tensor:
     stack = getattr(_stacks, "open", None)
     if stack:
         opened = stack.pop()
-        tagger = _runtime()
+        tagger = state.current()
         if opened is not None and tagger is not None:
-            tagger._close_site(opened)
+            tagger.close_site(opened)
     return after[0].new_empty(0)
 
 
@@ -278,19 +274,19 @@ def _dtype(name: str) -> torch.dtype:
 
 def parse_site(text: str) -> tuple:
     """``(layer_name, layer, model, fixed)``; ``fixed`` builds the shape metadata
-    (:func:`headcount.tagging.shapes.metadata`) from :func:`dims` at run time."""
+    (:class:`~headcount.call_log.CallMeta`) from :func:`dims` at run time."""
     layer_name, layer, model, implementation, dtype, mask_rank, mask_dtype, causal, window, layout = text.split(_SEP)
     fixed = (implementation, _dtype(dtype), int(mask_rank), _dtype(mask_dtype) if mask_dtype else None,
              causal == "1", int(window) or None, layout)
     return layer_name, None if int(layer) == _NO_LAYER else int(layer), model or None, fixed
 
 
-def metadata(fixed: tuple, shape: list[int]) -> tuple:
-    """The eager path's metadata tuple, from a parsed site and its run-time dims."""
+def metadata(fixed: tuple, shape: list[int]) -> CallMeta:
+    """The call's :class:`~headcount.call_log.CallMeta`, from a parsed site and its run-time dims."""
     implementation, dtype, mask_rank, mask_dtype, causal, window, layout = fixed
     q, k, v = tuple(shape[0:4]), tuple(shape[4:8]), tuple(shape[8:12])
     mask = (tuple(shape[12:12 + mask_rank]), mask_dtype) if mask_rank >= 0 else None
-    return (implementation, q, k, v, dtype, mask, causal, window, layout)
+    return CallMeta(implementation, q, k, v, dtype, mask, causal, window, layout)
 
 
 # --------------------------------------------------------------------------- the traced path

@@ -19,7 +19,8 @@ hooks in layer mode (they leave the backward graph, and so every gradient's
 bits, as they are) and from two identity autograd functions in head mode and
 where a key/value is shared with another call (:func:`_hook_backward`).
 
-Each range opened is also logged with the call's shapes (:class:`CallLog`),
+Each range opened is also logged with the call's metadata
+(:class:`~headcount.call_log.CallLog`, :class:`~headcount.call_log.CallMeta`),
 which is how the analytic model later knows what each range computed.
 """
 
@@ -33,50 +34,19 @@ from typing import Callable
 
 import torch
 
+from headcount.call_log import CallLog, CallMeta, CallShape, OneHead, logged, shape_of
 from headcount.errors import HeadcountError
+from headcount.naming import head_name, sanitize
 from headcount.tagging import compiled as _compiled
 from headcount.tagging import shapes as _shapes
+from headcount.tagging import state
 from headcount.tagging.head_split import grouped_heads, head_slice, interface_call, join_transformers
-from headcount.tagging.naming import head_name, layer_names, sanitize
+from headcount.tagging.layer_names import layer_names
 from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
 
 MODES = ("layer", "head")
-_ONE_HEAD = "__one_head__"  # marks logged metadata as "this call, restricted to one head"
 
 _graph_task_id = torch._C._current_graph_task_id
-
-
-@dataclass(frozen=True)
-class CallLog:
-    """One range opened by the tagger, in the order it was opened.
-
-    Attributes:
-        thread_id: ``threading.get_ident()`` of the thread that opened it.
-        phase: ``fwd``, ``bwd`` or ``recompute``.
-        layer_name: e.g. ``layer.3`` or ``decoder.layer.0.cross``.
-        layer: block index.
-        head: query head (head-mode ranges) or ``None`` (layer ranges).
-        kv_head: the key/value head that query head reads (GQA), or ``None``.
-        shape: the attention call's shapes (``None`` for ranges without tensors).
-        model: name of the model class the layer belongs to.
-        signal: for a call found in an untagged recording (:mod:`headcount.attribute.untagged`),
-            what found it: ``operator``, ``module`` or ``kernel``; ``None`` for the tagger's own calls.
-        found_as: the names the recording gives the call (enclosing layer module, attention
-            module, operator or kernel, joined by ``/``); ``None`` for the tagger's own calls.
-        numbered_by: for such a call, how its layer index was found: ``module ranges`` or ``call order``.
-    """
-
-    thread_id: int
-    phase: str
-    layer_name: str
-    layer: int | None
-    head: int | None
-    kv_head: int | None
-    shape: _shapes.CallShape | None
-    model: str | None
-    signal: str | None = None
-    found_as: str | None = None
-    numbered_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +66,7 @@ class _BackwardRange:
 
     __slots__ = ("tagger", "names", "log", "opened")
 
-    def __init__(self, tagger: "AttentionTagger", names: tuple[str, ...], log: tuple):
+    def __init__(self, tagger: "AttentionTagger", names: tuple[str, ...], log: CallLog):
         self.tagger = tagger
         self.names = names
         self.log = log
@@ -146,9 +116,9 @@ def _causal(module, kwargs: dict) -> bool:
 
 # --------------------------------------------------------------------------- the tagger
 
-_patch_lock = threading.RLock()
-_active: list["AttentionTagger"] = []
 _original_get_interface: Callable | None = None
+_active = state.ACTIVE  # the same list: read on every call, without a function call
+_new = tuple.__new__  # a NamedTuple without its Python-level __new__ (all fields given): 0.1 µs less per head
 
 
 def _interface_class():
@@ -159,8 +129,8 @@ def _interface_class():
 
 def _patched_get_interface(self, attn_implementation, default):
     fn = _original_get_interface(self, attn_implementation, default)
-    if torch.compiler.is_compiling():  # traced: only the mode and the layer names are read (compiled.py)
-        mode = _compiled.MODE
+    if torch.compiler.is_compiling():  # traced: only the mode and the layer names are read (state.py)
+        mode = state.MODE
         return fn if mode is None else _traced_wrapper(fn, attn_implementation or "eager", mode)
     if _active:
         tagger = _active[-1]
@@ -173,7 +143,7 @@ def _traced_wrapper(fn: Callable, implementation: str, mode: str) -> Callable:
     operator calls (:mod:`headcount.tagging.compiled`)."""
 
     def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
-        info = _compiled.LAYERS.get(id(module))
+        info = state.LAYERS.get(id(module))
         if info is None:
             return fn(module, query, key, value, attention_mask, *args, **kwargs)
         layer_name, layer, model = info
@@ -210,7 +180,7 @@ def _bypassing_attention(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     return found
 
 
-def _hooked_meta(hidden: torch.Tensor, config, causal: bool) -> tuple:
+def _hooked_meta(hidden: torch.Tensor, config, causal: bool) -> CallMeta:
     """Shape metadata of a module-hooked attention call, from its input
     (batch, sequence) and the model config (heads, key/value heads, head
     dimension): the attention function itself is not visible."""
@@ -223,12 +193,12 @@ def _hooked_meta(hidden: torch.Tensor, config, causal: bool) -> tuple:
     q = torch.Size((batch, heads, seq, width // heads))
     k = torch.Size((batch, kv, seq, width // heads))
     implementation = getattr(config, "_attn_implementation", None) or "eager"
-    return (implementation, q, k, k, hidden.dtype, None, causal, None, "bhsd")
+    return CallMeta(implementation, q, k, k, hidden.dtype, None, causal, None, "bhsd")
 
 
 def current_tagger() -> "AttentionTagger | None":
     """The innermost active tagger, or ``None``."""
-    return _active[-1] if _active else None
+    return state.current()
 
 
 class AttentionTagger:
@@ -263,8 +233,8 @@ class AttentionTagger:
             self.emitter = CorrelatedEmitter(range_log, nvtx=nvtx, torch_ranges=torch_ranges)
         else:
             self.emitter = RangeEmitter(nvtx=nvtx, torch_ranges=torch_ranges)
-        self._log: list[tuple] = []  # CallLog fields as tuples: this is the hot path
-        self._shapes: dict[tuple, _shapes.CallShape] = {}
+        self._log: list[CallLog | tuple] = []  # shape: the CallMeta (sizes are worked out when read)
+        self._shapes: dict[CallMeta | OneHead, CallShape] = {}
         self._layers: dict[int, LayerInfo] = {}
         self._qualnames: dict[int, tuple[str, str]] = {}  # id(module) -> (qualname, model class)
         self._models: list[torch.nn.Module] = []
@@ -341,31 +311,28 @@ class AttentionTagger:
 
         module.forward = forward
 
-    def _run_hooked(self, info: LayerInfo, meta: tuple, hidden: torch.Tensor, call: Callable):
+    def _run_hooked(self, info: LayerInfo, meta: CallMeta, hidden: torch.Tensor, call: Callable):
         """:meth:`run` for a module-hooked attention call: the backward range
         opens and closes from gradient hooks on the module's output and input
         (:func:`_hook_backward`; the module's input is usually also the
         residual, whose gradients an identity function would sum in another
         order)."""
         phase = "recompute" if _graph_task_id() != -1 else "fwd"
-        log = (threading.get_ident(), phase, info.name, info.index, None, None, meta, info.model)
-        self._record(log, log[0])
+        log = logged(threading.get_ident(), phase, info.name, info.index, meta, info.model)
+        self._record(log, log.thread_id)
         tokens = self.emitter.push2(phase, info.name)
         try:
             result = call()
         finally:
             self.emitter.pop2(tokens)
         if torch.is_grad_enabled() and hidden.requires_grad:
-            _hook_backward(_BackwardRange(self, ("bwd", info.name), (log[0], "bwd", *log[2:])), result, (hidden,))
+            _hook_backward(_BackwardRange(self, ("bwd", info.name), log.in_phase("bwd")), result, (hidden,))
         return result
 
     @staticmethod
     def _share(info: LayerInfo, module) -> None:
-        """Publish a layer's name for traced code (compiled.LAYERS), unchanged
-        when it is already there: Dynamo guards on that dictionary."""
-        entry = (info.name, info.index, info.model)
-        if _compiled.LAYERS.get(id(module)) != entry:
-            _compiled.LAYERS[id(module)] = entry
+        """Publish a layer's name for traced code (state.LAYERS)."""
+        state.share_layer(id(module), (info.name, info.index, info.model))
 
     @property
     def layers(self) -> list[LayerInfo]:
@@ -406,16 +373,14 @@ class AttentionTagger:
         global _original_get_interface
         if self.active:
             return self
-        with _patch_lock:
+        with state.LOCK:
             try:
                 cls = _interface_class()
             except ImportError as exc:  # pragma: no cover - transformers is a dependency
                 raise HeadcountError("transformers is not installed", hint="pip install transformers") from exc
-            if not _active:
+            if state.push(self):
                 _original_get_interface = cls.get_interface
                 cls.get_interface = _patched_get_interface
-            _active.append(self)
-            _compiled.MODE = self.mode
         _compiled.install_ordering_pass()
         if self.auto:
             self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._auto_register)
@@ -432,11 +397,8 @@ class AttentionTagger:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        with _patch_lock:
-            if self in _active:
-                _active.remove(self)
-            _compiled.MODE = _active[-1].mode if _active else None
-            if not _active and _original_get_interface is not None:
+        with state.LOCK:
+            if state.pop(self) and _original_get_interface is not None:
                 _interface_class().get_interface = _original_get_interface
                 _original_get_interface = None
         self._wrappers.clear()
@@ -454,22 +416,22 @@ class AttentionTagger:
     @property
     def calls(self) -> list[CallLog]:
         """Every range opened so far, in order (see :class:`CallLog`)."""
-        return [CallLog(*entry[:6], self._shape_of(entry[6]), entry[7]) for entry in self._log]
+        calls = []
+        for entry in self._log:
+            log = entry if type(entry) is CallLog else CallLog(*entry)  # a plain tuple from the inference hot path
+            calls.append(log._replace(shape=self._shape_of(log.shape)))
+        return calls
 
-    def _shape_of(self, meta) -> _shapes.CallShape | None:
-        """Shapes from the metadata logged on the hot path (built once per distinct call)."""
+    def _shape_of(self, meta: CallMeta | OneHead | None) -> CallShape | None:
+        """Sizes from the metadata logged on the hot path (worked out once per distinct call)."""
         if meta is None:
             return None
         shape = self._shapes.get(meta)
         if shape is None:
-            if meta[0] == _ONE_HEAD:
-                shape = self._shape_of(meta[1]).one_head()
-            else:
-                shape = _shapes.from_meta(meta)
-            self._shapes[meta] = shape
+            shape = self._shapes[meta] = shape_of(meta)
         return shape
 
-    def _open_site(self, site: str, phase: str, head: int, kv_head: int, dims) -> list:
+    def open_site(self, site: str, phase: str, head: int, kv_head: int, dims) -> list:
         """A compiled call site's range opens (called by the ``headcount::open_range``
         operator at run time): log the call, push its ranges; returns their tokens."""
         parsed = self._sites.get(site)
@@ -481,20 +443,21 @@ class AttentionTagger:
         meta = _compiled.metadata(fixed, dims)
         tid = threading.get_ident()
         if head < 0:
-            self._record((tid, phase, layer_name, layer, None, None, meta, model), tid)
+            self._record(logged(tid, phase, layer_name, layer, meta, model), tid)
             names = (phase, layer_name)
         else:
-            self._record((tid, phase, layer_name, layer, head, kv_head, (_ONE_HEAD, meta), model), tid)
+            self._record(logged(tid, phase, layer_name, layer, meta, model).for_head(head, kv_head, OneHead(meta)), tid)
             names = (head_name(head),)
         return [self.emitter.push(name) for name in names]
 
-    def _close_site(self, tokens: list) -> None:
+    def close_site(self, tokens: list) -> None:
+        """Pop the ranges :meth:`open_site` pushed (the ``headcount::close_range`` operator)."""
         for token in reversed(tokens):
             self.emitter.pop(token)
 
-    def _record(self, log: tuple, thread_id: int) -> None:
+    def _record(self, log: CallLog, thread_id: int) -> None:
         if self.log_calls:
-            self._log.append(log if log[0] == thread_id else (thread_id, *log[1:]))
+            self._log.append(log if log.thread_id == thread_id else log.on_thread(thread_id))
 
     def _wrapped(self, fn: Callable, implementation: str) -> Callable:
         cache_key = (fn, implementation)
@@ -502,7 +465,7 @@ class AttentionTagger:
         wrapper = self._wrappers.get(cache_key)
         if wrapper is None:
             layers, log, emitter, grad_enabled = self._layers, self._log, self.emitter, torch.is_grad_enabled
-            log_calls = self.log_calls
+            log_calls, layer_mode, get_ident, tensor = self.log_calls, self.mode == "layer", threading.get_ident, torch.Tensor
 
             @functools.wraps(fn)
             def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
@@ -511,25 +474,26 @@ class AttentionTagger:
                     return fn(module, query, key, value, attention_mask, *args, **kwargs)
                 if self.observer is not None and _graph_task_id() == -1:
                     self.observer(info, module, query, key, attention_mask, kwargs)  # outside the ranges
-                if not log_calls and self.mode == "layer" and not (
-                    grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-                ):
+                fused_only = layer_mode and not (grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))
+                if fused_only and not log_calls:
                     # tags only (no tool reads the log): two ranges and nothing else
                     tokens = emitter.push2("recompute" if _graph_task_id() != -1 else "fwd", info.name)
                     try:
                         return fn(module, query, key, value, attention_mask, *args, **kwargs)
                     finally:
                         emitter.pop2(tokens)
-                causal = _causal(module, kwargs)
+                causal = kwargs.get("is_causal")
+                if causal is None:
+                    causal = getattr(module, "is_causal", False)
+                # CallMeta's and CallLog's fields as plain tuples: building the NamedTuples here cost
+                # 0.25 µs a call (10 % of the tagging); `calls` reads them back as the declared types
                 meta = (implementation, query.shape, key.shape, value.shape, query.dtype,
-                        (attention_mask.shape, attention_mask.dtype) if isinstance(attention_mask, torch.Tensor) else None,
+                        (attention_mask.shape, attention_mask.dtype) if isinstance(attention_mask, tensor) else None,
                         causal, kwargs.get("sliding_window"), "bhsd")
-                if self.mode == "layer" and not (
-                    grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-                ):
+                if fused_only:
                     # inference in layer mode: no closures, no autograd nodes
                     phase = "recompute" if _graph_task_id() != -1 else "fwd"
-                    log.append((threading.get_ident(), phase, info.name, info.index, None, None, meta, info.model))
+                    log.append((get_ident(), phase, info.name, info.index, None, None, meta, info.model))
                     tokens = emitter.push2(phase, info.name)
                     try:
                         return fn(module, query, key, value, attention_mask, *args, **kwargs)
@@ -546,7 +510,7 @@ class AttentionTagger:
         layer_name: str,
         layer_index: int | None,
         model_name: str | None,
-        meta: tuple | None,
+        meta: CallMeta | tuple | None,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
@@ -558,14 +522,15 @@ class AttentionTagger:
         """Run one attention call inside its ranges.
 
         Args:
-            meta: the call's shape metadata (:func:`headcount.tagging.shapes.metadata`).
+            meta: the call's metadata (:func:`headcount.tagging.shapes.metadata`; or its fields as a plain tuple).
             fused: ``fused(q, k, v)`` computes the call as the model does.
             one_head: ``one_head(h, q_h, k_h, v_h)`` computes query head ``h`` alone.
             join: ``join(results)`` assembles the per-head results into the fused result.
             head_dim: the head dimension of q, k and v.
         """
         phase = "recompute" if _graph_task_id() != -1 else "fwd"
-        log = (threading.get_ident(), phase, layer_name, layer_index, None, None, meta, model_name)
+        tid = threading.get_ident()
+        log = _new(CallLog, (tid, phase, layer_name, layer_index, None, None, meta, model_name, None, None, None))
         track = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
         emitter = self.emitter
         # the identity functions stay outside the forward range so that their
@@ -575,10 +540,11 @@ class AttentionTagger:
         # only after that call's backward: this call then closes from an identity function
         hooks = track and self.mode == "layer" and not _awaited(query, key, value)
         if track:
-            bwd = _BackwardRange(self, ("bwd", layer_name), (log[0], "bwd", *log[2:]))
+            bwd = _BackwardRange(self, ("bwd", layer_name), log.in_phase("bwd"))
             if not hooks:
                 query, key, value = _CloseOnGrad.apply(bwd, query, key, value)
-        self._record(log, log[0])
+        if self.log_calls:
+            self._log.append(log)
         tokens = emitter.push2(phase, layer_name)
         try:
             if self.mode == "head":
@@ -593,17 +559,18 @@ class AttentionTagger:
             result = _apply_to_output(result, lambda out: _OpenOnGrad.apply(bwd, out))
         return result
 
-    def _per_head(self, log, query, key, value, one_head, join, head_dim, track):
+    def _per_head(self, log: CallLog, query, key, value, one_head, join, head_dim, track):
         n_q = query.shape[head_dim]
         n_kv = key.shape[head_dim]
         if n_kv == 0 or n_q % n_kv:
             raise HeadcountError(
-                f"{log[2]}: {n_q} query heads cannot share {n_kv} key/value heads",
+                f"{log.layer_name}: {n_q} query heads cannot share {n_kv} key/value heads",
                 hint="profile this model in layer mode",
             )
         groups = n_q // n_kv
-        tid, phase, layer_name, layer, _, _, meta, model = log
-        head_meta = (_ONE_HEAD, meta) if meta is not None else None
+        head_meta = OneHead(log.shape) if log.shape is not None else None
+        tid, phase, layer_name, layer, model = log.thread_id, log.phase, log.layer_name, log.layer, log.model
+        record = self._log.append if self.log_calls else None
         keys, values = grouped_heads(key, head_dim, groups), grouped_heads(value, head_dim, groups)
         results = []
         emitter = self.emitter
@@ -611,11 +578,12 @@ class AttentionTagger:
             g = h // groups
             q_h, k_h, v_h = query.narrow(head_dim, h, 1), keys[h], values[h]
             name = head_name(h)
-            head_log = (tid, phase, layer_name, layer, h, g, head_meta, model)
+            head_log = _new(CallLog, (tid, phase, layer_name, layer, h, g, head_meta, model, None, None, None))
             if track:
-                bwd = _BackwardRange(self, (name,), (tid, "bwd", *head_log[2:]))
+                bwd = _BackwardRange(self, (name,), head_log.in_phase("bwd"))
                 q_h, k_h, v_h = _CloseOnGrad.apply(bwd, q_h, k_h, v_h)
-            self._record(head_log, tid)
+            if record is not None:
+                record(head_log)
             token = emitter.push(name)
             try:
                 res = one_head(h, q_h, k_h, v_h)
@@ -726,7 +694,7 @@ def tag_attention(fn: Callable | None = None, *, layer: str | int, layout: str =
         def tagged(query, key, value, *args, **kwargs):
             compiling = torch.compiler.is_compiling()
             tagger = None if compiling else current_tagger()
-            if (_compiled.MODE if compiling else tagger) is None:
+            if (state.MODE if compiling else tagger) is None:
                 return func(query, key, value, *args, **kwargs)
             mask, is_causal = kwargs.get("attn_mask"), causal or bool(kwargs.get("is_causal"))
             n_heads = query.shape[head_dim]
@@ -745,7 +713,7 @@ def tag_attention(fn: Callable | None = None, *, layer: str | int, layout: str =
 
             if compiling:
                 site = _compiled.site(name, index, None, "manual", query, mask, is_causal, None, layout)
-                return _compiled.run(_compiled.MODE, site, _compiled.dims(query, key, value, mask), query, key, value,
+                return _compiled.run(state.MODE, site, _compiled.dims(query, key, value, mask), query, key, value,
                                      fused, one_head, join, head_dim)
             meta = _shapes.metadata("manual", query, key, value, mask, is_causal, None, layout)
             return tagger.run(name, index, None, meta, query, key, value, fused, one_head, join, head_dim)
@@ -774,7 +742,7 @@ class attention_range:
         if self._tagger is not None:
             phase = "recompute" if _graph_task_id() != -1 else "fwd"
             tid = threading.get_ident()
-            self._tagger._record((tid, phase, self.name, self.index, None, None, None, None), tid)
+            self._tagger._record(logged(tid, phase, self.name, self.index, None, None), tid)
             self._tokens = self._tagger.emitter.push2(phase, self.name)
         return self
 

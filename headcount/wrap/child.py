@@ -34,6 +34,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from headcount.call_log import CallLog, CallShape
 from headcount.errors import HeadcountError, notice
 
 ENV_PREFIX = "HEADCOUNT_RUN_"
@@ -99,7 +100,7 @@ class ChildSession:
         import torch
         from transformers import PreTrainedModel
 
-        from headcount.tagging.naming import STEP_DOMAIN
+        from headcount.naming import STEP_DOMAIN
         from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
         from headcount.tagging.tagger import AttentionTagger
 
@@ -397,15 +398,11 @@ class ChildReport:
 
 def calls_to_rows(calls) -> list[dict]:
     """The call log as plain rows (the CallLog fields, the shape's fields under ``shape``)."""
-    return [{**{k: v for k, v in asdict(c).items() if k != "shape"}, "shape": asdict(c.shape) if c.shape is not None else None}
-            for c in calls]
+    return [{**c._asdict(), "shape": asdict(c.shape) if c.shape is not None else None} for c in calls]
 
 
 def calls_from_rows(rows: list[dict]) -> list:
     """:func:`calls_to_rows`'s rows back as CallLog objects."""
-    from headcount.tagging.shapes import CallShape
-    from headcount.tagging.tagger import CallLog
-
     return [CallLog(**{**r, "shape": CallShape(**r["shape"]) if r.get("shape") else None}) for r in rows]
 
 

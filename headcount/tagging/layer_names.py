@@ -1,86 +1,15 @@
-"""NVTX range names (docs/architecture.md §2) and how attention modules get their layer names.
+"""How attention modules get their layer names (docs/architecture.md §2).
 
-Ranges live in one NVTX domain, :data:`DOMAIN`, and nest outermost first:
-phase (``fwd``, ``bwd``, ``recompute``) → layer (``layer.3``, or
-``decoder.layer.3.cross`` in models with several stacks) → head (``head.7``,
-head mode only). Names never contain ``/`` or ``:`` because ncu uses ``/`` to
-separate nesting levels in ``--nvtx-include`` and ``:`` inside its CSV cells.
-
-The ``torch.profiler`` path cannot use domains, so the same names are emitted
-as ``record_function`` ranges prefixed with the domain and ``@`` (for example
-``headcount@layer.3``).
+The names themselves (phases, ``layer.N``, ``head.N``, what may not appear in
+them) are :mod:`headcount.naming`; this module picks a model's layer names from
+its modules' qualified names.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-DOMAIN = "headcount"
-"""The NVTX domain of every range headcount emits."""
-
-STEP_DOMAIN = "headcount.step"
-"""Domain of the ``step.N`` ranges the profile command puts around each step."""
-
-PHASES = ("fwd", "bwd", "recompute")
-
-_FORBIDDEN = re.compile(r"[/:\s]+")
-
-
-def sanitize(name: str) -> str:
-    """Make ``name`` safe as one NVTX nesting level (no ``/``, ``:`` or blanks)."""
-    cleaned = _FORBIDDEN.sub("_", name.strip())
-    if not cleaned:
-        raise ValueError("an NVTX range name cannot be empty")
-    return cleaned
-
-
-def head_name(head: int) -> str:
-    """Range name of query head ``head`` (``head.7``)."""
-    return f"head.{head}"
-
-
-_LAYER_RE = re.compile(r"^(?:(?P<stack>.+)\.)?layer\.(?P<idx>\d+)(?:\.(?P<role>[A-Za-z_]\w*))?$")
-_HEAD_RE = re.compile(r"^head\.(?P<idx>\d+)$")
-
-
-@dataclass(frozen=True)
-class ParsedPath:
-    """Phase, layer and head read back from a range path such as ``fwd/layer.3/head.7``."""
-
-    phase: str | None
-    layer_name: str | None
-    layer: int | None
-    head: int | None
-
-
-def parse_path(path: str) -> ParsedPath:
-    """Read phase, layer and head from a headcount range path.
-
-    Args:
-        path: levels joined with ``/``, outermost first, e.g. ``bwd/decoder.layer.0.cross/head.2``.
-
-    Returns:
-        The parsed fields; a field the path does not contain is ``None``.
-    """
-    phase = layer_name = None
-    layer = head = None
-    for level in path.split("/"):
-        if level in PHASES and phase is None:
-            phase = level
-            continue
-        m = _HEAD_RE.match(level)
-        if m:
-            head = int(m.group("idx"))
-            continue
-        m = _LAYER_RE.match(level)
-        if m and layer_name is None:
-            layer_name = level
-            layer = int(m.group("idx"))
-    return ParsedPath(phase, layer_name, layer, head)
-
-
-
+from headcount.naming import sanitize
 
 _INT = re.compile(r"^\d+$")
 _CROSS_HINTS = ("cross", "encdec", "enc_dec")
