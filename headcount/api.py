@@ -50,6 +50,23 @@ def resolve_backend(backend: str) -> tuple[str, str | None]:
     return "torch", f"backend auto: torch (cupti unavailable: {why})"
 
 
+def require_backend(backend: str) -> None:
+    """Check that ``backend`` can record here before any model is loaded (``cupti``:
+    a driver and cupti-python; the others need nothing).
+
+    Raises:
+        HeadcountError: it cannot (exit code 3: the environment).
+    """
+    if backend == "cupti":
+        cupti_source.require()
+
+
+def prepare_process(backend: str) -> str | None:
+    """What a backend needs done before the process's first NVTX call (``cupti``:
+    NVTX ranges also become CUPTI marker records); returns what was injected, or ``None``."""
+    return cupti_source.enable_nvtx_injection() if backend == "cupti" else None
+
+
 class AttentionProfiler:
     """Profile the attention of a model, per layer and (in head mode) per head.
 

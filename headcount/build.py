@@ -24,8 +24,7 @@ import numpy as np
 import pandas as pd
 
 from headcount import signals
-from headcount.arrays import positions
-from headcount.attribute import attribution, graphs, labels, untagged
+from headcount.attribute import attribution, graphs, labels, nesting, untagged
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling, timeline, triage
 from headcount.errors import HeadcountError, NothingRecorded
@@ -84,7 +83,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
             ``attention_breakdown`` and ``steps`` (steps that compiled the
             model); their rows stay in ``ranges`` and ``kernels``.
         graph_nodes: CUDA graph node id → ``external_id`` of the range that
-            captured it (-1: none), :func:`headcount.parsers.cupti_records.graph_ranges`:
+            captured it (-1: none), :func:`headcount.attribute.graphs.follow_clones`:
             kernels replayed from those nodes belong to a replay instance of
             that range (:mod:`headcount.attribute.graphs`).
         void_steps: names of step ranges that are no step (the profiler's
@@ -101,7 +100,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     if void_steps:
         ranges = ranges[~((ranges["domain"] == STEP_DOMAIN) & ranges["name"].isin(void_steps))]
     correlated = "external_id" in events.columns
-    ranges = attribution.nest_ranges(ranges[["pid", "tid", "domain", "name", "start_ns", "end_ns", *(["external_id"] if correlated else [])]])
+    ranges = nesting.nest_ranges(ranges[["pid", "tid", "domain", "name", "start_ns", "end_ns", *(["external_id"] if correlated else [])]])
     ops = ops.reset_index(drop=True)
     cpu = ops[ops["kind"] == "op"].copy()
     gpu = ops[ops["kind"].isin(["kernel", "memcpy", "memset"])].copy()
@@ -110,35 +109,22 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     main = ranges[ranges["domain"] == DOMAIN]
     steps = ranges[ranges["domain"] == STEP_DOMAIN]
 
-    # CPU operators: wholly inside the range, on their own thread
-    cpu_inner = attribution.innermost_range(cpu, main, "start_ns", "end_ns")
-    # GPU work: by its launch call (wholly inside the range), on the launching
-    # thread; Kineto puts GPU activity in lanes pid=<device>, tid=<stream>, so
-    # the launching process and thread come from the runtime call
-    gpu = attribution.launches(gpu.assign(pid=None), runtime)
-    gpu_inner = attribution.by_external_id(gpu, main) if correlated else attribution.launched_in(gpu, main)
-    if graph_nodes and correlated:
-        by_external = dict(zip(main["external_id"].astype("int64"), main["range_id"].astype("int64")))
-        captured = {node: by_external.get(ext, graphs.NO_RANGE) for node, ext in graph_nodes.items()}
-        main, gpu_inner = graphs.replay_instances(main, gpu, gpu_inner, captured)
-
-    projected = attribution.project(main, cpu, cpu_inner)
-    if len(gpu):
-        gpu_proj = attribution.project(main, gpu, gpu_inner)
-        projected["gpu_op_count"] = gpu_proj["op_count"].to_numpy()
-        projected["gpu_start_ns"] = gpu_proj["op_start_ns"].to_numpy()
-        projected["gpu_end_ns"] = gpu_proj["op_end_ns"].to_numpy()
-    else:
-        projected["gpu_op_count"] = pd.array([pd.NA] * len(projected), dtype="Int64")
-        projected["gpu_start_ns"] = pd.array([pd.NA] * len(projected), dtype="Int64")
-        projected["gpu_end_ns"] = pd.array([pd.NA] * len(projected), dtype="Int64")
-    projected = projected.rename(columns={"op_start_ns": "cpu_op_start_ns", "op_end_ns": "cpu_op_end_ns"})
-    projected["cpu_ops_ns"] = _top_level_op_time(cpu, cpu_inner, main)  # rows of main = rows of projected
+    # CPU operators belong to the ranges that wholly contain them on their own thread; GPU work to
+    # those around its launch call (Kineto puts GPU activity in lanes pid=<device>, tid=<stream>, so
+    # the launching process and thread come from the runtime call), or, where the launch carried
+    # one, to the range whose external correlation id it carried
+    captured = graphs.captured_by_external_id(graph_nodes, main) if graph_nodes and correlated else None
+    projected, gpu, cpu_inner = attribution.attribute(main, gpu.assign(pid=None), runtime, cpu=cpu,
+                                                      match_external=correlated, captured=captured)
+    gpu_inner = gpu["range_id"].to_numpy()
+    if not len(gpu):  # no GPU recorded: unknown, not zero
+        for column in ("gpu_op_count", "gpu_start_ns", "gpu_end_ns"):
+            projected[column] = pd.array([pd.NA] * len(projected), dtype="Int64")
 
     gpu = gpu.reset_index(drop=True)
     gpu["theoretical_occupancy_pct"] = occupancy.kernel_occupancy(gpu, limits)
     if is_gpu := len(gpu) > 0:
-        launch_figures = launch.per_range(projected, gpu, gpu_inner, gpu["theoretical_occupancy_pct"])
+        launch_figures = launch.per_range(projected, gpu, nesting.ancestor_rows(projected, gpu_inner), gpu["theoretical_occupancy_pct"])
         projected = projected.merge(launch_figures, on="range_id", how="left")
         projected["kernel_count"] = projected["gpu_op_count"]
         if pm_samples is not None and len(pm_samples):
@@ -163,7 +149,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
             per_kernel = sampling.window_totals(pm_samples, gpu_rows["start_ns"].to_numpy(np.float64), gpu_rows["end_ns"].to_numpy(np.float64))
             gpu_rows = pd.concat([gpu_rows, per_kernel], axis=1)
         frames.append(gpu_rows)
-    kernels = launch.kernel_columns(_kernels_table(frames, main, steps, source, implementation))
+    kernels = launch.kernel_columns(_kernels_table(frames, projected, steps, source, implementation))
 
     figures = ranges_table[~ranges_table["step"].isin(list(exclude_steps)).to_numpy() & ~graphs.capture_only(ranges_table)]
     layers = aggregate.layers_table(figures)
@@ -197,6 +183,8 @@ def steps_of(kernels: pd.DataFrame, syncs: pd.DataFrame, steps: pd.DataFrame, ra
         return timeline.gpu_steps(kernels, syncs, attention_found=found)
     layer_ranges = ranges_table[(ranges_table["level"] == "layer").to_numpy(dtype=bool, na_value=False)] if len(ranges_table) else ranges_table
     ops = kernels[kernels["kind"].astype(object) == "op"] if "kind" in kernels else None
+    steps = steps.assign(step=labels.step_of(steps["start_ns"].to_numpy(np.int64), steps) if steps["name"].notna().all()
+                         else pd.array([pd.NA] * len(steps), dtype="Int64"))
     return timeline.cpu_steps(steps, layer_ranges, implementation, attention_found=found, ops=ops)
 
 
@@ -234,35 +222,6 @@ def _with_shapes(ranges_table: pd.DataFrame, calls, implementation: str) -> pd.D
     ranges_table = ranges_table.merge(attention[["range_id", *extra]], on="range_id", how="left")
     ranges_table["implementation"] = ranges_table["implementation"].fillna(implementation)
     return ranges_table
-
-
-def _top_level_op_time(cpu: pd.DataFrame, inner: np.ndarray, ranges: pd.DataFrame) -> np.ndarray:
-    """Per range (row of ``ranges``): summed duration of the operators inside it that are not
-    nested in another operator inside it (so nested aten calls count once).
-
-    An operator's parent operator lies in a range that is an ancestor-or-self
-    of the operator's own range; the operator counts for the ranges strictly
-    below that one.
-    """
-    n = len(ranges)
-    total = np.zeros(n, dtype=np.float64)
-    if not len(cpu) or not n:
-        return total
-    op_rows = cpu.reset_index(drop=True).assign(domain="op", _row=np.arange(len(cpu)))
-    nested = attribution.nest_ranges(op_rows[["pid", "tid", "domain", "name", "start_ns", "end_ns", "_row"]], with_paths=False)
-    rows = nested["_row"].to_numpy()
-    parent_nested = nested["parent_range_id"].to_numpy()
-    parent_row = np.full(len(op_rows), -1, dtype=np.int64)
-    parent_row[rows] = np.where(parent_nested >= 0, rows[np.maximum(parent_nested, 0)], -1)
-    inner_row = positions(ranges["range_id"].to_numpy(np.int64), inner)  # each op's innermost range, as a row
-    parent_inner = np.where(parent_row >= 0, inner_row[np.maximum(parent_row, 0)], -2)
-    duration = (op_rows["end_ns"] - op_rows["start_ns"]).to_numpy(np.float64)
-    stopped = np.zeros(len(op_rows), dtype=bool)
-    for level in attribution.ancestor_rows(ranges, inner):
-        stopped |= (level >= 0) & (level == parent_inner)
-        active = (level >= 0) & ~stopped
-        np.add.at(total, level[active], duration[active])
-    return total
 
 
 def _gpu_rows(work: pd.DataFrame, inner: np.ndarray) -> pd.DataFrame:
@@ -358,7 +317,7 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
             new.append("PM samples do not overlap the kernels in time (different clocks?): sampled DRAM figures are null, "
                        "the analytic model is used")
         info.setdefault("pm_sampling", {})["samples"] = gaps
-    graph_nodes = cupti_records.graph_ranges(records)
+    graph_nodes = graphs.follow_clones(*cupti_records.graph_nodes(records))
     unknown = sum(1 for r in records if r["kind"] == "kernel" and r.get("graph_node_id") and r["graph_node_id"] not in graph_nodes)
     if unknown:
         new.append(f"{unknown} kernels were replayed from CUDA graphs whose capture was not recorded (captured before "
@@ -696,8 +655,8 @@ def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: dict
     heads = aggregate.from_kernels(with_head, aggregate.GROUP_HEAD)
     if calls:
         impl = implementation_of(calls)
-        layers = aggregate.with_call_totals(layers, calls, impl, heads=False)
-        heads = aggregate.with_call_totals(heads, calls, impl, heads=True)
+        layers = aggregate.with_call_totals(layers, calls_frame(calls), impl, heads=False)
+        heads = aggregate.with_call_totals(heads, calls_frame(calls), impl, heads=True)
     tables = {"kernels": k, "ranges": pd.DataFrame(), "layers": layers, "heads": heads,
               "steps": timeline.kernel_sum_steps(k, implementation_of(calls) if calls else "unknown")}
     add_roofline(tables, ncu_metrics.run_device(kernels) or device, calls)

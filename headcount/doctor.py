@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from headcount.collector import nvidia_tools
+from headcount import nsight
 from headcount.collector.cupti_errors import HOLDER_HINT, PERMISSION_HINT, classify
 from headcount.env import package_version as _version
 from headcount.errors import HeadcountError
@@ -193,11 +193,11 @@ def check_nvtx_injection(environ=os.environ) -> Check:
 
 def _tool_version(tool: str) -> str | None:
     try:
-        exe = nvidia_tools.find(tool)  # the same lookup as headcount run and parse ($HEADCOUNT_<TOOL>, else PATH)
+        exe = nsight.find(tool)  # the same lookup as headcount run and parse ($HEADCOUNT_<TOOL>, else PATH)
     except HeadcountError:
         return None
     try:
-        text, _ = nvidia_tools.version(exe)
+        text, _ = nsight.version(exe)
     except HeadcountError:
         return f"{exe} (version unknown)"
     return f"{text or 'version unknown'} ({exe})"

@@ -9,7 +9,7 @@ import torch
 from conftest import _bert, _gpt2, _llama, _t5
 
 from headcount import AttentionProfiler
-from headcount.derive.attention_stats import STATS, head_statistics, probabilities, sample_rows
+from headcount.tagging.attention_stats import STATS, head_statistics, probabilities, sample_rows
 
 
 def _expected(attentions, top_k=5):

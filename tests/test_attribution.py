@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headcount.attribute import attribution
+from headcount.attribute import attribution, nesting
 from headcount.errors import HeadcountError
 from headcount.parsers.kineto import load_trace
 
@@ -45,9 +45,9 @@ def nested_ranges(draw):
 @given(nested_ranges())
 def test_nesting_and_containment_invariants(data):
     ranges, ops = data
-    nested = attribution.nest_ranges(ranges)
+    nested = nesting.nest_ranges(ranges)
     assert list(nested["path"]) == list(nested["expected_path"])
-    inner = attribution.innermost_range(ops, nested, "start_ns", "end_ns")
+    inner = nesting.innermost_range(ops, nested, "start_ns", "end_ns")
     by_id = nested.set_index("range_id")
     for i, rid in enumerate(inner):
         op = ops.iloc[i]
@@ -71,15 +71,15 @@ def test_nesting_and_containment_invariants(data):
 
 
 def test_point_launches_use_the_range_open_at_the_call():
-    ranges = attribution.nest_ranges(pd.DataFrame(
+    ranges = nesting.nest_ranges(pd.DataFrame(
         [("1", "1", "d", "A", 0, 100), ("1", "1", "d", "B", 10, 20), ("1", "1", "d", "C", 50, 60)],
         columns=["pid", "tid", "domain", "name", "start_ns", "end_ns"]))
     launches = pd.DataFrame({"pid": "1", "tid": "1", "t": [5, 15, 30, 55, 100, 101]})
-    ids = attribution.innermost_range(launches, ranges, "t", None)
+    ids = nesting.innermost_range(launches, ranges, "t", None)
     names = [ranges.set_index("range_id").loc[i, "path"] if i >= 0 else None for i in ids]
     assert names == ["A", "A/B", "A", "A/C", "A", None]
     other_thread = launches.assign(tid="2")
-    assert (attribution.innermost_range(other_thread, ranges, "t", None) == -1).all()
+    assert (nesting.innermost_range(other_thread, ranges, "t", None) == -1).all()
 
 
 def test_kineto_timestamps_are_exact_nanoseconds(tmp_path):
@@ -133,7 +133,7 @@ def test_partially_overlapping_ranges_take_the_tightest_container():
     # inside both, with less slack in A (6 + 1) than in B (1 + 11)
     ranges = pd.DataFrame([("1", "1", "d", "A", 0, 10), ("1", "1", "d", "B", 5, 20), ("1", "1", "d", "C", 6, 9)],
                           columns=["pid", "tid", "domain", "name", "start_ns", "end_ns"])
-    nested = attribution.nest_ranges(ranges)
+    nested = nesting.nest_ranges(ranges)
     assert list(nested["path"]) == ["A", "B", "A/C"]
     assert list(nested["depth"]) == [0, 0, 1]
     assert not nested["nested"].any()

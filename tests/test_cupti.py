@@ -16,7 +16,7 @@ from cupti_replay import LaunchOnEveryOp, ReplayCupti, ReplayPm
 
 from headcount import AttentionProfiler, attention_range
 from headcount.api import resolve_backend
-from headcount.attribute import attribution
+from headcount.attribute import attribution, graphs
 from headcount.cli.main import main as cli_main
 from headcount.collector import cupti_source
 from headcount.collector.cupti_errors import classify
@@ -442,7 +442,7 @@ def test_graph_nodes_remember_the_range_that_captured_them(llama, tmp_path):
     header, records = cupti_records.read_records(rec.records_path)
     assert header["stats"]["graph_nodes"] == {"created": len(clones), "cloned": len(clones), "callback_failures": 0}
     ranges = {r["id"]: r["name"] for r in records if r["kind"] == "range"}
-    resolved = cupti_records.graph_ranges(records)
+    resolved = graphs.follow_clones(*cupti_records.graph_nodes(records))
     assert set(clones) <= set(resolved)  # every clone is followed back to the node it was made from
     captured_in = {ranges[resolved[c]] for c in clones if resolved[c] != -1}
     # every layer's forward captured nodes (attention kernels inside fwd/layer.N), and clones resolve like originals

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headcount.attribute import attribution
+from headcount.attribute.nesting import ancestor_rows
 from headcount.derive import launch, sampling
 from headcount.derive.occupancy import LIMITS, blocks_per_sm, kernel_occupancy, theoretical_occupancy_pct
 
@@ -52,7 +53,7 @@ def test_busy_time_is_the_union_of_kernel_intervals(kernels):
     work = pd.DataFrame({"start_ns": [s for _, s, _ in kernels], "end_ns": [s + d for _, s, d in kernels],
                          "api_start_ns": 0, "api_end_ns": 7})
     inner = np.array([r for r, _, _ in kernels])
-    got = launch.per_range(ranges, work, inner).set_index("range_id")
+    got = launch.per_range(ranges, work, ancestor_rows(ranges, inner)).set_index("range_id")
     for rid, members in ((0, {0, 1, 2}), (1, {1}), (2, {2})):
         covered = set()
         for r, s, d in kernels:
@@ -68,7 +69,7 @@ def test_ranges_that_launched_nothing_have_null_launch_figures():
     ranges = pd.DataFrame({"range_id": [0, 1], "parent_range_id": [-1, -1], "gpu_start_ns": pd.array([0, None], dtype="Int64"),
                            "gpu_end_ns": pd.array([10, None], dtype="Int64")})
     work = pd.DataFrame({"start_ns": [2], "end_ns": [5], "api_start_ns": [0], "api_end_ns": [1]})
-    got = launch.per_range(ranges, work, np.array([0]))
+    got = launch.per_range(ranges, work, ancestor_rows(ranges, np.array([0])))
     assert got.loc[0, "kernel_busy_ns"] == 3 and got.loc[0, "kernel_gap_ns"] == 7
     assert got.loc[1, ["kernel_busy_ns", "kernel_gap_ns", "cpu_launch_cost_ns"]].isna().all()
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headcount import build
-from headcount.attribute.attribution import nest_ranges
+from headcount.attribute.nesting import nest_ranges
 from headcount.cli.main import main
 from headcount.parsers import nsys_sqlite
 
@@ -226,14 +226,14 @@ def test_paths_by_code_equal_the_joined_names(spans):
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(0, 15)), min_size=1, max_size=60))
 def test_depth_by_one_sort_equals_depth_by_events(spans):
     """The one-sort depth count agrees with the event sweep, ties and zero-length ranges included."""
-    from headcount.attribute.attribution import _depths, _depths_by_events
+    from headcount.attribute.nesting import depths, depths_by_events
 
     frame = pd.DataFrame(spans, columns=["group", "start", "length"])
     frame["end"] = frame["start"] + frame["length"]
     frame = frame.sort_values(["group", "start", "end"], ascending=[True, True, False], kind="stable")
     groups = frame["group"].rank(method="dense").astype(np.int64).to_numpy() - 1
     starts, ends = frame["start"].to_numpy(np.int64), frame["end"].to_numpy(np.int64)
-    assert (_depths(groups, starts, ends) == _depths_by_events(groups, starts, ends)).all()
+    assert (depths(groups, starts, ends) == depths_by_events(groups, starts, ends)).all()
 
 
 @settings(max_examples=80, deadline=None)

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from nsight import nsight_bin
 
+from headcount import nsight
 from headcount.cli.main import main as cli_main
 from headcount.collector import nvidia_tools
 from headcount.wrap import child as child_mod
@@ -234,11 +235,11 @@ def test_ncu_log_reading(line, expect):
 
 
 def test_tool_versions_and_gates(nsight_path):
-    text, numbers = nvidia_tools.version(nsight_bin("nsys"))
+    text, numbers = nsight.version(nsight_bin("nsys"))
     assert numbers[:2] == (2023, 4)
-    nvidia_tools.check_version("nsys", numbers, text)
+    nsight.check_version("nsys", numbers, text)
     with pytest.raises(Exception, match="too old for headcount run"):
-        nvidia_tools.check_version("ncu", (2021, 3, 1), "Version 2021.3.1")
+        nsight.check_version("ncu", (2021, 3, 1), "Version 2021.3.1")
     help_text = subprocess.run([nsight_bin("nsys"), "profile", "--help"], capture_output=True, text=True).stdout
     assert nvidia_tools.nsys_gpu_metrics_flag(help_text) == "--gpu-metrics-device"  # the 2023.x spelling
     assert nvidia_tools.nsys_gpu_metrics_flag("  --gpu-metrics-devices=<arg>") == "--gpu-metrics-devices"

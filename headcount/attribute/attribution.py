@@ -7,233 +7,20 @@ driver call (matched on correlation id within one process); for a CPU
 operator it is the operator itself (an autograd node that pops a range starts
 inside it and ends outside, so it belongs to the parent).
 
-Push/pop ranges are properly nested per thread and domain, so nesting is a
-stack sweep and "innermost open range at time t" is a binary search followed
-by walking up parents: columnar, no per-op Python loop.
+Nesting and "innermost range at time t" are :mod:`headcount.attribute.nesting`;
+replays of CUDA graphs are :mod:`headcount.attribute.graphs`.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pandas as pd
 
-from headcount.arrays import positions, unique_inverse
-
-RANGE_KEYS = ["pid", "tid", "domain"]
-
-
-def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS, with_paths: bool = True) -> pd.DataFrame:
-    """Add ``range_id``, ``parent_range_id``, ``depth`` (0 = outermost) and
-    ``path`` (names joined with ``/``, outermost first) to push/pop ranges.
-
-    A range's parent is the tightest range of the same group that contains it
-    (the rule of nsys's ``nvtx_gpu_proj_trace``): found by counting open ranges
-    (vectorized) when ranges nest properly, else by a stack sweep.
-
-    Args:
-        ranges: columns ``pid``, ``tid``, ``name``, ``start_ns``, ``end_ns`` and the ``keys``;
-            an existing ``range_id`` column is kept (else the row position is used).
-        keys: ranges nest within groups of these columns: per thread and domain
-            by default; nsys nests all domains of a thread together (``["pid", "tid"]``).
-        with_paths: build the ``path`` strings (one new string per range: on
-            millions of ranges the largest cost in time and memory).
-
-    Returns:
-        A copy sorted by (keys, start, -end); ``parent_range_id`` is -1 for outermost ranges.
-    """
-    out = ranges.sort_values(keys + ["start_ns", "end_ns"], ascending=[True] * (len(keys) + 1) + [False], kind="stable")
-    out = out.reset_index(drop=True)
-    n = len(out)
-    group_ids = out.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
-    starts = out["start_ns"].to_numpy(dtype=np.int64)
-    ends = out["end_ns"].to_numpy(dtype=np.int64)
-    parent, depth, improper = _nest_by_counting(group_ids, starts, ends)
-    if improper.any():  # ranges that overlap without nesting: nsys's tightest-container rule
-        parent, depth = _nest_by_tightest(group_ids, starts, ends, parent, improper)
-    if with_paths:
-        out["path"] = path_categories(out["name"], parent, depth)
-    if "range_id" not in out.columns:
-        out["range_id"] = np.arange(n, dtype=np.int64)
-    ids = out["range_id"].to_numpy(dtype=np.int64)
-    out["parent_range_id"] = np.where(parent >= 0, ids[np.maximum(parent, 0)], -1)
-    out["depth"] = depth
-    out["nested"] = ~improper[group_ids] if n else np.zeros(0, dtype=bool)  # False: group with partial overlaps
-    return out
-
-
-def path_categories(names: pd.Series, parent: np.ndarray, depth: np.ndarray) -> pd.Categorical:
-    """Each range's path (names joined with ``/``, outermost first) as a
-    Categorical: a path is numbered by (its parent's path number, its own
-    name's code), level by level, so only the distinct paths (hundreds, where
-    ranges are millions) ever become strings.
-
-    Args:
-        names: range names (null names count as empty).
-        parent: row of each range's parent (-1: none); depth: 0 = outermost.
-    """
-    n = len(names)
-    if n == 0:
-        return pd.Categorical([], categories=pd.Index([], dtype=object))
-    name_codes, name_values = pd.factorize(names.array if hasattr(names, "array") else names)
-    name_codes = name_codes.astype(np.int64)
-    width = len(name_values) + 1
-    path = np.full(n, -1, dtype=np.int64)
-    parent_path, path_name = [], []
-    for d in range(int(depth.max()) + 1):
-        rows = np.flatnonzero(depth == d)
-        above = path[parent[rows]] if d else np.full(len(rows), -1, dtype=np.int64)
-        keys, inverse = unique_inverse((above + 1) * width + (name_codes[rows] + 1))
-        path[rows] = len(parent_path) + inverse.reshape(-1)
-        parent_path.extend((keys // width - 1).tolist())
-        path_name.extend((keys % width - 1).tolist())
-    labels = [str(v) for v in name_values]
-    strings: list[str] = []
-    for up, name in zip(parent_path, path_name):
-        own = labels[name] if name >= 0 else ""
-        strings.append(own if up < 0 else strings[up] + "/" + own)
-    # two (parent, name) pairs can spell one string (a name holding '/'): one category each
-    codes, categories = pd.factorize(np.array(strings, dtype=object))
-    return pd.Categorical.from_codes(codes[path], categories=pd.Index(categories, dtype=object))
-
-
-def _nest_by_counting(group_ids, starts, ends):
-    """Parent row and depth of ranges sorted by (group, start, -end), vectorized:
-    a range's depth is the number of ranges open at its start, its parent the
-    last range one level up that started before it. Exact where ranges nest
-    properly (push/pop ranges, and ranges left open at the end of a capture).
-
-    Returns:
-        ``(parent, depth, improper)``: ``improper[g]`` is True for a group in
-        which some found parent does not contain its child (partial overlaps).
-    """
-    n = len(starts)
-    parent = np.full(n, -1, dtype=np.int64)
-    n_groups = int(group_ids.max()) + 1 if n else 0
-    if n == 0:
-        return parent, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
-    depth = _depths(group_ids, starts, ends)
-    for d in range(1, int(depth.max()) + 1):
-        children = np.flatnonzero(depth == d)
-        candidates = np.flatnonzero(depth == d - 1)
-        pos = np.searchsorted(candidates, children) - 1
-        parent[children] = np.where(pos >= 0, candidates[np.maximum(pos, 0)], -1)
-    p = np.maximum(parent, 0)
-    bad = (parent >= 0) & ((group_ids[p] != group_ids) | (starts[p] > starts) | (ends[p] < ends))
-    bad |= (parent < 0) & (depth != 0)
-    improper = np.zeros(n_groups, dtype=bool)
-    improper[group_ids[bad]] = True
-    return parent, depth, improper
-
-
-def _depths(group_ids, starts, ends) -> np.ndarray:
-    """Ranges open at each range's start, for ranges sorted by (group, start, -end)
-    (group ids ascending): the ranges of its group sorted before it, less those
-    that ended at or before its start (at equal times an end comes first)."""
-    n = len(starts)
-    lo = int(min(starts.min(), ends.min()))
-    span = int(max(starts.max(), ends.max())) - lo + 1
-    rows = np.arange(n, dtype=np.int64)
-    sizes = np.bincount(group_ids)
-    group_first = np.repeat(np.cumsum(sizes) - sizes, sizes)  # also where the group's ends begin once sorted
-    if (int(group_ids.max()) + 1) * span < 2**62:  # one sort of int64 keys: (group, end)
-        base = group_ids.astype(np.int64) * span
-        ended_keys = np.sort(base + (ends - lo))
-        ended = np.searchsorted(ended_keys, base + (starts - lo), side="right") - group_first
-        return rows - group_first - ended
-    return _depths_by_events(group_ids, starts, ends)  # keys too wide for one integer
-
-
-def _depths_by_events(group_ids, starts, ends) -> np.ndarray:
-    """:func:`_depths` by sorting start and end events (any key width)."""
-    n = len(starts)
-    rows = np.arange(n, dtype=np.int64)
-    ev_group = np.concatenate([group_ids, group_ids])
-    ev_time = np.concatenate([starts, ends])
-    ev_kind = np.concatenate([np.ones(n, np.int8), np.zeros(n, np.int8)])  # at equal times, ends first
-    ev_row = np.concatenate([rows, rows])
-    order = np.lexsort((ev_row, ev_kind, ev_time, ev_group))
-    open_after = np.cumsum(np.where(ev_kind[order] == 1, 1, -1))
-    is_start = ev_kind[order] == 1
-    depth = np.empty(n, dtype=np.int64)
-    depth[ev_row[order][is_start]] = open_after[is_start] - 1
-    return depth
-
-
-def _nest_by_tightest(group_ids, starts, ends, parent, improper, block: int = 2048):
-    """Parents in groups with partial overlaps: the containing range with the
-    least slack, (child start − parent start) + (parent end − child end), as
-    nsys picks it; depth follows the parents. Quadratic in the group's size,
-    so used only where ranges do not nest."""
-    parent = parent.copy()
-    for g in np.flatnonzero(improper):
-        rows = np.flatnonzero(group_ids == g)
-        s, e = starts[rows], ends[rows]
-        for lo in range(0, len(rows), block):
-            cs, ce = s[lo:lo + block, None], e[lo:lo + block, None]
-            contains = (s[None, :] <= cs) & (e[None, :] >= ce)
-            # identical intervals: the earlier row is the parent (no cycles)
-            cols, own = np.arange(len(rows))[None, :], np.arange(lo, lo + len(cs))[:, None]
-            contains &= ~((s[None, :] == cs) & (e[None, :] == ce)) | (cols < own)
-            contains[np.arange(len(cs)), np.arange(lo, lo + len(cs))] = False
-            slack = np.where(contains, (cs - s[None, :]) + (e[None, :] - ce), np.iinfo(np.int64).max)
-            best = slack.argmin(axis=1)
-            parent[rows[lo:lo + block]] = np.where(contains.any(axis=1), rows[best], -1)
-    depth = np.zeros(len(parent), dtype=np.int64)
-    cur = parent.copy()
-    for _ in range(len(parent)):  # depth = length of the parent chain
-        live = cur >= 0
-        if not live.any():
-            break
-        depth[live] += 1
-        cur[live] = parent[cur[live]]
-    return parent, depth
-
-
-def innermost_range(
-    ops: pd.DataFrame,
-    ranges: pd.DataFrame,
-    time_col: str = "start_ns",
-    end_col: str | None = "end_ns",
-) -> np.ndarray:
-    """For each op, the ``range_id`` of the innermost range containing it, or -1.
-
-    Args:
-        ops: columns ``pid``, ``tid`` and ``time_col`` (and ``end_col``).
-        ranges: output of :func:`nest_ranges`, restricted to one domain.
-        time_col: the op's launch time (ns) on its thread.
-        end_col: if given, the range must also contain this time (the end of
-            the CPU op or of the launch call); ``None`` for a point in time.
-    """
-    result = np.full(len(ops), -1, dtype=np.int64)
-    if len(ops) == 0 or len(ranges) == 0:
-        return result
-    r_start = ranges["start_ns"].to_numpy()
-    r_end = ranges["end_ns"].to_numpy()
-    r_parent = ranges["parent_range_id"].to_numpy()
-    r_ids = ranges["range_id"].to_numpy(dtype=np.int64)
-    parent_pos = positions(r_ids, r_parent)
-    op_groups = ops.groupby(["pid", "tid"], sort=False).indices
-    range_groups = ranges.groupby(["pid", "tid"], sort=False).indices
-    op_time = ops[time_col].to_numpy()
-    op_end = ops[end_col].to_numpy() if end_col else op_time
-    for key, op_idx in op_groups.items():
-        r_idx = range_groups.get(key)
-        if r_idx is None:
-            continue
-        r_idx = np.sort(r_idx)  # nest_ranges order: by start within a thread
-        starts = r_start[r_idx]
-        t = op_time[op_idx]
-        t_end = op_end[op_idx]
-        cand = np.searchsorted(starts, t, side="right") - 1
-        cand = np.where(cand >= 0, r_idx[np.maximum(cand, 0)], -1)
-        # walk up until the range contains the op (at most the nesting depth)
-        while True:
-            bad = (cand >= 0) & (r_end[np.maximum(cand, 0)] < t_end)
-            if not bad.any():
-                break
-            cand[bad] = parent_pos[cand[bad]]
-        result[op_idx] = np.where(cand >= 0, r_ids[np.maximum(cand, 0)], -1)
-    return result
+from headcount.arrays import positions
+from headcount.attribute import graphs
+from headcount.attribute.nesting import ancestor_rows, innermost_range, nest_ranges
 
 
 def launches(gpu: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
@@ -311,21 +98,6 @@ def launched_in(work: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
         inner[probe.index.to_numpy()] = innermost_range(probe, ranges, "api_start_ns", "api_end_ns")
     return inner
 
-
-def ancestor_rows(ranges: pd.DataFrame, innermost: np.ndarray) -> list[np.ndarray]:
-    """Level by level, the row (position in ``ranges``) of each op's
-    ancestor-or-self range, starting from its innermost range (``innermost``:
-    a ``range_id`` per op, -1 for none); -1 past the root."""
-    ids = ranges["range_id"].to_numpy(dtype=np.int64)
-    parent_row = positions(ids, ranges["parent_range_id"].to_numpy(dtype=np.int64))
-    levels = []
-    cur = positions(ids, np.asarray(innermost, dtype=np.int64))
-    while (cur >= 0).any():
-        levels.append(cur.copy())
-        cur = np.where(cur >= 0, parent_row[np.maximum(cur, 0)], -1)
-    return levels
-
-
 def project(ranges: pd.DataFrame, ops: pd.DataFrame, innermost: np.ndarray, copy: bool = True) -> pd.DataFrame:
     """Per range: ops launched inside it at any depth, first op start, last op end.
 
@@ -357,17 +129,79 @@ def project(ranges: pd.DataFrame, ops: pd.DataFrame, innermost: np.ndarray, copy
     return out
 
 
+class Attributed(NamedTuple):
+    """What :func:`attribute` gives back.
+
+    Attributes:
+        ranges: the ranges given (plus one row per CUDA graph replay instance) with
+            ``gpu_op_count``, ``gpu_start_ns``, ``gpu_end_ns`` (GPU work launched inside,
+            at any depth: count, first start, last end; ns) and, when CPU operators
+            were given, ``op_count``, ``cpu_op_start_ns``, ``cpu_op_end_ns`` and
+            ``cpu_ops_ns`` (summed time of the operators not nested in another
+            operator of the range, ns).
+        gpu: the GPU work with its launch columns (:func:`launches`) and the
+            ``range_id`` of its innermost range (-1: none).
+        cpu_range: each CPU operator's innermost ``range_id`` (-1: none); ``None`` without CPU operators.
+    """
+
+    ranges: pd.DataFrame
+    gpu: pd.DataFrame
+    cpu_range: np.ndarray | None
+
+
+def attribute(ranges: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, *, cpu: pd.DataFrame | None = None,
+              match_external: bool = False, captured: dict[int, int] | None = None,
+              replayable: np.ndarray | None = None) -> Attributed:
+    """The one attribution of every source: GPU work (and CPU operators) to the ranges that launched them.
+
+    Args:
+        ranges: nested ranges (:func:`~headcount.attribute.nesting.nest_ranges`) that work may belong to.
+        gpu: GPU work: ``pid`` of the launching process (``None`` to match on the
+            correlation id alone), ``correlation_id``, ``start_ns``, ``end_ns``
+            (and ``external_id`` with ``match_external``).
+        runtime: launch calls (``pid``, ``tid``, ``correlation_id``, ``start_ns``, ``end_ns``).
+        cpu: CPU operators (``pid``, ``tid``, ``start_ns``, ``end_ns``): each
+            belongs to the ranges that wholly contain it on its thread.
+        match_external: GPU work belongs to the range whose id its launch carried
+            as CUPTI external correlation id (exact), not to the ranges around its launch call.
+        captured: CUDA graph node id → the range that made it
+            (:func:`~headcount.attribute.graphs.capture_ranges`): replayed work
+            belongs to a replay instance of that range (:mod:`headcount.attribute.graphs`).
+        replayable: per range, whether it may get replay instances (``None``: all).
+    """
+    work = launches(gpu, runtime).reset_index(drop=True)
+    inner = by_external_id(work, ranges) if match_external else launched_in(work, ranges)
+    # before the replay instances: those hold replayed GPU work, never a CPU operator
+    cpu_range = innermost_range(cpu, ranges, "start_ns", "end_ns") if cpu is not None else None
+    if captured:
+        ranges, inner = graphs.replay_instances(ranges, work, inner, captured, replayable)
+    work["range_id"] = inner
+    if cpu is not None:
+        ranges = project(ranges, cpu, cpu_range).rename(columns={"op_start_ns": "cpu_op_start_ns", "op_end_ns": "cpu_op_end_ns"})
+        ranges["cpu_ops_ns"] = _top_level_op_time(cpu, cpu_range, ranges)
+        gpu_proj = project(ranges[["range_id", "parent_range_id"]], work, inner)
+        for ours, theirs in (("gpu_op_count", "op_count"), ("gpu_start_ns", "op_start_ns"), ("gpu_end_ns", "op_end_ns")):
+            ranges[ours] = gpu_proj[theirs].to_numpy()
+    else:
+        ranges = project(ranges, work, inner, copy=False)
+        ranges.columns = [{"op_count": "gpu_op_count", "op_start_ns": "gpu_start_ns", "op_end_ns": "gpu_end_ns"}.get(c, c)
+                          for c in ranges.columns]
+    if cpu is None and "nested" in ranges and not ranges["nested"].all():
+        _project_overlapping(ranges, work)
+    return Attributed(ranges, work, cpu_range)
+
+
 def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, keys: list[str] = ["pid", "tid"],
                 with_paths: bool = True, graph_nodes: pd.DataFrame | None = None,
                 not_replayed: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """NVTX ranges projected onto GPU time, as nsys's ``nvtx_gpu_proj_trace``.
+    """NVTX ranges projected onto GPU time, as nsys's ``nvtx_gpu_proj_trace`` (an nsys export's attribution).
 
     Args:
         ranges: ``range_id``, ``pid``, ``tid``, ``name``, ``start_ns``, ``end_ns`` (+ ``keys``).
         runtime: launch calls (``pid``, ``tid``, ``correlation_id``, ``start_ns``, ``end_ns``).
         gpu: GPU work (``pid`` of the launching process, ``correlation_id``, ``start_ns``, ``end_ns``).
         keys: nesting groups (nsys: all domains of a thread together).
-        with_paths: also build ``path`` (see :func:`nest_ranges`).
+        with_paths: also build ``path`` (see :func:`~headcount.attribute.nesting.nest_ranges`).
         graph_nodes: CUDA graph node events (:class:`~headcount.tables.Timeline`):
             GPU work replayed from a graph belongs to a replay instance of the
             range that made its node (:mod:`headcount.attribute.graphs`), not to
@@ -380,24 +214,45 @@ def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, 
         (children that launched GPU work) and ``replay_of``; GPU work with its
         launch columns and the ``range_id`` of its innermost range (-1 if none).
     """
-    from headcount.attribute import graphs  # it builds on this module
-
     nested = nest_ranges(ranges, keys=keys, with_paths=with_paths)
-    work = launches(gpu, runtime).reset_index(drop=True)
-    inner = launched_in(work, nested)
+    captured = replayable = None
     if graph_nodes is not None and len(graph_nodes):
+        captured = graphs.capture_ranges(graph_nodes, nested)
         replayable = ~nested["domain"].isin(list(not_replayed)).to_numpy() if "domain" in nested else None
-        nested, inner = graphs.replay_instances(nested, work, inner, graphs.capture_ranges(graph_nodes, nested), replayable)
-    work["range_id"] = inner
-    projected = project(nested, work, inner, copy=False)
-    projected.columns = [{"op_count": "gpu_op_count", "op_start_ns": "gpu_start_ns", "op_end_ns": "gpu_end_ns"}.get(c, c)
-                         for c in projected.columns]
-    if not projected["nested"].all():
-        _project_overlapping(projected, work)
+    projected, work, _ = attribute(nested, gpu, runtime, captured=captured, replayable=replayable)
     with_ops = projected[projected["gpu_op_count"] > 0]
     children = with_ops[with_ops["parent_range_id"] >= 0].groupby("parent_range_id").size()
     projected["child_count"] = projected["range_id"].map(children).fillna(0).astype(np.int64)
     return projected, work
+
+
+def _top_level_op_time(cpu: pd.DataFrame, inner: np.ndarray, ranges: pd.DataFrame) -> np.ndarray:
+    """Per range (row of ``ranges``): summed duration of the operators inside it that are not
+    nested in another operator inside it (so nested aten calls count once).
+
+    An operator's parent operator lies in a range that is an ancestor-or-self
+    of the operator's own range; the operator counts for the ranges strictly
+    below that one.
+    """
+    n = len(ranges)
+    total = np.zeros(n, dtype=np.float64)
+    if not len(cpu) or not n:
+        return total
+    op_rows = cpu.reset_index(drop=True).assign(domain="op", _row=np.arange(len(cpu)))
+    nested = nest_ranges(op_rows[["pid", "tid", "domain", "name", "start_ns", "end_ns", "_row"]], with_paths=False)
+    rows = nested["_row"].to_numpy()
+    parent_nested = nested["parent_range_id"].to_numpy()
+    parent_row = np.full(len(op_rows), -1, dtype=np.int64)
+    parent_row[rows] = np.where(parent_nested >= 0, rows[np.maximum(parent_nested, 0)], -1)
+    inner_row = positions(ranges["range_id"].to_numpy(np.int64), inner)  # each op's innermost range, as a row
+    parent_inner = np.where(parent_row >= 0, inner_row[np.maximum(parent_row, 0)], -2)
+    duration = (op_rows["end_ns"] - op_rows["start_ns"]).to_numpy(np.float64)
+    stopped = np.zeros(len(op_rows), dtype=bool)
+    for level in ancestor_rows(ranges, inner):
+        stopped |= (level >= 0) & (level == parent_inner)
+        active = (level >= 0) & ~stopped
+        np.add.at(total, level[active], duration[active])
+    return total
 
 
 def by_external_id(work: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
@@ -410,6 +265,13 @@ def by_external_id(work: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
         work: GPU rows with ``external_id`` (null: launched outside every range).
         ranges: nested ranges with ``external_id``.
     """
-    lookup = dict(zip(ranges["external_id"].astype("int64"), ranges["range_id"].astype("int64")))
-    ext = pd.array(work["external_id"], dtype="Int64")
-    return np.array([lookup.get(int(e), -1) if e is not pd.NA else -1 for e in ext], dtype=np.int64)
+    ids = ranges["range_id"].to_numpy(np.int64)
+    known = ranges["external_id"].to_numpy(np.int64)
+    carried = pd.array(work["external_id"], dtype="Int64").to_numpy(np.int64, na_value=-1)
+    if not len(known) or not len(carried):
+        return np.full(len(carried), -1, dtype=np.int64)
+    order = np.argsort(known, kind="stable")
+    # an id pushed again by an inner range belongs to the inner one: the last in nesting order
+    at = (np.searchsorted(known[order], carried, side="right") - 1).clip(0)
+    found = (carried >= 0) & (known[order][at] == carried)
+    return np.where(found, ids[order][at], -1).astype(np.int64)

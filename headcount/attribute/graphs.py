@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.arrays import positions
-from headcount.attribute.attribution import ancestor_rows, innermost_range
+from headcount.attribute.nesting import ancestor_rows, innermost_range
 
 NO_RANGE = -1  # a node made outside every range
 
@@ -53,6 +53,14 @@ def follow_clones(made: dict[int, int | None], origin: dict[int, int]) -> dict[i
     return out
 
 
+def captured_by_external_id(graph_nodes: dict[int, int], ranges: pd.DataFrame) -> dict[int, int]:
+    """Node id → the range that captured it, from the external correlation id each
+    node's making carried (the cupti source's records); :data:`NO_RANGE` where it
+    carried none of ``ranges``' ids."""
+    by_external = dict(zip(ranges["external_id"].astype("int64"), ranges["range_id"].astype("int64")))
+    return {node: by_external.get(ext, NO_RANGE) for node, ext in graph_nodes.items()}
+
+
 def capture_ranges(nodes: pd.DataFrame, ranges: pd.DataFrame) -> dict[int, int]:
     """Node id → the range that captured it, from node-making events with times
     (an nsys export's graph node events).
@@ -61,7 +69,7 @@ def capture_ranges(nodes: pd.DataFrame, ranges: pd.DataFrame) -> dict[int, int]:
         nodes: ``node_id``, ``original_node_id`` (null for a made node), and for
             made nodes ``pid``, ``tid``, ``start_ns``, ``end_ns`` of the call
             that made the node.
-        ranges: nested ranges (:func:`~headcount.attribute.attribution.nest_ranges`)
+        ranges: nested ranges (:func:`~headcount.attribute.nesting.nest_ranges`)
             of the domain to attribute to.
     """
     if not len(nodes):
@@ -81,7 +89,7 @@ def replay_instances(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray
 
     Args:
         ranges: nested ranges (``range_id``, ``parent_range_id`` and the rest
-            of :func:`~headcount.attribute.attribution.nest_ranges`' columns).
+            of :func:`~headcount.attribute.nesting.nest_ranges`' columns).
         work: GPU work with ``graph_node_id``, ``correlation_id`` and its launch
             call (``launch_pid``, ``launch_tid``, ``api_start_ns``, ``api_end_ns``:
             :func:`~headcount.attribute.attribution.launches`).

@@ -54,7 +54,7 @@ def label_ranges(ranges: pd.DataFrame, steps: pd.DataFrame, ours: np.ndarray | N
     (phase/layer/head/other) and ``step`` to nested ranges, in place.
 
     Args:
-        ranges: :func:`~headcount.attribute.attribution.nest_ranges` output (``path``, ``name``,
+        ranges: :func:`~headcount.attribute.nesting.nest_ranges` output (``path``, ``name``,
             ``range_id``, ``parent_range_id``, ``start_ns``).
         steps: the ``step.N`` ranges (steps are matched by time, :func:`step_of`).
         ours: rows that follow headcount's naming scheme (default: all); the

@@ -16,7 +16,6 @@ import pandas as pd
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from headcount import env, sources
-from headcount.collector import cupti_source
 from headcount.errors import HeadcountError
 from headcount.models import DTYPES, IMPLEMENTATIONS, check_options, choose_model, config_dict, load_model, make_inputs, set_implementation
 from headcount.reports import console as console_report
@@ -106,8 +105,10 @@ def _validate(args):
         raise HeadcountError(f"--compile {args.compile}: " + (f"unknown mode {unknown[0]}" if unknown else "each mode once, at least one"),
                              hint=f"choose from {', '.join((UNCOMPILED, *COMPILE_MODES))}, e.g. --compile {UNCOMPILED},default")
     if args.backend == "cupti":  # the environment first (exit 3): no driver, no cupti-python
+        from headcount.api import require_backend  # torch: imported only when a model is profiled
+
         try:
-            cupti_source.require()
+            require_backend(args.backend)
         except HeadcountError as exc:
             raise HeadcountError(f"--backend cupti cannot run here: {exc.message}", hint=exc.hint, exit_code=exc.exit_code) from exc
     device = env.resolve(args.device)
@@ -150,7 +151,7 @@ def _warm_up(model, inputs, backward: bool, impl: str, tags=None) -> None:
 
 
 def run(args) -> int:
-    from headcount.api import resolve_backend  # torch: imported only when a model is profiled
+    from headcount.api import prepare_process, resolve_backend  # torch: imported only when a model is profiled
 
     console = terminal.console(stderr=True)
     impls, choice, device, modes = _validate(args)
@@ -162,7 +163,7 @@ def run(args) -> int:
         console.print(why)
     if backend == "cupti":
         # before the first NVTX call of this process, so that NVTX ranges also become CUPTI marker records
-        injected = cupti_source.enable_nvtx_injection()
+        injected = prepare_process(backend)
         if injected:
             console.print(f"NVTX marker records: injecting {injected}")
     backward = not args.no_backward
@@ -197,7 +198,7 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
     if compile_mode:
         import torch
 
-        from headcount.tagging.tagger import AttentionTagger
+        from headcount import AttentionTagger
 
         runner = torch.compile(model, mode=compile_mode)
         console.print(f"torch.compile(mode={compile_mode!r}): each implementation's warm-up step compiles, unmeasured")

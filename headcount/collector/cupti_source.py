@@ -201,7 +201,7 @@ class GraphNodeLog:
     instantiated (executable) graph, naming its original. Both become records:
     ``{"kind": "graph_node", "node_id", "range_id"}`` and
     ``{"kind": "graph_node_clone", "node_id", "original_node_id"}``
-    (:func:`headcount.parsers.cupti_records.graph_ranges` resolves them).
+    (:func:`headcount.attribute.graphs.follow_clones` resolves them).
 
     Never raises into CUPTI: a failure in the callback is counted.
     """

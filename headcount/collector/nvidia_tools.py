@@ -1,5 +1,7 @@
-"""Driving NVIDIA's tools for ``headcount run``: find them, check their
-version, build their command lines, read their complaints.
+"""Driving NVIDIA's tools for ``headcount run``: build their command lines, read their complaints.
+
+Where the tools are and which version they are is :mod:`headcount.nsight`
+(``parse`` and ``doctor`` look them up too).
 
 Command building and log reading are pure functions (tested without a GPU);
 running is :mod:`headcount.wrap.launcher`'s job.
@@ -7,67 +9,18 @@ running is :mod:`headcount.wrap.launcher`'s job.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 
+from headcount import nsight
 from headcount.collector.cupti_errors import PERMISSION_HINT
 from headcount.errors import HeadcountError
 from headcount.naming import DOMAIN
-from headcount.parsers import ncu_metrics
-
-# oldest releases whose options and report formats headcount uses
-MIN_VERSION = {"ncu": (2022, 1), "nsys": (2023, 1)}
 
 # one pass on recent GPUs: time, DRAM bytes and throughput, achieved occupancy,
 # L2 bytes; the launch__* and theoretical-occupancy values cost no pass
-NCU_METRICS = ncu_metrics.COLLECTED  # the one table the ncu readers read too
+NCU_METRICS = nsight.COLLECTED  # the one table the ncu readers read too
 NCU_DEFAULT_INCLUDES = tuple(f"{DOMAIN}@{phase}/" for phase in ("fwd", "bwd", "recompute"))
-
-
-def find(tool: str) -> str:
-    """Path of ``nsys`` or ``ncu``: ``$HEADCOUNT_NSYS`` / ``$HEADCOUNT_NCU``, else PATH.
-
-    Raises:
-        HeadcountError: not found (exit code 3).
-    """
-    override = os.environ.get(f"HEADCOUNT_{tool.upper()}")
-    if override:
-        if not (os.path.isfile(override) and os.access(override, os.X_OK)):
-            raise HeadcountError(f"HEADCOUNT_{tool.upper()}={override}: not an executable", hint=f"point it at the {tool} binary", exit_code=3)
-        return override
-    path = shutil.which(tool)
-    if path is None:
-        name = "Nsight Systems" if tool == "nsys" else "Nsight Compute"
-        raise HeadcountError(f"no {tool} on PATH", hint=f"install NVIDIA {name}, or set HEADCOUNT_{tool.upper()} to its {tool}", exit_code=3)
-    return path
-
-
-def version(path: str) -> tuple[str, tuple[int, ...]]:
-    """(``--version`` text, (year, minor, …)) of a tool.
-
-    Raises:
-        HeadcountError: the tool does not run.
-    """
-    try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise HeadcountError(f"{path} --version failed: {exc}", hint="check the installation", exit_code=3) from exc
-    text = (done.stdout + done.stderr).strip()
-    m = re.search(r"(20\d\d)\.(\d+)(?:\.(\d+))?(?:\.(\d+))?", text)
-    numbers = tuple(int(g) for g in m.groups() if g is not None) if m else ()
-    return (text.splitlines()[-1] if text else ""), numbers
-
-
-def check_version(tool: str, numbers: tuple[int, ...], text: str) -> None:
-    """Raises HeadcountError (exit 3) when ``tool`` is older than headcount needs."""
-    need = MIN_VERSION[tool]
-    if not numbers or numbers[:2] < need:
-        raise HeadcountError(f"{tool} {'.'.join(map(str, numbers)) or text!s} is too old for headcount run (needs {need[0]}.{need[1]} or newer)",
-                             hint=f"install a newer Nsight {'Systems' if tool == 'nsys' else 'Compute'}, or point HEADCOUNT_{tool.upper()} at one",
-                             exit_code=3)
 
 
 @dataclass

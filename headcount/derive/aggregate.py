@@ -254,15 +254,14 @@ def with_call_totals(table: pd.DataFrame, calls, implementation: str, heads: boo
 
     Args:
         table: :func:`from_kernels` output (``layers`` or, with ``heads``, ``heads``).
-        calls: the :class:`~headcount.call_log.CallLog` list of the profiled steps.
+        calls: the call log of the profiled steps as a table (:func:`headcount.attribute.calls.calls_frame`).
         implementation: the attention implementation the calls ran.
     """
-    if not len(table) or not calls:
+    if not len(table) or calls is None or not len(calls):
         return table
-    from headcount.attribute.calls import calls_frame
     from headcount.derive import analytic
 
-    frame = calls_frame(calls)
+    frame = calls
     frame = frame[frame["q_heads"].notna()] if "q_heads" in frame else frame.iloc[0:0]
     if not len(frame):
         return table

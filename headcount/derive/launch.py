@@ -21,8 +21,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headcount.attribute import attribution
-
 
 def kernel_columns(k: pd.DataFrame) -> pd.DataFrame:
     """Add ``queue_ns`` and ``submit_to_start_ns`` to a kernels table (in place; returned)."""
@@ -65,14 +63,16 @@ def union_length(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, n: in
     return np.bincount(g, weights=np.maximum(e - begin, 0.0), minlength=n)
 
 
-def per_range(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray, occupancy: pd.Series | None = None) -> pd.DataFrame:
+def per_range(ranges: pd.DataFrame, work: pd.DataFrame, levels: list[np.ndarray], occupancy: pd.Series | None = None) -> pd.DataFrame:
     """Launch figures of every range, its nested ranges' kernels included.
 
     Args:
         ranges: nested ranges with ``range_id``, ``parent_range_id``,
             ``gpu_start_ns``, ``gpu_end_ns``.
         work: GPU rows with ``start_ns``, ``end_ns``, ``api_start_ns``, ``api_end_ns``.
-        inner: innermost ``range_id`` of each work row (-1: none).
+        levels: level by level, the row of ``ranges`` holding each work row, from its
+            innermost range outwards (-1: none;
+            :func:`~headcount.attribute.nesting.ancestor_rows`).
         occupancy: theoretical occupancy (%) of each work row.
 
     Returns:
@@ -92,7 +92,6 @@ def per_range(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray, occup
         end = work["end_ns"].to_numpy(np.float64)
         api = (pd.to_numeric(work["api_end_ns"], errors="coerce") - pd.to_numeric(work["api_start_ns"], errors="coerce")).to_numpy(np.float64)
         occ = occupancy.to_numpy(np.float64) if occupancy is not None else np.full(len(work), np.nan)
-        levels = attribution.ancestor_rows(ranges, np.asarray(inner))
         # one union per range over the kernels of all its levels (a range's own
         # kernels and its children's overlap in time)
         pairs = [(level[level >= 0], np.flatnonzero(level >= 0)) for level in levels]

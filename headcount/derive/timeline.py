@@ -377,21 +377,20 @@ def cpu_steps(steps: pd.DataFrame, attention: pd.DataFrame, implementation: str,
     recording (its operators' first start to last end) when it has no steps.
 
     Args:
-        steps: the step ranges (``name`` ``step.N``/``step#N``, ``pid``, ``start_ns``, ``end_ns``).
+        steps: the step ranges (``name`` ``step.N``/``step#N``, ``pid``, ``start_ns``, ``end_ns``, and
+            ``step``: the index each names (null: not a numbered step)).
         attention: the attention ranges of level ``layer`` (``start_ns``, ``end_ns``, ``step``).
         ops: the CPU operators (``pid``, ``start_ns``, ``end_ns``), for a recording without steps.
     """
-    from headcount.attribute.labels import step_of
-
     if not len(steps):
         if ops is None or not len(ops):
             return pd.DataFrame(columns=COLUMNS)
         pid = ops["pid"].astype(str).mode()
         steps = pd.DataFrame({"name": [None], "pid": [pid.iloc[0] if len(pid) else None],
-                              "start_ns": [int(ops["start_ns"].min())], "end_ns": [int(ops["end_ns"].max())]})
+                              "start_ns": [int(ops["start_ns"].min())], "end_ns": [int(ops["end_ns"].max())],
+                              "step": pd.array([pd.NA], dtype="Int64")})
         attention = attention.assign(step=pd.array([pd.NA] * len(attention), dtype="Int64"))
-    index = step_of(steps["start_ns"].to_numpy(np.int64), steps) if steps["name"].notna().all() else \
-        pd.array([pd.NA] * len(steps), dtype="Int64")
+    index = pd.array(steps["step"], dtype="Int64")
     out = pd.DataFrame({"implementation": implementation, "pid": steps["pid"].astype(str).to_numpy(), "device": "cpu",
                         "step": index, "basis": "cpu_step",
                         "window_start_ns": pd.array(steps["start_ns"].to_numpy(np.int64), dtype="Int64"),

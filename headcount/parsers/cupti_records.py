@@ -17,7 +17,7 @@ attribution runs on it unchanged:
                                    launching thread (CUPTI external correlation;
                                    for a kernel replayed from a CUDA graph, the
                                    range around the graph launch: the range
-                                   that captured its node is :func:`graph_ranges`',
+                                   that captured its node comes from :func:`graph_nodes`,
                                    which attribution uses)
 ``queued_ns``, ``submitted_ns``    kernel queued to / submitted from the command
                                    buffer (null where CUPTI gives none)
@@ -40,7 +40,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.attribute.graphs import follow_clones
 from headcount.errors import HeadcountError
 from headcount.parsers.kineto import COLUMNS
 
@@ -78,15 +77,16 @@ def read_records(path: str | Path) -> tuple[dict, list[dict]]:
     return header, records
 
 
-def graph_ranges(records: list[dict]) -> dict[int, int]:
-    """CUDA graph node id → ``id`` of the headcount range open when the node was
-    made (:class:`~headcount.collector.cupti_source.GraphNodeLog`; -1: made
-    outside every range), for the nodes of captured graphs and, through their
-    clone records, of executable graphs. Nodes whose making was not recorded
-    (a graph captured before recording began) are absent."""
+def graph_nodes(records: list[dict]) -> tuple[dict[int, int | None], dict[int, int]]:
+    """What the records say of CUDA graph nodes: ``(made, origin)``, node id →
+    ``id`` of the headcount range open when the node was made
+    (:class:`~headcount.collector.cupti_source.GraphNodeLog`; ``None``: made
+    outside every range), and clone node id → the node it was cloned from.
+    :func:`headcount.attribute.graphs.follow_clones` resolves clones to the
+    range that made their original."""
     made = {r["node_id"]: r.get("range_id") for r in records if r["kind"] == "graph_node"}
     origin = {r["node_id"]: r["original_node_id"] for r in records if r["kind"] == "graph_node_clone"}
-    return follow_clones(made, origin)
+    return made, origin
 
 
 def events_frame(header: dict, records: list[dict]) -> pd.DataFrame:

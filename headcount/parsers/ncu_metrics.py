@@ -20,40 +20,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-# The one table of ncu metrics: headcount column → (ncu metric names, first present wins;
-# the details page's display name, where it uses one; collected by `headcount run --backend ncu`).
-# What headcount collects and what it reads cannot drift apart: both come from here.
-NCU_TABLE: dict[str, tuple[tuple[str, ...], str | None, bool]] = {
-    "duration_ns": (("gpu__time_duration.sum",), "Duration", True),
-    "dram_read_bytes": (("dram__bytes_read.sum",), None, True),
-    "dram_write_bytes": (("dram__bytes_write.sum",), None, True),
-    "dram_bytes": (("dram__bytes.sum",), None, False),
-    "dram_throughput_pct": (("dram__throughput.avg.pct_of_peak_sustained_elapsed",), "DRAM Throughput", True),
-    "achieved_occupancy_pct": (("sm__warps_active.avg.pct_of_peak_sustained_active",), "Achieved Occupancy", True),
-    "theoretical_occupancy_pct": (("sm__maximum_warps_per_active_cycle_pct",), "Theoretical Occupancy", True),
-    "l2_bytes": (("lts__t_bytes.sum",), None, True),
-    "tensor_pipe_pct": (("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
-                         "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active"), None, False),
-    "registers_per_thread": (("launch__registers_per_thread",), "Registers Per Thread", True),
-    "shared_memory_static_bytes": (("launch__shared_mem_per_block_static",), "Static Shared Memory Per Block", True),
-    "shared_memory_dynamic_bytes": (("launch__shared_mem_per_block_dynamic",), "Dynamic Shared Memory Per Block", True),
-    "shared_memory_config_bytes": (("launch__shared_mem_config_size",), "Shared Memory Configuration Size", True),
-    "block_threads": (("launch__block_size",), "Block Size", True),
-    # the GPU the kernel ran on (the run's device, see run_device); device attributes cost no replay pass
-    "device_cc_major": (("device__attribute_compute_capability_major",), None, True),
-    "device_cc_minor": (("device__attribute_compute_capability_minor",), None, True),
-    "device_sm_count": (("device__attribute_multiprocessor_count",), None, True),
-}
-DEVICE_NAME = "device__attribute_display_name"
-
-METRICS: dict[str, tuple[str, ...]] = {column: names for column, (names, _, _) in NCU_TABLE.items()}
-"""headcount column → ncu metric names (what the readers look for)."""
-
-DISPLAY_NAMES: dict[str, str] = {display: names[0] for names, display, _ in NCU_TABLE.values() if display}
-"""Details-page display name → metric name."""
-
-COLLECTED: tuple[str, ...] = (*(names[0] for names, _, collect in NCU_TABLE.values() if collect), DEVICE_NAME)
-"""What ``headcount run --backend ncu`` asks ncu for (one pass on Hopper)."""
+from headcount.nsight import COLLECTED, DEVICE_NAME, DISPLAY_NAMES, METRICS, NCU_TABLE  # noqa: F401 (the readers' names)
 
 # counters a headcount report needs; ``missing_metrics`` names those not collected
 CORE = ("duration_ns", "achieved_occupancy_pct")

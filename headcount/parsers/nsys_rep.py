@@ -12,7 +12,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from headcount.collector import nvidia_tools
+from headcount import nsight
 from headcount.errors import HeadcountError
 from headcount.parsers.nsys_sqlite import read_export
 
@@ -29,7 +29,7 @@ def exported(path: str | Path, timeout_s: int = 1800):
     path = Path(path)
     if not path.is_file():
         raise HeadcountError(f"{path}: no such file", hint="check the path")
-    nsys = nvidia_tools.find("nsys")  # the one lookup ($HEADCOUNT_NSYS, else PATH); missing: exit 3
+    nsys = nsight.find("nsys")  # the one lookup ($HEADCOUNT_NSYS, else PATH); missing: exit 3
     with tempfile.TemporaryDirectory(prefix="headcount-nsys-") as tmp:
         out = Path(tmp) / "export.sqlite"
         try:

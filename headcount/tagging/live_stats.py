@@ -1,5 +1,5 @@
 """Collect per-head attention statistics while a tagger runs
-(:mod:`headcount.derive.attention_stats` does the math).
+(:mod:`headcount.tagging.attention_stats` does the math).
 
 The tagger calls :meth:`AttentionStatsCollector.observe` with each forward
 attention call's q, k and mask, outside headcount's ranges, so the extra
@@ -14,7 +14,7 @@ import threading
 import pandas as pd
 import torch
 
-from headcount.derive.attention_stats import STATS, head_statistics, probabilities, sample_rows
+from headcount.tagging.attention_stats import STATS, head_statistics, probabilities, sample_rows
 
 
 class AttentionStatsCollector:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from headcount import env
+from headcount import env, nsight
 from headcount.collector import cupti_source, nvidia_tools
 from headcount.errors import HeadcountError, NothingRecorded
 from headcount.wrap import assemble
@@ -64,9 +64,9 @@ class Nsys(Wrapper):
     name = "nsys"
 
     def version(self) -> str | None:
-        self.tool = nvidia_tools.find(self.name)
-        text, numbers = nvidia_tools.version(self.tool)
-        nvidia_tools.check_version(self.name, numbers, text)
+        self.tool = nsight.find(self.name)
+        text, numbers = nsight.version(self.tool)
+        nsight.check_version(self.name, numbers, text)
         self.text = text
         return text
 
