@@ -446,9 +446,14 @@ def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: 
     """Build headcount's tables from an nsys export held in memory
     (:func:`headcount.parsers.nsys_sqlite.read_export`): :func:`nsys_pieces`
     of the one timeline, gathered into whole tables with their ``run_id``."""
+    return gathered(nsys_pieces([export], calls=calls, implementation=implementation, device=device,
+                                devices=export.devices, gpu_metrics=export.gpu_metrics), run_id)
+
+
+def gathered(pieces, run_id: str) -> dict[str, pd.DataFrame]:
+    """:func:`nsys_pieces`' pieces as whole tables, each with its ``run_id``."""
     tables: dict[str, list[pd.DataFrame]] = {}
-    for name, frame in nsys_pieces([export], calls=calls, implementation=implementation, device=device,
-                                   devices=export.devices, gpu_metrics=export.gpu_metrics):
+    for name, frame in pieces:
         tables.setdefault(name, []).append(frame)
     whole = {name: frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True) for name, frames in tables.items()}
     for name, table in whole.items():
@@ -543,7 +548,7 @@ def nsys_shard(path: Path, plan, shard: int, shards: int, counts: dict):
     ``("attention", its attention ranges)`` for :func:`nsys_aggregates` in the
     parent (which also gets the ``steps`` rows back, for the findings). ``counts`` gets the rows (:func:`tally`)."""
     attention: list[pd.DataFrame] = []
-    parts = _nsys_parts(path, plan, (shard, shards))
+    parts = nsys_processes(path, plan, (shard, shards))
     for name, frame in _process_pieces(parts, None, "unknown", plan.devices, plan.gpu_metrics, attention, set(), release=True):
         tally(counts, name, frame)
         yield name, frame
@@ -554,10 +559,11 @@ def nsys_shard(path: Path, plan, shard: int, shards: int, counts: dict):
     yield "attention", pd.concat(attention, ignore_index=True) if len(attention) > 1 else attention[0]
 
 
-def _nsys_parts(path: Path, plan, shard: tuple[int, int] | None = None):
-    """The export's processes (those of ``shard``, a ``(k, m)`` pair, when given),
-    one :class:`~headcount.tables.Timeline` at a time: a large export read one
-    process at a time, a smaller one in one read and then cut by process."""
+def nsys_processes(path: Path, plan, shard: tuple[int, int] | None = None):
+    """The one way an nsys export is read (``parse``, ``run --backend nsys``, the
+    sharded workers): its processes (those of ``shard``, a ``(k, m)`` pair, when
+    given), one :class:`~headcount.tables.Timeline` at a time: a large export
+    read one process at a time, a smaller one in one read and then cut by process."""
     if plan.processes is not None:
         mine = [p for p in plan.processes if shard is None or p % shard[1] == shard[0]]
         yield from (nsys_sqlite.read_export(path, process=p, plan=plan) for p in mine)
@@ -755,7 +761,7 @@ def _noticed(parts, notices: list[str]):
 def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitStack, notices: list[str]):
     counts: dict = {}
     with stack:
-        parts = _noticed(_nsys_parts(sqlite, plan), notices)
+        parts = _noticed(nsys_processes(sqlite, plan), notices)
         for name, frame in nsys_pieces(parts, devices=plan.devices, gpu_metrics=plan.gpu_metrics, release=True):
             tally(counts, name, frame)
             notices.extend(frame.attrs.get("notices", []))

@@ -484,6 +484,14 @@ def by_process(export: Timeline):
         del parts  # this process is done with: not held while the next one is cut out
 
 
+def process_of(part: Timeline) -> str | None:
+    """The process id (as text) of one process's timeline (:func:`by_process`), ``None`` when it holds no row."""
+    for frame in (part.ranges, part.runtime, part.gpu):
+        if len(frame):
+            return str(frame["pid"].iloc[0])
+    return None
+
+
 def size_of(path: str | Path) -> int:
     """NVTX rows of an export (its largest rowid: no scan)."""
     src = _open(Path(path))

@@ -11,17 +11,15 @@ derive are the shared ones of :mod:`headcount.build`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from headcount.build import implementation_of, tables_from_cupti, tables_from_ncu, tables_from_nsys
+from headcount.build import gathered, implementation_of, nsys_pieces, nsys_processes, tables_from_cupti, tables_from_ncu
 from headcount.derive import occupancy
 from headcount.errors import HeadcountError, notice
-from headcount.parsers import ncu_metrics
-from headcount.tables import Timeline
+from headcount.parsers import ncu_metrics, nsys_sqlite
 from headcount.wrap import child as child_report
 
 
@@ -63,30 +61,31 @@ def _info(child: dict) -> dict:
     return {k: child.get(k) for k in keys}
 
 
-def _of_process(frame: pd.DataFrame, pid: str) -> pd.DataFrame:
-    return frame[frame["pid"].astype(str) == pid].reset_index(drop=True)
-
-
-def from_nsys(export: Timeline, children: list[dict], run_id: str) -> list[RankRun]:
-    """Split an nsys export by process: one run per tagged process, with its call log.
+def from_nsys(sqlite: Path, children: list[dict], run_id: str) -> list[RankRun]:
+    """An nsys export (SQLite), one process at a time as ``headcount parse`` reads it
+    (:func:`headcount.build.nsys_processes`): one run per tagged process, with its call log.
 
     Raises:
-        HeadcountError: no tagged process and no NVTX range.
+        HeadcountError: the export is unreadable.
     """
+    plan = nsys_sqlite.plan_export(sqlite)
     if not children:
-        tables = tables_from_nsys(export, run_id)
+        tables = gathered(nsys_pieces(nsys_processes(sqlite, plan), devices=plan.devices, gpu_metrics=plan.gpu_metrics,
+                                      release=True), run_id)
         return [RankRun(run_id, 0, tables, {"notices": ["no tagged process reported back: NVTX ranges only, no layers"]})]
-    runs = []
-    for child, rid in zip(children, _run_ids(run_id, children)):
-        pid = str(child["pid"])
-        part = dataclasses.replace(export, **{key: _of_process(getattr(export, key), pid) for key in ("ranges", "runtime", "gpu")})
-        if not len(part.ranges):
-            runs.append(RankRun(rid, child["rank"], {}, {**_info(child), "notices": [*child["notices"], f"nsys recorded no NVTX range of process {pid}"]}))
+    wanted = {str(child["pid"]): (child, rid) for child, rid in zip(children, _run_ids(run_id, children))}
+    built: dict[str, RankRun] = {}
+    for part in nsys_processes(sqlite, plan):
+        pid = nsys_sqlite.process_of(part)
+        if pid not in wanted or not len(part.ranges):  # a process the program did not tag (a tool, a data loader)
             continue
+        child, rid = wanted[pid]
         impl = implementation_of(child["calls"])
-        tables = tables_from_nsys(part, rid, calls=child["calls"], implementation=impl, device=child.get("device"))
-        runs.append(RankRun(rid, child["rank"], tables, {**_info(child), "implementation": impl}))
-    return runs
+        tables = gathered(nsys_pieces([part], calls=child["calls"], implementation=impl, device=child.get("device"),
+                                      devices=plan.devices, gpu_metrics=plan.gpu_metrics, release=True), rid)
+        built[pid] = RankRun(rid, child["rank"], tables, {**_info(child), "implementation": impl})
+    return [built.get(pid) or RankRun(rid, child["rank"], {}, {**_info(child), "notices": [
+        *child["notices"], f"nsys recorded no NVTX range of process {pid}"]}) for pid, (child, rid) in wanted.items()]
 
 
 def from_ncu(kernels: pd.DataFrame, children: list[dict], run_id: str) -> list[RankRun]:

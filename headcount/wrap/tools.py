@@ -104,12 +104,11 @@ class Nsys(Wrapper):
         rep = raw / "run.nsys-rep"
         if not rep.exists():
             raise HeadcountError(f"nsys wrote no report ({rep} missing)", hint="see nsys's messages above", exit_code=3)
-        from headcount.parsers.nsys_rep import read_report
+        from headcount.parsers.nsys_rep import exported
 
         children = assemble.read_children(raw)
-        with console.status("exporting and reading the nsys report…"):
-            export = read_report(rep)
-        return assemble.from_nsys(export, children, run_id)
+        with console.status("exporting and reading the nsys report…"), exported(rep) as sqlite:
+            return assemble.from_nsys(sqlite, children, run_id)
 
 
 class Ncu(Nsys):
