@@ -427,16 +427,18 @@ class AttentionProfiler:
             gpu_limits = occupancy.limits_from_torch(device.get("index") or 0) if device.get("kind") == "cuda" else None
             if self.backend == "cupti":
                 limits = getattr(self._recorder, "device_limits", None) or gpu_limits
-                self._stats, self.collector_info, new = tables_from_cupti(
+                built = tables_from_cupti(
                     self.trace_path, self._tagger.calls, self.run_id, self.implementation, limits,
                     nvtx_tagged=self._tagger.emitter.use_nvtx, device=device, exclude_steps=self.compiled_steps,
                     void_steps=tuple(self._void_steps))
-                for line in new:
-                    notice(line)
+                self.collector_info = built.info
             else:
-                self._stats = tables_from_torch(self.trace_path, self._tagger.calls, self.run_id, self.implementation,
-                                                limits=gpu_limits, device=device, exclude_steps=self.compiled_steps,
-                                                void_steps=tuple(self._void_steps))
+                built = tables_from_torch(self.trace_path, self._tagger.calls, self.run_id, self.implementation,
+                                          limits=gpu_limits, device=device, exclude_steps=self.compiled_steps,
+                                          void_steps=tuple(self._void_steps))
+            for line in built.notices:
+                notice(line)
+            self._stats = built.tables
             if not len(self._stats["layers"]):
                 notice(f"{NO_ATTENTION} (no attention call was tagged in the profiled block: run a transformers model, or a "
                        "function decorated with headcount.tag_attention, inside `with profiler:`)")

@@ -6,9 +6,13 @@
   tagger's call log → ``kernels`` (CPU operators on a CPU run, plus GPU
   kernels where the recording has them), ``ranges``, ``layers``, ``heads``
   and the ``attention_breakdown`` view;
-- :func:`tables_from_cupti`, :func:`tables_from_kineto`,
+- :func:`tables_from_cupti`, :func:`tables_from_torch`, :func:`tables_from_kineto`,
   :func:`tables_from_nsys`, :func:`tables_from_ncu`: one per kind of
-  recording, each through the shared attribution and derivations;
+  recording, each through the shared attribution and derivations, each
+  returning a :class:`Built` and ending in :func:`finished` (run ids, roofline
+  class, launch summary, findings: one way for all);
+- :func:`nsys_pieces`: an nsys export's tables process by process (``parse``
+  and ``run --backend nsys`` read exports only this way);
 - ``from_*`` (end of the module): one file of ``headcount parse`` →
   :class:`Parsed`, the functions :data:`headcount.sources.FILE_SOURCES` names.
 """
@@ -32,6 +36,37 @@ from headcount.naming import DOMAIN, STEP_DOMAIN, parse_path
 from headcount.parsers import ncu_metrics, nsys_sqlite
 from headcount.parsers.plausible import drop_implausible
 from headcount.tables import Timeline
+
+
+@dataclass
+class Built:
+    """One recording built into headcount's tables.
+
+    Attributes:
+        tables: ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``,
+            ``steps``, ``findings`` and ``launch`` (the kinds of recording that have no
+            such rows give empty tables), each row with its ``run_id``.
+        notices: what the reader should know, one line each, in the order found (not yet printed).
+        info: facts for the run metadata (the cupti collector's statistics; empty for the others).
+    """
+
+    tables: dict[str, pd.DataFrame]
+    notices: list[str] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+
+def finished(tables: dict[str, pd.DataFrame], run_id: str, device: dict | None = None, calls=None,
+             notices: list[str] | None = None, info: dict | None = None) -> Built:
+    """How every build ends: each table gets its ``run_id``, the layers and heads
+    their ``roofline_class`` (:func:`add_roofline`), the run its launch summary
+    and its findings (:func:`with_findings`)."""
+    for table in tables.values():
+        if "run_id" not in table:
+            table.insert(0, "run_id", run_id)
+    add_roofline(tables, device, calls)
+    tables.setdefault("launch", launch.summary(tables["layers"], tables["kernels"]))
+    return Built(with_findings(tables), list(notices or []), info or {})
+
 
 BREAKDOWN_COLUMNS = [
     "implementation", "phase", "layer_name", "layer", "head", "kv_head", "calls", "steps",
@@ -160,9 +195,8 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
     tables = {"kernels": kernels, "ranges": ranges_table, "layers": layers, "heads": heads, "attention_breakdown": breakdown}
     step_rows = steps_of(kernels, timeline.sync_calls(runtime), steps, ranges_table, implementation, found=len(main) > 0)
     tables["steps"] = step_rows[~step_rows["step"].isin(list(exclude_steps)).to_numpy(dtype=bool)].reset_index(drop=True)
-    for name, table in tables.items():
+    for table in tables.values():
         labels.plain(table)  # in-process recordings are small: users get plain strings
-        table.insert(0, "run_id", run_id)
     return tables
 
 
@@ -278,7 +312,7 @@ def implementation_of(calls, fallback: str | None = None) -> str:
 
 
 def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None, nvtx_tagged: bool = True,
-                      device: dict | None = None, exclude_steps=(), void_steps=()) -> tuple[dict[str, pd.DataFrame], dict, list[str]]:
+                      device: dict | None = None, exclude_steps=(), void_steps=()) -> Built:
     """The one path from a cupti source's records file to headcount's tables,
     for :class:`~headcount.api.AttentionProfiler` and ``headcount run --backend cupti`` alike.
 
@@ -294,9 +328,8 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
         void_steps: step ranges that are no step (:func:`tables_from_events`).
 
     Returns:
-        ``(tables, collector_info, new_notices)``: the tables (plus ``launch``),
-        the collector's facts for the run metadata, and the notices found
-        here (not yet printed).
+        The tables; ``info``: the collector's facts for the run metadata (its
+        notices included); ``notices``: those found here.
     """
     from headcount.derive.sampling import sample_gaps
     from headcount.parsers import cupti_records
@@ -327,24 +360,21 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
     tables = tables_from_events(cupti_records.events_frame(header, records), calls, implementation, run_id,
                                 source="cupti", limits=limits, pm_samples=pm, exclude_steps=exclude_steps,
                                 graph_nodes=graph_nodes, void_steps=void_steps)
-    tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
-    add_roofline(tables, device, calls)
-    return with_findings(tables), info, new
+    return finished(tables, run_id, device, calls, new, info)
 
 
 def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None,
-                      device: dict | None = None, exclude_steps=(), void_steps=()) -> dict[str, pd.DataFrame]:
+                      device: dict | None = None, exclude_steps=(), void_steps=()) -> Built:
     """The torch source's trace (written by :class:`~headcount.collector.torch_source.TorchRecorder`)
-    → headcount's tables (plus ``launch``), with ``roofline_class`` for ``device``."""
+    → headcount's tables, with ``roofline_class`` for ``device``."""
     from headcount.parsers.kineto import load_trace
 
     tables = tables_from_events(load_trace(path), calls, implementation, run_id, limits=limits, exclude_steps=exclude_steps,
                                 void_steps=void_steps)
-    tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
-    return with_findings(add_roofline(tables, device, calls))
+    return finished(tables, run_id, device, calls)
 
 
-def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame], list[str]]:
+def tables_from_kineto(trace: dict, run_id: str) -> Built:
     """Build headcount's tables from a torch.profiler trace file
     (:func:`headcount.parsers.kineto.read_trace`): one headcount kept with
     ``--trace-dir``, one a user recorded with ``torch.profiler`` around a
@@ -358,9 +388,6 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
     numbered (``module ranges`` or ``call order``). GPU kernels whose launch is not in
     the trace (launched before the window opened) are counted in a notice and
     attributed to nothing.
-
-    Returns:
-        ``(tables, notices)``.
 
     A trace with neither gives kernels, steps and findings, and a notice
     (:data:`NO_ATTENTION`). torch.profiler's ``ProfilerStep#N`` annotations
@@ -402,9 +429,7 @@ def tables_from_kineto(trace: dict, run_id: str) -> tuple[dict[str, pd.DataFrame
     limits = occupancy.limits_from_device(device["limits"]) if device else None
     tables = tables_from_events(events, calls, implementation_of(calls), run_id, source="torch", limits=limits)
     untagged_provenance(tables, tables["ranges"])
-    tables["launch"] = launch.summary(tables["layers"], tables["kernels"])
-    add_roofline(tables, device, calls)
-    return with_findings(tables), notices
+    return finished(tables, run_id, device, calls, notices)
 
 
 NO_ATTENTION = "no attention found: kernels, steps and findings only"
@@ -442,29 +467,29 @@ def _profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: str = "unknown",
-                     device: dict | None = None) -> dict[str, pd.DataFrame]:
+                     device: dict | None = None) -> Built:
     """Build headcount's tables from an nsys export held in memory
     (:func:`headcount.parsers.nsys_sqlite.read_export`): :func:`nsys_pieces`
-    of the one timeline, gathered into whole tables with their ``run_id``."""
-    return gathered(nsys_pieces([export], calls=calls, implementation=implementation, device=device,
-                                devices=export.devices, gpu_metrics=export.gpu_metrics), run_id)
+    of the one timeline, gathered into whole tables."""
+    return gathered([export], run_id, calls, implementation, device, export.devices, export.gpu_metrics)
 
 
-def gathered(pieces, run_id: str) -> dict[str, pd.DataFrame]:
-    """:func:`nsys_pieces`' pieces as whole tables, each with its ``run_id``."""
+def gathered(parts, run_id: str, calls=None, implementation: str = "unknown", device: dict | None = None,
+             devices: pd.DataFrame | None = None, gpu_metrics: pd.DataFrame | None = None, release: bool = False) -> Built:
+    """:func:`nsys_pieces` of ``parts`` (see there) gathered into whole tables."""
     tables: dict[str, list[pd.DataFrame]] = {}
-    for name, frame in pieces:
+    notices: list[str] = []
+    for name, frame in nsys_pieces(parts, calls, implementation, device, devices, gpu_metrics, release=release, notices=notices):
         tables.setdefault(name, []).append(frame)
     whole = {name: frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True) for name, frames in tables.items()}
-    for name, table in whole.items():
-        if name in ("layers", "heads"):  # small, and shown to users: plain strings; ranges and kernels stay coded
-            labels.plain(table)
-        table.insert(0, "run_id", run_id)
-    return whole
+    for name in ("layers", "heads"):  # small, and shown to users: plain strings; ranges and kernels stay coded
+        labels.plain(whole[name])
+    return finished(whole, run_id, device, calls, notices)
 
 
 def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: dict | None = None,
-                devices: pd.DataFrame | None = None, gpu_metrics: pd.DataFrame | None = None, release: bool = False):
+                devices: pd.DataFrame | None = None, gpu_metrics: pd.DataFrame | None = None, release: bool = False,
+                notices: list[str] | None = None):
     """Headcount's tables from an nsys export, one process at a time.
 
     Ranges are projected onto the GPU exactly as nsys's ``nvtx_gpu_proj_trace``
@@ -482,15 +507,20 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: dict
             is attributed alone and memory follows the largest process).
         devices, gpu_metrics: the export's GPUs and GPU-metrics samples (whole file).
         release: the parts were read for this call: each is emptied once projected.
+        notices: where the notices found while building go (each part's reading notices too), in order.
 
     Yields:
         ``(table name, DataFrame)``: ``ranges``, ``kernels`` and ``steps`` once per part,
         then ``layers`` and ``heads`` (from every part's attention ranges) and ``findings``.
     """
     attention, used, steps = [], set(), []
-    yield from _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention, used, release=release, steps=steps)
+    notices = [] if notices is None else notices
+    yield from _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention, used, release=release, steps=steps,
+                               notices=notices)
     # the GPU the work ran on: the program's (headcount run), else the one the export describes
     layers, heads = nsys_aggregates(attention, calls, device or nsys_sqlite.describe_device(devices, sorted(used)))
+    if not len(layers) and not any(NO_ATTENTION in n for n in notices):
+        notices.append(f"{NO_ATTENTION} (neither headcount's ranges nor an attention operator, module or kernel name in the export)")
     yield "layers", layers
     yield "heads", heads
     yield "findings", run_findings(steps, layers, heads)
@@ -502,13 +532,16 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention: list, used: set, release: bool = False,
-                    steps: list | None = None):
+                    steps: list | None = None, notices: list[str] | None = None):
     """``ranges``, ``kernels`` and ``steps`` of each part; its attention ranges go to ``attention``, its GPUs to
     ``used``, its steps rows to ``steps``. ``release``: the parts are transient (read for this): each is emptied once projected."""
     for export in parts:
+        if notices is not None:
+            notices.extend(export.notices)
         if len(export.gpu):
             used.update(int(d) for d in export.gpu["device"].dropna().unique())
-        ranges_table, kernels, step_rows = _nsys_process(export, calls, implementation, devices, gpu_metrics, release=release)
+        ranges_table, kernels, step_rows = _nsys_process(export, calls, implementation, devices, gpu_metrics, release=release,
+                                                         notices=notices)
         calls_of_figures = (ranges_table["level"] != "other").to_numpy() & ~graphs.capture_only(ranges_table)
         attention.append(ranges_table[calls_of_figures].astype({"level": object}))
         if steps is not None:
@@ -588,7 +621,7 @@ def nsys_lines(path, counts: dict, extra: str = "") -> list[str]:
 
 
 def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_metrics,
-                  release: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  release: bool = False, notices: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One process's ranges, kernels and steps tables (see :func:`nsys_pieces`).
 
     Args:
@@ -630,13 +663,13 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
     del work  # the kernels table holds its rows now: not held while the steps are derived
     if gpu_metrics is not None and len(gpu_metrics):
         k = sampling.apportion(k, gpu_metrics)
-    if found is not None:
-        ranges_table.attrs["notices"] = found.notices
+    if found is not None and notices is not None:
+        notices.extend(found.notices)
     attention_found = bool((projected["domain"] == DOMAIN).any())
     return ranges_table, k, steps_of(k, syncs, steps, ranges_table, implementation, attention_found)
 
 
-def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: dict | None = None) -> dict[str, pd.DataFrame]:
+def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: dict | None = None) -> Built:
     """Build headcount's tables from ncu kernels (:mod:`headcount.parsers.ncu_csv`,
     :mod:`headcount.parsers.ncu_rep`).
 
@@ -645,7 +678,8 @@ def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: dict
     DRAM bytes; ncu has no range instances, so ``ranges`` is empty. With the
     tagger's call log (``headcount run --backend ncu``) the calls, analytic
     FLOPs and minimum bytes are filled in. ``roofline_class`` uses the GPU the
-    report's device attributes name, else ``device``.
+    report's device attributes name, else ``device``. The readers' notices
+    (``kernels.attrs["notices"]``) become the build's.
     """
     k = kernels.copy()
     k["implementation"] = "unknown"
@@ -665,11 +699,10 @@ def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: dict
         heads = aggregate.with_call_totals(heads, calls_frame(calls), impl, heads=True)
     tables = {"kernels": k, "ranges": pd.DataFrame(), "layers": layers, "heads": heads,
               "steps": timeline.kernel_sum_steps(k, implementation_of(calls) if calls else "unknown")}
-    add_roofline(tables, ncu_metrics.run_device(kernels) or device, calls)
-    with_findings(tables)
-    for table in tables.values():
-        table.insert(0, "run_id", run_id)
-    return tables
+    notices = list(kernels.attrs.get("notices", []))
+    if not len(layers):
+        notices.append(f"{NO_ATTENTION} (no kernel in headcount's ranges)")
+    return finished(tables, run_id, ncu_metrics.run_device(kernels) or device, calls, notices)
 
 
 def _headcount_stack(nvtx: str | None) -> str | None:
@@ -751,22 +784,12 @@ def _nsys_file(path: Path, export: AbstractContextManager) -> Parsed:
     return parsed
 
 
-def _noticed(parts, notices: list[str]):
-    """``parts`` (timelines), their reading notices added to ``notices`` as each is taken."""
-    for part in parts:
-        notices.extend(part.notices)
-        yield part
-
-
 def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitStack, notices: list[str]):
     counts: dict = {}
     with stack:
-        parts = _noticed(nsys_processes(sqlite, plan), notices)
-        for name, frame in nsys_pieces(parts, devices=plan.devices, gpu_metrics=plan.gpu_metrics, release=True):
+        for name, frame in nsys_pieces(nsys_processes(sqlite, plan), devices=plan.devices, gpu_metrics=plan.gpu_metrics,
+                                       release=True, notices=notices):
             tally(counts, name, frame)
-            notices.extend(frame.attrs.get("notices", []))
-            if name == "layers" and not len(frame):
-                notices.append(f"{NO_ATTENTION} (neither headcount's ranges nor an attention operator, module or kernel name in the export)")
             yield name, frame
             del frame  # the consumer is done with it: not held while the next process is built
     lines.extend(nsys_lines(path, counts))
@@ -784,14 +807,11 @@ def from_nsys_rep(path: Path, run_id: str, options: dict) -> Parsed:
 
 def _ncu_file(path: Path, run_id: str, options: dict, read) -> Parsed:
     kernels = read(path)
-    tables = tables_from_ncu(kernels, run_id)
+    built = tables_from_ncu(kernels, run_id)
     device = ncu_metrics.run_device(kernels)
-    k = tables["kernels"]
-    notices = list(kernels.attrs.get("notices", []))
-    if not len(tables["layers"]):
-        notices.append(f"{NO_ATTENTION} (no kernel in headcount's ranges)")
-    return Parsed(tables, device, None, [f"{path}: {len(k)} kernels, {int(k['incomplete'].sum())} incomplete, "
-                                         f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"], notices)
+    k = built.tables["kernels"]
+    return Parsed(built.tables, device, None, [f"{path}: {len(k)} kernels, {int(k['incomplete'].sum())} incomplete, "
+                                               f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"], built.notices)
 
 
 def from_ncu_csv(path: Path, run_id: str, options: dict) -> Parsed:
@@ -810,7 +830,8 @@ def from_torch_trace(path: Path, run_id: str, options: dict) -> Parsed:
     from headcount.parsers import kineto
 
     trace = kineto.read_trace(path)
-    tables, notices = tables_from_kineto(trace, run_id)
+    built = tables_from_kineto(trace, run_id)
+    tables, notices = built.tables, built.notices
     device = kineto.run_device(trace["devices"]) or {"kind": "cpu", "name": None}
     layers = tables["layers"]
     found = signals.kinds_in(layers["signal"]) if "signal" in layers else []

@@ -49,7 +49,7 @@ def test_samples_are_apportioned_to_each_kernel_window(tmp_path):
     export = read_export(_with_metrics(tmp_path))
     samples = export.gpu_metrics
     assert set(samples["metric"]) == {"DRAM Read Bandwidth", "SMs Active"} and set(samples["device"]) == {0}
-    kernels = tables_from_nsys(export, "r")["kernels"]
+    kernels = tables_from_nsys(export, "r").tables["kernels"]
     gpu0 = kernels[(kernels["device"] == "cuda:0") & (kernels["kind"] == "kernel")]  # the samples span the kernels
     gpu1 = kernels[kernels["device"] == "cuda:1"]
     assert gpu1["dram_read_sampled_pct"].isna().all()  # no samples for that GPU: null, not 0

@@ -185,7 +185,7 @@ def test_layers_from_ncu_kernels_under_headcount_ranges():
     kernels = read_csv(FIX / "h800_flash_fwd_raw.C.csv")
     kernels["nvtx_path"] = ["headcount@fwd/layer.0/head.0;NVTX@step", "headcount@fwd/layer.0/head.1",
                             "headcount@fwd/layer.1", "other@x", "headcount@bwd/layer.1"]
-    tables = tables_from_ncu(kernels, "r")
+    tables = tables_from_ncu(kernels, "r").tables
     layers = tables["layers"].set_index(["phase", "layer_name"])
     l0 = layers.loc[("fwd", "layer.0")]
     assert l0["op_count"] == 2 and l0["duration_ns"] == 16448 + 3232

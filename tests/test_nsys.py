@@ -106,7 +106,7 @@ def test_cpu_only_capture_parses_into_ranges(nsys_sqlite_path):
 
     export = read_export(nsys_sqlite_path)
     assert export.gpu.empty
-    tables = tables_from_nsys(export, "cpu-run")
+    tables = tables_from_nsys(export, "cpu-run").tables
     ranges = tables["ranges"]
     ours = ranges[ranges["domain"] == "headcount"]
     assert set(ours["level"]) == {"phase", "layer", "head"}
@@ -218,7 +218,7 @@ def _graphed_export(nsys_sqlite_path, path, replays: int = 2, after_the_run: boo
     from headcount.parsers.nsys_sqlite import read_export
 
     shutil.copy(nsys_sqlite_path, path)
-    ranges = tables_from_nsys(read_export(path), "plain")["ranges"]
+    ranges = tables_from_nsys(read_export(path), "plain").tables["ranges"]
     ours = ranges[ranges["domain"] == "headcount"]
     captured = ours[(ours["level"] == "head") & (ours["phase"] == "fwd") & (ours["step"] == 0)].sort_values("start_ns")
     pid, tid = int(captured["pid"].iloc[0]), int(captured["tid"].iloc[0])
@@ -290,7 +290,7 @@ def test_graph_replays_in_an_export_belong_to_the_ranges_that_captured_them(nsys
 
     path = tmp_path / "graphed.sqlite"
     captured, outside_node = _graphed_export(nsys_sqlite_path, path, replays=2)
-    tables = tables_from_nsys(read_export(path), "graphed")
+    tables = tables_from_nsys(read_export(path), "graphed").tables
     ranges, kernels = tables["ranges"], tables["kernels"]
     assert kernels["graph_node_id"].notna().all() and len(kernels) == 2 * (len(captured) + 1)
     instances = ranges[ranges["replay_of"].notna()]

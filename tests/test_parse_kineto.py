@@ -80,7 +80,7 @@ def test_module_range_figures_by_hand():
     from headcount.build import tables_from_kineto
     from headcount.parsers.kineto import read_trace
 
-    tables, _ = tables_from_kineto(read_trace(KINETO / "h100_qwen1.5-0.5b_kineto.json.gz"), "x")
+    tables = tables_from_kineto(read_trace(KINETO / "h100_qwen1.5-0.5b_kineto.json.gz"), "x").tables
     row = tables["layers"].set_index("layer_name").loc["layer.0"]
     pairs = 559 * 559 - 559 * 558 // 2                     # attended (query, key) pairs under a causal mask
     assert row["flop"] == 2 * 16 * 16 * pairs * (64 + 64)  # 2·B·H·P·(D + Dv)

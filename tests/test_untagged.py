@@ -35,7 +35,8 @@ WORKLOAD = Path(__file__).parent / "workloads" / "emit_nvtx_untagged.py"
 
 
 def _tables(path: Path):
-    return build.tables_from_kineto(kineto.read_trace(path), "r")
+    built = build.tables_from_kineto(kineto.read_trace(path), "r")
+    return built.tables, built.notices
 
 
 def _raw(path: Path) -> list[dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.build import gathered, implementation_of, nsys_pieces, nsys_processes, tables_from_cupti, tables_from_ncu
+from headcount.build import gathered, implementation_of, nsys_processes, tables_from_cupti, tables_from_ncu
 from headcount.derive import occupancy
 from headcount.errors import HeadcountError, notice
 from headcount.parsers import ncu_metrics, nsys_sqlite
@@ -70,9 +70,8 @@ def from_nsys(sqlite: Path, children: list[dict], run_id: str) -> list[RankRun]:
     """
     plan = nsys_sqlite.plan_export(sqlite)
     if not children:
-        tables = gathered(nsys_pieces(nsys_processes(sqlite, plan), devices=plan.devices, gpu_metrics=plan.gpu_metrics,
-                                      release=True), run_id)
-        return [RankRun(run_id, 0, tables, {"notices": ["no tagged process reported back: NVTX ranges only, no layers"]})]
+        built = gathered(nsys_processes(sqlite, plan), run_id, devices=plan.devices, gpu_metrics=plan.gpu_metrics, release=True)
+        return [RankRun(run_id, 0, built.tables, {"notices": ["no tagged process reported back: NVTX ranges only, no layers"]})]
     wanted = {str(child["pid"]): (child, rid) for child, rid in zip(children, _run_ids(run_id, children))}
     built: dict[str, RankRun] = {}
     for part in nsys_processes(sqlite, plan):
@@ -81,8 +80,7 @@ def from_nsys(sqlite: Path, children: list[dict], run_id: str) -> list[RankRun]:
             continue
         child, rid = wanted[pid]
         impl = implementation_of(child["calls"])
-        tables = gathered(nsys_pieces([part], calls=child["calls"], implementation=impl, device=child.get("device"),
-                                      devices=plan.devices, gpu_metrics=plan.gpu_metrics, release=True), rid)
+        tables = gathered([part], rid, child["calls"], impl, child.get("device"), plan.devices, plan.gpu_metrics, release=True).tables
         built[pid] = RankRun(rid, child["rank"], tables, {**_info(child), "implementation": impl})
     return [built.get(pid) or RankRun(rid, child["rank"], {}, {**_info(child), "notices": [
         *child["notices"], f"nsys recorded no NVTX range of process {pid}"]}) for pid, (child, rid) in wanted.items()]
@@ -95,7 +93,7 @@ def from_ncu(kernels: pd.DataFrame, children: list[dict], run_id: str) -> list[R
     impl = implementation_of(calls)
     # the report's own device attributes first (exact for the profiled GPU), else what the program saw
     device = ncu_metrics.run_device(kernels) or next((c.get("device") for c in children if c.get("device")), None) or {}
-    tables = tables_from_ncu(kernels, run_id, calls=calls, device=device)
+    tables = tables_from_ncu(kernels, run_id, calls=calls, device=device).tables
     info = {"notices": [], "processes": [_info(c) for c in children], "implementation": impl,
             "complete": all(c.get("complete", True) for c in children), "device": device or None,
             "program": next((c.get("program") for c in children if c.get("program")), None)}
@@ -115,12 +113,12 @@ def from_cupti(children: list[dict], run_id: str) -> list[RankRun]:
         impl = implementation_of(child["calls"])
         device = child.get("device") or {}
         limits = occupancy.limits_for(device.get("compute_capability"))
-        tables, collector, new = tables_from_cupti(child["records"], child["calls"], rid, impl, limits,
-                                                   nvtx_tagged=child.get("nvtx_tagged", True), device=device)
-        for line in new:
+        built = tables_from_cupti(child["records"], child["calls"], rid, impl, limits,
+                                  nvtx_tagged=child.get("nvtx_tagged", True), device=device)
+        for line in built.notices:
             notice(f"process {child.get('pid')}: {line}")
-        info.update(implementation=impl, collector=collector)
-        runs.append(RankRun(rid, child["rank"], tables, info))
+        info.update(implementation=impl, collector=built.info)
+        runs.append(RankRun(rid, child["rank"], built.tables, info))
     return runs
 
 
