@@ -18,7 +18,7 @@ from headcount.build import NO_ATTENTION, implementation_of, tables_from_cupti, 
 from headcount.collector import Recorder, cupti_source
 from headcount.collector.compile_watch import CompileWatch
 from headcount.collector.torch_source import TorchRecorder
-from headcount.derive import occupancy
+from headcount.device import Device
 from headcount.errors import HeadcountError, notice
 from headcount.naming import STEP_DOMAIN
 from headcount.reports import dataset
@@ -423,8 +423,7 @@ class AttentionProfiler:
                 raise HeadcountError("no profile recorded yet", hint="call get_stats() after the `with profiler:` block")
             device = self.device_info()
             self.compiled_steps = self._compiled_steps()
-            # the SM limits of the GPU the model is on (none for a CPU model)
-            gpu_limits = occupancy.limits_from_torch(device.get("index") or 0) if device.get("kind") == "cuda" else None
+            gpu_limits = device.limits()  # the SM limits of the GPU the model is on (none for a CPU model)
             if self.backend == "cupti":
                 limits = getattr(self._recorder, "device_limits", None) or gpu_limits
                 built = tables_from_cupti(
@@ -451,7 +450,7 @@ class AttentionProfiler:
                 self._recorder.cleanup()
         return self._stats
 
-    def device_info(self) -> dict:
+    def device_info(self) -> Device:
         """Where the profiled work ran: the device of the profiled model's
         parameters (with no model given: of the first model tagged), the CPU
         when there is none. Never merely a GPU this machine has."""

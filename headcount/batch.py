@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from headcount.device import Device
 from headcount.errors import HeadcountError
 from headcount.tables import WRITTEN
 
@@ -141,7 +142,7 @@ def _metadata(path: str, run_id: str, source: str, version, device, notices: lis
     from headcount.reports.metadata import run_metadata
 
     return run_metadata(run_id, source, version, "parse", {"input": str(path), "implementation": "unknown", "notices": notices},
-                        device=device or {"kind": "cuda", "name": None}, program={})
+                        device=device or Device("cuda"), program={})
 
 
 def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResult]) -> FileResult:
@@ -154,7 +155,7 @@ def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResul
     if failed:
         return FileResult(path, run_id, error=failed.error, hint=failed.hint, exit_code=failed.exit_code)
     try:
-        layers, heads = build.nsys_aggregates([r.attention for r in parts], None, meta.get("device"))
+        layers, heads = build.nsys_aggregates([r.attention for r in parts], None, Device.from_dict(meta.get("device")))
         findings = build.run_findings([f for r in parts for f in (r.steps or [])], layers, heads)
         with dataset.StagedRun(out, run_id, meta) as staged:
             staged.write("layers", layers)

@@ -31,6 +31,7 @@ from headcount import signals
 from headcount.attribute import attribution, graphs, labels, nesting, untagged
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling, timeline, triage
+from headcount.device import Device
 from headcount.errors import HeadcountError, NothingRecorded
 from headcount.naming import DOMAIN, STEP_DOMAIN, parse_path
 from headcount.parsers import ncu_metrics, nsys_sqlite
@@ -426,7 +427,7 @@ def tables_from_kineto(trace: dict, run_id: str) -> Built:
                        "record which range captured them, so they count for the range around the graph launch (often none); "
                        "record with `--backend cupti` or `nsys --cuda-graph-trace=node` to attribute them to their layers")
     device = kineto.run_device(trace.get("devices") or [])
-    limits = occupancy.limits_from_device(device["limits"]) if device else None
+    limits = device.limits() if device else None
     tables = tables_from_events(events, calls, implementation_of(calls), run_id, source="torch", limits=limits)
     untagged_provenance(tables, tables["ranges"])
     return finished(tables, run_id, device, calls, notices)
@@ -716,15 +717,14 @@ def _headcount_stack(nvtx: str | None) -> str | None:
     return None
 
 
-def add_roofline(tables: dict, device: dict | None, calls=None, measured_gbps: float | None = None) -> dict:
+def add_roofline(tables: dict, device: Device | None, calls=None, measured_gbps: float | None = None) -> dict:
     """Fill ``roofline_class`` of the layers and heads tables (in place) from
     the peaks of the device the work ran on (:mod:`headcount.derive.devices`)
     and the dtype of the logged calls; null where either is unknown (a CPU
     run, a mixed-dtype run).
 
     Args:
-        device: the run's device (``kind``, ``name``, optionally
-            ``memory_bandwidth_gbps`` as a recording reports it).
+        device: the run's device (its name, and the memory bandwidth a recording reports).
         measured_gbps: a measured copy ceiling, which wins over the device's figure.
     """
     dtypes = {c.shape.dtype for c in (calls or []) if c.shape is not None}
@@ -832,7 +832,7 @@ def from_torch_trace(path: Path, run_id: str, options: dict) -> Parsed:
     trace = kineto.read_trace(path)
     built = tables_from_kineto(trace, run_id)
     tables, notices = built.tables, built.notices
-    device = kineto.run_device(trace["devices"]) or {"kind": "cpu", "name": None}
+    device = kineto.run_device(trace["devices"]) or Device("cpu")
     layers = tables["layers"]
     found = signals.kinds_in(layers["signal"]) if "signal" in layers else []
     how = f"found by {'/'.join(found)} names" if found else "from headcount's ranges"

@@ -9,7 +9,6 @@ timings against that device's datasheet.
 from __future__ import annotations
 
 import os
-import platform
 from importlib import metadata as _md
 
 from headcount.errors import HeadcountError
@@ -69,32 +68,6 @@ def resolve(spec: str | None = "auto"):
         raise HeadcountError(f"--device {spec}: this machine has {count} CUDA device{'s' if count != 1 else ''}",
                              hint=f"use cuda:0 … cuda:{count - 1}", exit_code=3)
     return torch.device("cuda", index)
-
-
-def describe(device) -> dict:
-    """Run metadata of a device: ``kind`` (``cuda``/``cpu``), ``name`` and,
-    for a GPU, compute capability, SM count, memory (bytes) and CUDA version."""
-    import torch
-
-    device = torch.device(device)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(index)
-        return {
-            "kind": "cuda",
-            "index": index,
-            "name": props.name,
-            "compute_capability": f"{props.major}.{props.minor}",
-            "sm_count": props.multi_processor_count,
-            "memory_bytes": props.total_memory,
-            "cuda": torch.version.cuda,
-        }
-    return {
-        "kind": "cpu",
-        "name": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-    }
 
 
 def of_model(model):

@@ -110,6 +110,7 @@ def occupancy_vs_driver(out: Path) -> int:
     from cuda.bindings import driver as cu
 
     from headcount.derive import occupancy
+    from headcount.device import Device
 
     torch.zeros(1, device="cuda")  # a current context (torch's primary one)
 
@@ -121,7 +122,7 @@ def occupancy_vs_driver(out: Path) -> int:
 
     image = (ROOT / "scripts" / "occupancy" / "occupancy_kernels.fatbin").read_bytes()
     module = ok(cu.cuModuleLoadData(image))
-    limits = occupancy.limits_from_torch()
+    limits = Device.from_torch("cuda").limits()
     attr = cu.CUfunction_attribute
     rows, mismatches = [], 0
     names = ["regs_4", "regs_24", "regs_48", "regs_96", "regs_160", "smem_4096", "smem_16384", "smem_40960", "dynamic_smem"]
@@ -305,6 +306,7 @@ def check(out: Path) -> int:
     import pandas as pd
 
     from headcount.derive import occupancy
+    from headcount.device import limits_for
 
     results = []
     summary: dict = {"checks": results}
@@ -432,7 +434,7 @@ def check(out: Path) -> int:
             summary["ncu_vs_cupti"] = merged.to_dict("records")
         with_launch = ncu_kernels.dropna(subset=["registers_per_thread", "theoretical_occupancy_pct"])
         if len(with_launch):
-            limits = occupancy.limits_for(env.get("compute_capability"))
+            limits = limits_for(env.get("compute_capability"))
             if limits is not None:
                 smem = with_launch["shared_memory_bytes"].fillna(0).round().astype("int64")
                 ours = occupancy.kernel_occupancy(with_launch.assign(shared_memory_bytes=smem), limits)

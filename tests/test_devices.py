@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from headcount.derive import devices
+from headcount.device import limits_for
 
 
 @pytest.mark.parametrize("name,expect", [
@@ -39,7 +40,7 @@ def test_blackwell_occupancy_limits(cc, warps, blocks, occupancy_128_registers):
 
     from headcount.derive import occupancy
 
-    limits = occupancy.limits_for(cc)
+    limits = limits_for(cc)
     assert (limits.max_warps, limits.max_blocks) == (warps, blocks)
     # 256 threads, 128 registers: 16 warps fit the 64 Ki registers, 2 blocks of 8 warps
     got = occupancy.theoretical_occupancy_pct(np.array([256, 32]), np.array([128, 16]), np.array([0, 0]), limits)

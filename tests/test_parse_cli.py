@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from headcount.cli.main import main
+from headcount.device import Device
 
 FIX = Path(__file__).parent / "fixtures" / "nsys"
 H100 = FIX / "h100x2_pytorch_nsys2026.2.sqlite"
@@ -74,7 +75,7 @@ def test_occupancy_of_a_parsed_kernel_by_hand():
     export = read_export(A100)
     device = export.devices.set_index("device").loc[0]
     assert (device["max_warps_per_sm"], device["max_blocks_per_sm"], device["shared_memory_per_sm"]) == (64, 32, 167936)
-    limits = occupancy.limits_from_device(device)
+    limits = Device.from_target_info(device).limits()
     # 128 threads (4 warps), 32 registers, no shared memory: 32 × 32 = 1,024 registers per warp, 16 per
     # sub-partition → 64 warps by registers, 64 by the SM's warps, 32 blocks × 4 warps = 128 → 64 warps: 100 %
     assert occupancy.theoretical_occupancy_pct([128], [32], [0], limits)[0] == 100.0

@@ -156,7 +156,7 @@ def test_sglang_36_layers_and_every_fmha_kernel_in_one():
     assert one["batch"].isna().all() and layers["flop"].isna().all() and layers["dram_bytes"].isna().all()
     assert any("packed variable-length" in n for n in notices)
     run_device = kineto.run_device(kineto.read_trace(SGLANG)["devices"])
-    assert run_device["name"] == "AMD Instinct MI300X"
+    assert run_device.name == "AMD Instinct MI300X"
 
 
 # ---------------------------------------------------------------- vLLM piecewise graphs, no modules
@@ -178,7 +178,7 @@ def test_vllm_attention_operators_and_their_kernels():
     assert any("position" in n for n in notices)
     # the trace names no GPU (empty names in deviceProperties): unknown, not "", and no roofline against a guess
     device = kineto.run_device(kineto.read_trace(VLLM)["devices"])
-    assert device["name"] is None and device["sm_count"] == 304 and layers["roofline_class"].isna().all()
+    assert device.name is None and device.sm_count == 304 and layers["roofline_class"].isna().all()
 
 
 # ---------------------------------------------------------------- kernels alone

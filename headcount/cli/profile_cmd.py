@@ -16,6 +16,7 @@ import pandas as pd
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from headcount import env, sources
+from headcount.device import Device
 from headcount.errors import HeadcountError
 from headcount.models import DTYPES, IMPLEMENTATIONS, check_options, choose_model, config_dict, load_model, make_inputs, set_implementation
 from headcount.reports import console as console_report
@@ -170,7 +171,7 @@ def run(args) -> int:
     with console.status("loading model…"):
         model, description = load_model(choice, args.dtype, device=device)
     inputs = make_inputs(model, args.batch, args.seq)
-    console.print(f"model: {description}; on {env.describe(device)['name']} ({device}); batch {args.batch} × seq {args.seq}, {args.dtype}, "
+    console.print(f"model: {description}; on {Device.from_torch(device).name} ({device}); batch {args.batch} × seq {args.seq}, {args.dtype}, "
                   f"{'forward+backward' if backward else 'forward only'}, {args.mode} mode")
     for n, mode in enumerate(modes):  # one run each: the report holds them side by side
         out = _profile_run(args, console, model, description, inputs, impls, backend, backward, mode, several=len(modes) > 1,

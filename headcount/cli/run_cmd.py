@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from headcount import sources
+from headcount.device import Device
 from headcount.errors import HeadcountError, NothingRecorded
 from headcount.reports import console as console_report
 from headcount.reports import dataset, terminal
@@ -147,7 +148,7 @@ def run(args) -> int:
                 meta = run_metadata(r.run_id, args.backend, tool_info.get("tool_version"), args.mode,
                                     {**r.info, **tool_info, "program_exit_status": status, "steps": r.info.get("steps_seen"),
                                      "complete": bool(r.info.get("complete", True)) and status == 0},
-                                    device=r.info.get("device") or {"kind": None, "name": None},
+                                    device=Device.from_dict(r.info.get("device")),
                                     program=r.info.get("program") or {})
                 with dataset.StagedRun(out, r.run_id, meta) as run:
                     staged.append(r.run_id)

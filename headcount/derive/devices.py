@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from headcount.device import Device
+
 
 @dataclass(frozen=True)
 class DevicePeaks:
@@ -81,22 +83,20 @@ def peaks_for(device_name: str | None) -> DevicePeaks | None:
     return None
 
 
-def gpu_name(device: dict | None) -> str | None:
+def gpu_name(device: Device | None) -> str | None:
     """The GPU name of a run's device, ``None`` for a CPU or unknown device
     (so that a CPU run is never classified against a GPU's peaks)."""
-    if not device or device.get("kind") != "cuda":
-        return None
-    return device.get("name")
+    return device.name if device is not None and device.is_gpu else None
 
 
-def ceiling_gbps(device: dict | None, measured_gbps: float | None = None) -> float | None:
+def ceiling_gbps(device: Device | None, measured_gbps: float | None = None) -> float | None:
     """The DRAM bandwidth ceiling to use (GB/s): a measured copy ceiling when
     given, else the memory bandwidth the recording reports for its device
     (nsys's ``TARGET_INFO_GPU.memoryBandwidth``), else ``None`` (the
     datasheet's, via :func:`peaks_for`)."""
     if measured_gbps:
         return float(measured_gbps)
-    value = (device or {}).get("memory_bandwidth_gbps")
+    value = device.memory_bandwidth_gbps if device is not None else None
     return float(value) if value else None
 
 

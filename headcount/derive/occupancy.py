@@ -15,10 +15,9 @@ behind ``cudaOccupancyMaxActiveBlocksPerMultiprocessor``):
   per block from compute capability 8.0 on) is allocated in 128-byte units
   from the shared memory the SM is configured with.
 
-The per-SM limits come from the device when one is present
-(:func:`limits_from_torch`) and from :data:`LIMITS` (CUDA C++ Programming
-Guide, "Technical Specifications per Compute Capability") when reading a file
-offline. The GPU check compares this module with the driver's own calculator.
+The per-SM limits are the device's (:meth:`headcount.device.Device.limits`:
+what the device or its recording says, the table of
+:data:`headcount.device.LIMITS` for the rest). The GPU check compares this module with the driver's own calculator.
 
 Achieved occupancy is a measurement, not this: it comes from ncu
 (``sm__warps_active``) or PM sampling.
@@ -26,95 +25,10 @@ Achieved occupancy is a measurement, not this: it comes from ncu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
-
-@dataclass(frozen=True)
-class SmLimits:
-    """Per-SM resources of one compute capability (bytes, counts)."""
-
-    max_warps: int
-    max_blocks: int
-    registers: int = 65536
-    max_registers_per_block: int = 65536
-    shared_memory: int = 0          # largest configurable shared memory per SM
-    reserved_shared_memory: int = 0  # per block, taken by the system
-    register_unit: int = 256
-    shared_memory_unit: int = 128
-    sub_partitions: int = 4
-
-
-LIMITS: dict[str, SmLimits] = {
-    "7.0": SmLimits(max_warps=64, max_blocks=32, shared_memory=96 * 1024),                                   # V100
-    "7.5": SmLimits(max_warps=32, max_blocks=16, shared_memory=64 * 1024),                                   # T4
-    "8.0": SmLimits(max_warps=64, max_blocks=32, shared_memory=164 * 1024, reserved_shared_memory=1024),     # A100
-    "8.6": SmLimits(max_warps=48, max_blocks=16, shared_memory=100 * 1024, reserved_shared_memory=1024),     # A10, RTX 30
-    "8.7": SmLimits(max_warps=48, max_blocks=16, shared_memory=164 * 1024, reserved_shared_memory=1024),     # Orin
-    "8.9": SmLimits(max_warps=48, max_blocks=24, shared_memory=100 * 1024, reserved_shared_memory=1024),     # L4, L40S, RTX 4090
-    "9.0": SmLimits(max_warps=64, max_blocks=32, shared_memory=228 * 1024, reserved_shared_memory=1024),     # H100, H200
-    "10.0": SmLimits(max_warps=64, max_blocks=32, shared_memory=228 * 1024, reserved_shared_memory=1024),    # B200, GB200
-    "10.3": SmLimits(max_warps=64, max_blocks=32, shared_memory=228 * 1024, reserved_shared_memory=1024),    # B300
-    "11.0": SmLimits(max_warps=48, max_blocks=24, shared_memory=228 * 1024, reserved_shared_memory=1024),    # Thor
-    "12.0": SmLimits(max_warps=48, max_blocks=24, shared_memory=100 * 1024, reserved_shared_memory=1024),    # RTX 50, RTX PRO
-    "12.1": SmLimits(max_warps=48, max_blocks=24, shared_memory=100 * 1024, reserved_shared_memory=1024),    # GB10
-}
-"""Per compute capability: the CUDA C++ Programming Guide's "technical specifications per compute
-capability" table, as NVIDIA's CCCL encodes it (libcudacxx ``cuda/__device/arch_traits.h``, commit
-004ad19: max threads ÷ 32 = warps, max blocks, shared memory per SM, 1 KiB reserved per block from 8.0 on)."""
-
-
-def limits_for(compute_capability: str | None) -> SmLimits | None:
-    """The table's limits for ``"9.0"``-style compute capabilities, or ``None``."""
-    return LIMITS.get(str(compute_capability)) if compute_capability else None
-
-
-def limits_from_torch(device_index: int = 0) -> SmLimits | None:
-    """Limits read from the device torch sees (warps and shared memory from
-    the device, the rest from the table); ``None`` without a GPU."""
-    import torch
-
-    from headcount.env import cuda_usable
-
-    if not cuda_usable():
-        return None
-    props = torch.cuda.get_device_properties(device_index)
-    threads = getattr(props, "max_threads_per_multi_processor", 0)
-    return limits_from_device({
-        "cc_major": props.major, "cc_minor": props.minor, "max_warps_per_sm": threads // 32 or None,
-        "registers_per_sm": getattr(props, "regs_per_multiprocessor", None),
-        "shared_memory_per_sm": getattr(props, "shared_memory_per_multiprocessor", None),
-        # torch does not say; a compute capability the table lacks keeps the calculator's common maximum
-        "max_blocks_per_sm": None if limits_for(f"{props.major}.{props.minor}") else 32,
-    })
-
-
-def limits_from_device(device: dict | pd.Series | None) -> SmLimits | None:
-    """Limits from a recording's description of its GPU (nsys's
-    ``TARGET_INFO_GPU``, as :func:`headcount.parsers.nsys_sqlite.read_export`
-    names its columns), the table's values where a field is missing;
-    ``None`` when neither the device nor its compute capability is known."""
-    if device is None:
-        return None
-    get = device.get
-
-    def num(key):
-        v = get(key)
-        return None if v is None or pd.isna(v) else int(v)
-
-    major, minor = num("cc_major"), num("cc_minor")
-    base = limits_for(f"{major}.{minor}") if major is not None and minor is not None else None
-    warps, blocks = num("max_warps_per_sm"), num("max_blocks_per_sm")
-    if base is None and (warps is None or blocks is None):
-        return None
-    base = base or SmLimits(max_warps=warps, max_blocks=blocks, reserved_shared_memory=1024 if (major or 0) >= 8 else 0)
-    return SmLimits(max_warps=warps or base.max_warps, max_blocks=blocks or base.max_blocks,
-                    registers=num("registers_per_sm") or base.registers,
-                    max_registers_per_block=num("max_registers_per_block") or base.max_registers_per_block,
-                    shared_memory=num("shared_memory_per_sm") or base.shared_memory,
-                    reserved_shared_memory=base.reserved_shared_memory)
+from headcount.device import LIMITS, Device, SmLimits  # noqa: F401 (LIMITS: the table, read by tests and the GPU check)
 
 
 def device_occupancy(kernels: pd.DataFrame, devices: pd.DataFrame | None) -> pd.Series:
@@ -127,7 +41,7 @@ def device_occupancy(kernels: pd.DataFrame, devices: pd.DataFrame | None) -> pd.
     for _, row in devices.iterrows():
         on = (kernels["device"] == row["device"]).fillna(False).to_numpy(dtype=bool)
         if on.any():
-            out[on] = kernel_occupancy(kernels[on], limits_from_device(row)).to_numpy()
+            out[on] = kernel_occupancy(kernels[on], Device.from_target_info(row).limits()).to_numpy()
     return out
 
 

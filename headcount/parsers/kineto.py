@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from headcount import signals
+from headcount.device import Device
 from headcount.errors import HeadcountError
 
 _KIND_BY_CAT = {
@@ -199,26 +200,10 @@ def read_trace(path: str | Path) -> dict:
     return {"events": events, "devices": [d for d in devices if isinstance(d, dict)]}
 
 
-def run_device(devices: list[dict]) -> dict | None:
-    """The run metadata's ``device`` from a trace's ``deviceProperties`` (the
-    first GPU; NVIDIA or AMD, ROCm traces have the same fields), with the per-SM
-    limits the occupancy calculator reads; ``None`` for a CPU trace. An empty
-    name (some ROCm traces) is unknown: null, not ``""``."""
-    if not devices:
-        return None
-    d = devices[0]
-
-    def num(key):
-        v = d.get(key)
-        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    major, minor = num("computeMajor"), num("computeMinor")
-    threads = num("maxThreadsPerMultiprocessor")
-    return {"kind": "cuda", "name": d.get("name") or None, "index": num("id"), "count": len(devices),
-            "compute_capability": f"{major}.{minor}" if major is not None and minor is not None else None,
-            "sm_count": num("numSms"), "memory_bytes": num("totalGlobalMem"), "source": "trace deviceProperties",
-            "limits": {"cc_major": major, "cc_minor": minor, "max_warps_per_sm": threads // 32 if threads else None,
-                       "registers_per_sm": num("regsPerMultiprocessor"), "shared_memory_per_sm": num("sharedMemPerMultiprocessor")}}
+def run_device(devices: list[dict]) -> Device | None:
+    """The run's device from a trace's ``deviceProperties`` (:meth:`~headcount.device.Device.from_kineto`);
+    ``None`` for a CPU trace."""
+    return Device.from_kineto(devices)
 
 
 def _nanoseconds(us: np.ndarray) -> np.ndarray | None:

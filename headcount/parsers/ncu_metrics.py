@@ -20,6 +20,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from headcount.device import Device
 from headcount.nsight import COLLECTED, DEVICE_NAME, DISPLAY_NAMES, METRICS, NCU_TABLE  # noqa: F401 (the readers' names)
 
 # counters a headcount report needs; ``missing_metrics`` names those not collected
@@ -202,7 +203,7 @@ def _plausible(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def run_device(kernels: pd.DataFrame) -> dict | None:
+def run_device(kernels: pd.DataFrame) -> Device | None:
     """The run metadata's ``device`` for ncu kernels: the GPU its report names
     (``device__attribute_display_name`` and the compute capability and SM
     count attributes of the first kernel that has them); ``None`` when the
@@ -215,7 +216,4 @@ def run_device(kernels: pd.DataFrame) -> dict | None:
         v = to_float(first.get(col))
         return int(v) if v is not None and 0 <= v < 2**31 and v == int(v) else None
 
-    major, minor = num("device_cc_major"), num("device_cc_minor")
-    return {"kind": "cuda", "name": str(first["device_name"]),
-            "compute_capability": f"{major}.{minor}" if major is not None and minor is not None else None,
-            "sm_count": num("device_sm_count"), "source": "ncu device attributes"}
+    return Device.from_ncu(str(first["device_name"]), num("device_cc_major"), num("device_cc_minor"), num("device_sm_count"))

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from pandas.api.types import union_categoricals
 
 from headcount.arrays import unique_inverse
+from headcount.device import Device
 from headcount.errors import HeadcountError, NothingRecorded
 from headcount.parsers.plausible import drop_implausible
 from headcount.tables import Timeline
@@ -927,38 +928,13 @@ def _read_gpu_metrics(src, tables) -> pd.DataFrame:
     return frame[cols].sort_values(["device", "metric", "timestamp_ns"], kind="stable").reset_index(drop=True)
 
 
-def run_device(export: Timeline) -> dict | None:
-    """The run metadata's ``device`` for an export: the GPU its kernels ran on
-    (the first, when several; ``count`` says how many distinct devices ran
-    work), as ``TARGET_INFO_GPU`` describes it. ``None`` without that table."""
-    used = export.gpu["device"].dropna().unique() if len(export.gpu) else []
-    return describe_device(export.devices, [int(d) for d in used])
-
-
-def describe_device(devices: pd.DataFrame | None, used: list[int]) -> dict | None:
-    """:func:`run_device` from the export's GPUs (``TARGET_INFO_GPU``) and the device ids that ran work."""
+def describe_device(devices: pd.DataFrame | None, used: list[int]) -> Device | None:
+    """The run's device: the GPU its work ran on (the first, when several; ``count`` says
+    how many distinct devices ran work), as ``TARGET_INFO_GPU`` describes it (``devices``,
+    one row per device id); ``None`` without that table."""
     if devices is None or not len(devices):
         return None
     rows = devices[devices["device"].isin(list(used))] if len(used) else devices
     rows = rows if len(rows) else devices
-    first = rows.iloc[0]
-
-    def value(col):
-        v = first.get(col)
-        return None if v is None or pd.isna(v) else v
-
-    bandwidth = value("memory_bandwidth_bytes_per_s")
-    major, minor = value("cc_major"), value("cc_minor")
     names = sorted({str(n) for n in rows["name"].dropna()})
-    return {
-        "kind": "cuda",
-        "name": " + ".join(names) if names else None,
-        "index": int(first["device"]),
-        "count": int(len(rows)),
-        "compute_capability": f"{int(major)}.{int(minor)}" if major is not None and minor is not None else None,
-        "sm_count": int(value("sm_count")) if value("sm_count") is not None else None,
-        "memory_bytes": int(value("memory_bytes")) if value("memory_bytes") is not None else None,
-        "memory_bandwidth_gbps": float(bandwidth) / 1e9 if bandwidth else None,
-        "clock_hz": int(value("clock_hz")) if value("clock_hz") is not None else None,
-        "source": "TARGET_INFO_GPU",
-    }
+    return Device.from_target_info(rows.iloc[0], count=int(len(rows)), name=" + ".join(names) if names else None)

@@ -15,6 +15,7 @@ import sys
 import pandas as pd
 
 from headcount._version import __version__
+from headcount.device import Device
 from headcount.env import package_version, program_versions
 
 SCHEMA_VERSION = "1.5"
@@ -27,20 +28,19 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
     return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def device_info(device=None) -> dict:
-    """Run metadata of the device the work ran on (``None``: the CPU)."""
-    from headcount import env
-
-    return env.describe(device if device is not None else "cpu")
+def device_info(device=None) -> Device:
+    """The device the work ran on, as torch sees it (``None``: the CPU)."""
+    return Device.from_torch(device if device is not None else "cpu")
 
 
 def run_metadata(run_id: str, source: str, source_version: str | None, mode: str, extra: dict | None = None, *,
-                 device: dict, program: dict | None = None) -> dict:
+                 device: Device | None, program: dict | None = None) -> dict:
     """Everything a reader needs to know about a run besides its tables.
 
     Args:
         device: where the recorded work ran (:func:`device_info`, or what a
-            recording says of its GPU); never guessed from this machine.
+            recording says of its GPU); never guessed from this machine
+            (``None``: the recording does not say).
         program: ``torch`` and ``transformers`` versions of the recorded
             program (``None``: this process, which is right for the API and
             ``headcount profile``); a parsed file passes what the recording
@@ -55,7 +55,7 @@ def run_metadata(run_id: str, source: str, source_version: str | None, mode: str
         "source": source,
         "source_version": source_version,
         "mode": mode,
-        "device": device,
+        "device": device.as_dict() if device is not None else {"kind": None, "name": None},
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "torch": program.get("torch"),

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from headcount.build import gathered, implementation_of, nsys_processes, tables_from_cupti, tables_from_ncu
-from headcount.derive import occupancy
+from headcount.device import Device
 from headcount.errors import HeadcountError, notice
 from headcount.parsers import ncu_metrics, nsys_sqlite
 from headcount.wrap import child as child_report
@@ -80,7 +80,8 @@ def from_nsys(sqlite: Path, children: list[dict], run_id: str) -> list[RankRun]:
             continue
         child, rid = wanted[pid]
         impl = implementation_of(child["calls"])
-        tables = gathered([part], rid, child["calls"], impl, child.get("device"), plan.devices, plan.gpu_metrics, release=True).tables
+        tables = gathered([part], rid, child["calls"], impl, Device.from_dict(child.get("device")), plan.devices, plan.gpu_metrics,
+                          release=True).tables
         built[pid] = RankRun(rid, child["rank"], tables, {**_info(child), "implementation": impl})
     return [built.get(pid) or RankRun(rid, child["rank"], {}, {**_info(child), "notices": [
         *child["notices"], f"nsys recorded no NVTX range of process {pid}"]}) for pid, (child, rid) in wanted.items()]
@@ -92,10 +93,10 @@ def from_ncu(kernels: pd.DataFrame, children: list[dict], run_id: str) -> list[R
     calls = [c for child in children for c in child["calls"]]
     impl = implementation_of(calls)
     # the report's own device attributes first (exact for the profiled GPU), else what the program saw
-    device = ncu_metrics.run_device(kernels) or next((c.get("device") for c in children if c.get("device")), None) or {}
+    device = ncu_metrics.run_device(kernels) or next((Device.from_dict(c["device"]) for c in children if c.get("device")), None)
     tables = tables_from_ncu(kernels, run_id, calls=calls, device=device).tables
     info = {"notices": [], "processes": [_info(c) for c in children], "implementation": impl,
-            "complete": all(c.get("complete", True) for c in children), "device": device or None,
+            "complete": all(c.get("complete", True) for c in children), "device": device.as_dict() if device else None,
             "program": next((c.get("program") for c in children if c.get("program")), None)}
     if len(children) > 1:
         info["notices"].append("several processes under ncu: one run (ncu reports carry no process id), ranks not split")
@@ -111,8 +112,8 @@ def from_cupti(children: list[dict], run_id: str) -> list[RankRun]:
             runs.append(RankRun(rid, child["rank"], {}, {**info, "notices": [*child["notices"], "no CUPTI records from this process"]}))
             continue
         impl = implementation_of(child["calls"])
-        device = child.get("device") or {}
-        limits = occupancy.limits_for(device.get("compute_capability"))
+        device = Device.from_dict(child.get("device"))
+        limits = device.limits() if device is not None else None
         built = tables_from_cupti(child["records"], child["calls"], rid, impl, limits,
                                   nvtx_tagged=child.get("nvtx_tagged", True), device=device)
         for line in built.notices:

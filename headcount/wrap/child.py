@@ -264,10 +264,10 @@ def _device() -> dict | None:
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    from headcount import env as _dev
+    from headcount.device import Device
 
     try:
-        return _dev.describe(torch.cuda.current_device() if torch.cuda.is_initialized() else "cpu")
+        return Device.from_torch(torch.cuda.current_device() if torch.cuda.is_initialized() else "cpu").as_dict()
     except Exception:  # noqa: BLE001 - metadata only
         return None
 
@@ -371,7 +371,7 @@ class ChildReport:
         calls: the call log as :func:`calls_to_rows` rows.
         records: the cupti source's records file (``None`` for nsys and ncu).
         complete: the program ended normally; ``ended_by`` says how it ended otherwise.
-        device: where the process's work ran (:func:`headcount.env.describe`).
+        device: where the process's work ran (:meth:`headcount.device.Device.from_torch`, as a dict).
         program: its torch and transformers versions.
         nvtx_tagged: headcount's ranges were also emitted as NVTX.
     """
