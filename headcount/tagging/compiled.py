@@ -27,10 +27,11 @@ What this module does instead (chosen for torch ≥ 2.4):
   ``recompute`` (activation checkpointing), logs the call and pushes the
   NVTX / record_function ranges. Nothing in the traced region reads a thread
   id, a global that changes per call, or the tagger.
-* Backward ranges: the same autograd functions as the eager path (an
-  identity on the output whose backward opens ``bwd/<layer>``, one on q/k/v
-  whose backward closes it), with bodies that call the operators; AOTAutograd
-  puts those calls in the compiled backward graph.
+* Backward ranges: the same autograd functions as the eager path
+  (:mod:`headcount.tagging.grad_marks`: an identity on the output whose
+  backward opens ``bwd/<layer>``, one on q/k/v whose backward closes it),
+  given functions that call the operators; AOTAutograd puts those calls in
+  the compiled backward graph.
 
 Tracing reads only :data:`headcount.tagging.state.MODE` (the innermost
 active tagger's mode, or ``None``) and :data:`headcount.tagging.state.LAYERS`
@@ -49,6 +50,7 @@ import torch
 from headcount.call_log import CallMeta
 from headcount.errors import HeadcountError
 from headcount.tagging import state
+from headcount.tagging.grad_marks import OpenOnGrad, close_on_grad, output, with_output
 
 _SEP = "\x1f"
 _NO_LAYER = -1
@@ -292,62 +294,16 @@ def metadata(fixed: tuple, shape: list[int]) -> CallMeta:
 # --------------------------------------------------------------------------- the traced path
 
 
-class _OpenOnGrad(torch.autograd.Function):
-    """Identity on the attention output; its backward opens the backward range."""
-
-    @staticmethod
-    def forward(ctx, out, site_name, head, kv_head, shape):
-        ctx.site, ctx.head, ctx.kv_head, ctx.shape = site_name, head, kv_head, shape
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, grad):
-        torch.ops.headcount.open_range([grad], ctx.site, "bwd", ctx.head, ctx.kv_head, ctx.shape)
-        return grad, None, None, None, None
+def _open_backward(grad, site_name: str, head: int, kv_head: int, shape) -> None:
+    torch.ops.headcount.open_range([grad], site_name, "bwd", head, kv_head, shape)
 
 
-class _CloseOnGrad(torch.autograd.Function):
-    """Identity on q, k, v; its backward closes the backward range once their gradients exist."""
-
-    @staticmethod
-    def forward(ctx, *tensors):
-        ctx.set_materialize_grads(False)
-        return tuple(t.view_as(t) for t in tensors)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        torch.ops.headcount.close_range([g for g in grads if g is not None])
-        return grads
-
-
-def _close_on_grad(q, k, v):
-    """:class:`_CloseOnGrad` on the distinct tensors among q, k, v (Dynamo
-    refuses the same tensor twice in one ``apply``: self-attention on one x)."""
-    if q is k and k is v:
-        (q,) = _CloseOnGrad.apply(q)
-        return q, q, q
-    if k is v:
-        q, k = _CloseOnGrad.apply(q, k)
-        return q, k, k
-    if q is k or q is v:
-        q, other = _CloseOnGrad.apply(q, v if q is k else k)
-        return (q, q, other) if q is k else (q, other, q)
-    return _CloseOnGrad.apply(q, k, v)
+def _close_backward(grads) -> None:
+    torch.ops.headcount.close_range([g for g in grads if g is not None])
 
 
 def _tracks(query, key, value) -> bool:
     return torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-
-
-def _output(result):
-    return result if isinstance(result, torch.Tensor) else result[0]
-
-
-def _with_output(result, fn):
-    if isinstance(result, torch.Tensor):
-        return fn(result) if result.requires_grad else result
-    out = result[0]
-    return (fn(out) if out.requires_grad else out, *result[1:])
 
 
 def run(mode: str, site_name: str, shape: list, query, key, value, fused, one_head, join, head_dim: int = 1):
@@ -355,15 +311,15 @@ def run(mode: str, site_name: str, shape: list, query, key, value, fused, one_he
     as operator calls in the graph."""
     track = _tracks(query, key, value)
     if track:
-        query, key, value = _close_on_grad(query, key, value)
+        query, key, value = close_on_grad(_close_backward, query, key, value)
     torch.ops.headcount.open_range([query, key, value], site_name, "fwd", -1, -1, shape)
     if mode == "head":
         result = _per_head(site_name, shape, query, key, value, one_head, join, head_dim, track)
     else:
         result = fused(query, key, value)
-    torch.ops.headcount.close_range([_output(result)])
+    torch.ops.headcount.close_range([output(result)])
     if track:
-        result = _with_output(result, lambda out: _OpenOnGrad.apply(out, site_name, -1, -1, shape))
+        result = with_output(result, lambda out: OpenOnGrad.apply(out, _open_backward, site_name, -1, -1, shape))
     return result
 
 
@@ -378,11 +334,11 @@ def _per_head(site_name, shape, query, key, value, one_head, join, head_dim, tra
         g = h // groups
         q_h, k_h, v_h = query.narrow(head_dim, h, 1), key.narrow(head_dim, g, 1), value.narrow(head_dim, g, 1)
         if track:
-            q_h, k_h, v_h = _close_on_grad(q_h, k_h, v_h)
+            q_h, k_h, v_h = close_on_grad(_close_backward, q_h, k_h, v_h)
         torch.ops.headcount.open_range([q_h, k_h, v_h], site_name, "fwd", h, g, shape)
         res = one_head(h, q_h, k_h, v_h)
-        torch.ops.headcount.close_range([_output(res)])
+        torch.ops.headcount.close_range([output(res)])
         if track:
-            res = _with_output(res, lambda out, h=h, g=g: _OpenOnGrad.apply(out, site_name, h, g, shape))
+            res = with_output(res, lambda out, h=h, g=g: OpenOnGrad.apply(out, _open_backward, site_name, h, g, shape))
         results.append(res)
     return join(results)

@@ -40,6 +40,7 @@ from headcount.naming import head_name, sanitize
 from headcount.tagging import compiled as _compiled
 from headcount.tagging import shapes as _shapes
 from headcount.tagging import state
+from headcount.tagging.grad_marks import CloseOnGrad, OpenOnGrad, with_output
 from headcount.tagging.head_split import grouped_heads, head_slice, interface_call, join_transformers
 from headcount.tagging.layer_names import layer_names
 from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
@@ -72,40 +73,17 @@ class _BackwardRange:
         self.log = log
         self.opened: list[list] = []  # tokens of each open (retain_graph may run backward twice)
 
-    def open(self) -> None:
+    def open(self, *_grad) -> None:
+        """Open the ranges (from the output's gradient hook or :class:`~headcount.tagging.grad_marks.OpenOnGrad`)."""
         tagger = self.tagger
         tagger._record(self.log, threading.get_ident())
         self.opened.append([tagger.emitter.push(name) for name in self.names])
 
-    def close(self) -> None:
+    def close(self, *_grads) -> None:
+        """Close them once the inputs' gradients exist."""
         if self.opened:  # the output may have received no gradient
             for token in reversed(self.opened.pop()):
                 self.tagger.emitter.pop(token)
-
-
-class _OpenOnGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, state: _BackwardRange, out: torch.Tensor) -> torch.Tensor:
-        ctx.state = state
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.state.open()
-        return None, grad
-
-
-class _CloseOnGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, state: _BackwardRange, *tensors: torch.Tensor):
-        ctx.state = state
-        ctx.set_materialize_grads(False)
-        return tuple(t.view_as(t) for t in tensors)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.state.close()
-        return (None, *grads)
 
 
 def _causal(module, kwargs: dict) -> bool:
@@ -540,9 +518,10 @@ class AttentionTagger:
         # only after that call's backward: this call then closes from an identity function
         hooks = track and self.mode == "layer" and not _awaited(query, key, value)
         if track:
-            bwd = _BackwardRange(self, ("bwd", layer_name), log.in_phase("bwd"))
+            bwd = _BackwardRange(self, ("bwd", layer_name),
+                                 _new(CallLog, (tid, "bwd", layer_name, layer_index, None, None, meta, model_name, None, None, None)))
             if not hooks:
-                query, key, value = _CloseOnGrad.apply(bwd, query, key, value)
+                query, key, value = CloseOnGrad.apply(bwd.close, query, key, value)
         if self.log_calls:
             self._log.append(log)
         tokens = emitter.push2(phase, layer_name)
@@ -556,7 +535,7 @@ class AttentionTagger:
         if hooks:
             _hook_backward(bwd, result, (query, key, value))
         elif track:
-            result = _apply_to_output(result, lambda out: _OpenOnGrad.apply(bwd, out))
+            result = with_output(result, lambda out: OpenOnGrad.apply(out, bwd.open))
         return result
 
     def _per_head(self, log: CallLog, query, key, value, one_head, join, head_dim, track):
@@ -580,8 +559,9 @@ class AttentionTagger:
             name = head_name(h)
             head_log = _new(CallLog, (tid, phase, layer_name, layer, h, g, head_meta, model, None, None, None))
             if track:
-                bwd = _BackwardRange(self, (name,), head_log.in_phase("bwd"))
-                q_h, k_h, v_h = _CloseOnGrad.apply(bwd, q_h, k_h, v_h)
+                bwd = _BackwardRange(self, (name,), _new(CallLog, (tid, "bwd", layer_name, layer, h, g, head_meta, model, None, None,
+                                                                    None)))
+                q_h, k_h, v_h = CloseOnGrad.apply(bwd.close, q_h, k_h, v_h)
             if record is not None:
                 record(head_log)
             token = emitter.push(name)
@@ -590,7 +570,7 @@ class AttentionTagger:
             finally:
                 emitter.pop(token)
             if track:
-                res = _apply_to_output(res, lambda out: _OpenOnGrad.apply(bwd, out))
+                res = with_output(res, lambda out: OpenOnGrad.apply(out, bwd.open))
             results.append(res)
         return join(results)
 
@@ -627,16 +607,6 @@ def _hook_backward(bwd: _BackwardRange, result, inputs: tuple) -> None:
     out.register_hook(lambda grad: bwd.open())
     for tensor in needing:
         tensor.register_hook(input_done)
-
-
-def _apply_to_output(result, fn):
-    """Apply ``fn`` to the attention output: the result itself or its first item."""
-    if isinstance(result, torch.Tensor):
-        return fn(result) if result.requires_grad else result
-    if isinstance(result, tuple) and result and isinstance(result[0], torch.Tensor):
-        out = result[0]
-        return (fn(out) if out.requires_grad else out, *result[1:])
-    return result
 
 
 # --------------------------------------------------------------------------- public helpers
