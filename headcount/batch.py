@@ -16,12 +16,13 @@ decides: write nothing, or (``--keep-going``) commit the others.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from headcount.device import Device
 from headcount.errors import HeadcountError
+from headcount.parsers.options import ReadOptions
 from headcount.tables import WRITTEN
 
 PER_JOB_BYTES = 2 * 2**30  # what one parse may hold at its peak (the benchmark's ceiling)
@@ -46,7 +47,7 @@ class FileResult:
     exit_code: int = 0
 
 
-def stage_file(path: str, out: str, run_id: str, options: dict) -> FileResult:
+def stage_file(path: str, out: str, run_id: str, options: ReadOptions) -> FileResult:
     """Read ``path``, build its tables and stage them as run ``run_id`` under ``out``.
 
     Runs in this process, a worker process or a Ray task alike (arguments and
@@ -94,7 +95,7 @@ class ShardResult:
     exit_code: int = 0
 
 
-def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards: int, plan) -> ShardResult:
+def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards: int, plan, options: ReadOptions) -> ShardResult:
     """Attribute and stage one shard of a large nsys export (:func:`headcount.build.nsys_shard`)
     as the pieces ``part-s<shard>`` of run ``run_id``; the parent finishes the run."""
     from headcount import build, env
@@ -105,7 +106,7 @@ def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards
     attention, steps = None, []
     try:
         with dataset.StagedRun(out, run_id, meta, part=f"s{shard}", manifest=False) as staged:
-            for name, frame in build.nsys_shard(Path(path), plan, shard, shards, counts):
+            for name, frame in build.nsys_shard(Path(path), plan, shard, shards, counts, options):
                 if name == "attention":
                     attention = frame
                 else:
@@ -203,7 +204,7 @@ def split(files: list[tuple[str, str]], jobs: int) -> Split:
     return Split(shards, workers)
 
 
-def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int = 1, executor: str = "local",
+def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs: int = 1, executor: str = "local",
               done: Callable[[FileResult], None] | None = None, plan: Split | None = None) -> list[FileResult]:
     """Stage every ``(path, run_id)`` of ``files`` under ``out``.
 
@@ -251,8 +252,8 @@ def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int =
     from headcount.parsers import nsys_sqlite
 
     results: list[FileResult | None] = [None] * len(files)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_share_cores,
-                             initargs=(max(1, _cores() // workers),)) as pool:
+    options = replace(options, threads=max(1, _cores() // workers))  # the workers share the cores
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         futures, metas, parts = {}, {}, {}
         for i, ((path, run_id), (m, export_plan)) in enumerate(zip(files, shards)):
             if m == 1:
@@ -262,7 +263,7 @@ def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int =
             metas[i] = _metadata(path, run_id, "nsys", export_plan.meta.get("EXPORT_PRODUCT_VERSION"), device, [])
             parts[i] = []
             for k in range(m):
-                futures[pool.submit(stage_shard, path, out, run_id, metas[i], k, m, export_plan)] = (i, k)
+                futures[pool.submit(stage_shard, path, out, run_id, metas[i], k, m, export_plan, options)] = (i, k)
         for future in as_completed(futures):
             i, k = futures[future]
             if k is None:
@@ -274,13 +275,6 @@ def run_files(files: list[tuple[str, str]], out: str, options: dict, jobs: int =
                 results[i] = _finish(files[i][0], files[i][1], out, metas[i], parts[i])
             done(results[i])
     return results
-
-
-def _share_cores(threads: int) -> None:
-    """In a worker process: read with ``threads`` threads (the workers share the cores)."""
-    from headcount.parsers import nsys_sqlite
-
-    nsys_sqlite.READ_THREADS = threads
 
 
 def _on_ray(files, out, options, done) -> list[FileResult]:

@@ -35,6 +35,7 @@ from headcount.device import Device
 from headcount.errors import HeadcountError, NothingRecorded
 from headcount.naming import DOMAIN, STEP_DOMAIN, parse_path
 from headcount.parsers import ncu_metrics, nsys_sqlite
+from headcount.parsers.options import ReadOptions
 from headcount.parsers.plausible import drop_implausible
 from headcount.tables import Timeline
 
@@ -576,13 +577,13 @@ def nsys_aggregates(attention: list[pd.DataFrame], calls=None, device: dict | No
     return layers, heads
 
 
-def nsys_shard(path: Path, plan, shard: int, shards: int, counts: dict):
+def nsys_shard(path: Path, plan, shard: int, shards: int, counts: dict, options: ReadOptions = ReadOptions()):
     """One shard of a large export (the processes whose id is ``shard`` modulo
     ``shards``), for a worker process: ``ranges``, ``kernels`` and ``steps`` pieces, then
     ``("attention", its attention ranges)`` for :func:`nsys_aggregates` in the
     parent (which also gets the ``steps`` rows back, for the findings). ``counts`` gets the rows (:func:`tally`)."""
     attention: list[pd.DataFrame] = []
-    parts = nsys_processes(path, plan, (shard, shards))
+    parts = nsys_processes(path, plan, (shard, shards), options)
     for name, frame in _process_pieces(parts, None, "unknown", plan.devices, plan.gpu_metrics, attention, set(), release=True):
         tally(counts, name, frame)
         yield name, frame
@@ -593,16 +594,16 @@ def nsys_shard(path: Path, plan, shard: int, shards: int, counts: dict):
     yield "attention", pd.concat(attention, ignore_index=True) if len(attention) > 1 else attention[0]
 
 
-def nsys_processes(path: Path, plan, shard: tuple[int, int] | None = None):
+def nsys_processes(path: Path, plan, shard: tuple[int, int] | None = None, options: ReadOptions = ReadOptions()):
     """The one way an nsys export is read (``parse``, ``run --backend nsys``, the
     sharded workers): its processes (those of ``shard``, a ``(k, m)`` pair, when
     given), one :class:`~headcount.tables.Timeline` at a time: a large export
     read one process at a time, a smaller one in one read and then cut by process."""
     if plan.processes is not None:
         mine = [p for p in plan.processes if shard is None or p % shard[1] == shard[0]]
-        yield from (nsys_sqlite.read_export(path, process=p, plan=plan) for p in mine)
+        yield from (nsys_sqlite.read_export(path, process=p, plan=plan, options=options) for p in mine)
         return
-    export = nsys_sqlite.read_export(path, plan=plan, shard=shard)
+    export = nsys_sqlite.read_export(path, plan=plan, shard=shard, options=options)
     if len(export.ranges) or len(export.gpu):
         yield from nsys_sqlite.by_process(export)
 
@@ -767,7 +768,7 @@ class Parsed:
             yield from self.tables.items()
 
 
-def _nsys_file(path: Path, export: AbstractContextManager) -> Parsed:
+def _nsys_file(path: Path, export: AbstractContextManager, options: ReadOptions) -> Parsed:
     """An nsys export (``export`` yields its path, and cleans up when the pieces are consumed)."""
     stack = ExitStack()
     try:
@@ -780,14 +781,14 @@ def _nsys_file(path: Path, export: AbstractContextManager) -> Parsed:
         stack.close()
         raise NothingRecorded(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     parsed = Parsed({}, nsys_sqlite.describe_device(plan.devices, plan.gpu_devices), plan.meta.get("EXPORT_PRODUCT_VERSION"))
-    parsed.stream = _nsys_stream(path, sqlite, plan, parsed.lines, stack, parsed.notices)
+    parsed.stream = _nsys_stream(path, sqlite, plan, parsed.lines, stack, parsed.notices, options)
     return parsed
 
 
-def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitStack, notices: list[str]):
+def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitStack, notices: list[str], options: ReadOptions):
     counts: dict = {}
     with stack:
-        for name, frame in nsys_pieces(nsys_processes(sqlite, plan), devices=plan.devices, gpu_metrics=plan.gpu_metrics,
+        for name, frame in nsys_pieces(nsys_processes(sqlite, plan, options=options), devices=plan.devices, gpu_metrics=plan.gpu_metrics,
                                        release=True, notices=notices):
             tally(counts, name, frame)
             yield name, frame
@@ -795,17 +796,17 @@ def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitSt
     lines.extend(nsys_lines(path, counts))
 
 
-def from_nsys_export(path: Path, run_id: str, options: dict) -> Parsed:
-    return _nsys_file(path, nullcontext(path))
+def from_nsys_export(path: Path, run_id: str, options: ReadOptions) -> Parsed:
+    return _nsys_file(path, nullcontext(path), options)
 
 
-def from_nsys_rep(path: Path, run_id: str, options: dict) -> Parsed:
+def from_nsys_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     from headcount.parsers.nsys_rep import exported
 
-    return _nsys_file(path, exported(path))
+    return _nsys_file(path, exported(path), options)
 
 
-def _ncu_file(path: Path, run_id: str, options: dict, read) -> Parsed:
+def _ncu_file(path: Path, run_id: str, options: ReadOptions, read) -> Parsed:
     kernels = read(path)
     built = tables_from_ncu(kernels, run_id)
     device = ncu_metrics.run_device(kernels)
@@ -814,19 +815,19 @@ def _ncu_file(path: Path, run_id: str, options: dict, read) -> Parsed:
                                                f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"], built.notices)
 
 
-def from_ncu_csv(path: Path, run_id: str, options: dict) -> Parsed:
+def from_ncu_csv(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     from headcount.parsers import ncu_csv
 
-    return _ncu_file(path, run_id, options, lambda p: ncu_csv.read_csv(p, locale=options.get("locale")))
+    return _ncu_file(path, run_id, options, lambda p: ncu_csv.read_csv(p, locale=options.locale))
 
 
-def from_ncu_rep(path: Path, run_id: str, options: dict) -> Parsed:
+def from_ncu_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     from headcount.parsers import ncu_rep
 
     return _ncu_file(path, run_id, options, ncu_rep.read_report)
 
 
-def from_torch_trace(path: Path, run_id: str, options: dict) -> Parsed:
+def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     from headcount.parsers import kineto
 
     trace = kineto.read_trace(path)

@@ -37,7 +37,8 @@ class FileSource:
         name: the ``runs.source`` value (``nsys``, ``ncu``, ``torch``).
         label: what the file is, for messages.
         suffixes: lower-case name endings it is chosen by (a directory: ``directory``).
-        parse: ``(path, run_id, options) →`` :class:`headcount.build.Parsed`; raises HeadcountError on bad input.
+        parse: ``(path, run_id, options) →`` :class:`headcount.build.Parsed` (``options``: a
+            :class:`~headcount.parsers.options.ReadOptions`); raises HeadcountError on bad input.
         directory: the format is a directory.
         splits: a large file can be split by process across workers (:func:`headcount.build.nsys_shard`).
     """

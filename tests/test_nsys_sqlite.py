@@ -17,7 +17,8 @@ from nsight import nsight_bin
 
 from headcount.attribute.attribution import project_gpu
 from headcount.errors import HeadcountError
-from headcount.parsers.nsys_sqlite import nsys_name, read_export
+from headcount.parsers.nsys_sqlite import last_nvtx, nsys_name, read_export
+from headcount.parsers.options import ReadOptions
 
 FIX = Path(__file__).parent / "fixtures" / "nsys"
 H100 = FIX / "h100x2_pytorch_nsys2026.2.sqlite"
@@ -142,6 +143,20 @@ def test_reading_in_two_halves_gives_the_same_tables(monkeypatch):
     monkeypatch.setattr(reader, "SPLIT_ROWS", 1000)
     halves = read_export(H100).ranges
     pd.testing.assert_frame_equal(whole, halves)
+    # as many parts as reader threads (ReadOptions), one thread: one part
+    pd.testing.assert_frame_equal(whole, read_export(H100, options=ReadOptions(threads=3)).ranges)
+    pd.testing.assert_frame_equal(whole, read_export(H100, options=ReadOptions(threads=1)).ranges)
+
+
+def test_a_schema_headcount_does_not_know_is_said_as_such(tmp_path):
+    """The engine's "no such column" reaches the user as a schema headcount does not know, not as damage
+    (it was wrapped twice, and the second wrapping said "damaged or truncated")."""
+    path = tmp_path / "odd.sqlite"
+    with sqlite3.connect(path) as con:
+        con.execute('CREATE TABLE NVTX_EVENTS (eventType INTEGER, "end" INTEGER)')
+        con.execute("INSERT INTO NVTX_EVENTS VALUES (59, 10)")
+    with pytest.raises(HeadcountError, match="an export schema headcount does not know .*no such column: start"):
+        last_nvtx(path)
 
 
 def test_parquetdir_export_gives_the_same_projection(tmp_path):

@@ -13,6 +13,7 @@ import torch
 from headcount import sources, tag, untag
 from headcount.cli.main import main
 from headcount.errors import HeadcountError
+from headcount.parsers.options import ReadOptions
 
 KINETO = Path(__file__).parent / "fixtures" / "kineto"
 SMALL = ["--steps", "2", "--batch", "1", "--seq", "32", "--device", "cpu"]
@@ -97,7 +98,7 @@ def test_the_registry_chooses_by_name_and_refuses_the_rest(tmp_path):
     # a trace without attention is read, not refused: its operators, one step for the whole recording, and a notice
     plain = tmp_path / "plain.json"
     plain.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2}]}')
-    parsed = sources.for_path(plain).parse(plain, "r", {})
+    parsed = sources.for_path(plain).parse(plain, "r", ReadOptions())
     assert any("no attention found" in n for n in parsed.notices)
     assert len(parsed.tables["kernels"]) == 1 and not len(parsed.tables["layers"])
     steps = parsed.tables["steps"]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from headcount import batch, sources
 from headcount.errors import HeadcountError, notice
+from headcount.parsers.options import ReadOptions
 from headcount.reports import dataset, terminal
 from headcount.reports.metadata import new_run_id
 
@@ -93,7 +94,7 @@ def run(args) -> int:
             with nullcontext() if parallel else console.status(f"reading {how}…"):
                 if parallel:
                     console.print(f"reading {how}…", highlight=False)
-                results = batch.run_files(files, str(out), {"locale": args.locale}, jobs=jobs, executor=args.executor, done=done,
+                results = batch.run_files(files, str(out), ReadOptions(locale=args.locale), jobs=jobs, executor=args.executor, done=done,
                                           plan=plan)
         except BaseException:
             _discard(out, files, created)

@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from headcount.errors import HeadcountError
+from headcount.parsers.files import head_bytes
 from headcount.parsers.ncu_metrics import DEVICE_NAME, DISPLAY_NAMES, METRICS, kernels_frame, to_float
 
 # details-page display names -> raw metric names
@@ -78,13 +79,7 @@ def _rows(path: Path):
     Raises:
         HeadcountError: missing, unreadable, binary, or malformed at some row.
     """
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(4096)
-    except FileNotFoundError as exc:
-        raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
-    except OSError as exc:
-        raise HeadcountError(f"{path}: cannot be read ({exc.strerror})", hint="check its permissions") from exc
+    head = head_bytes(path, 4096)
     if b"\x00" in head:
         raise HeadcountError(f"{path}: not an ncu CSV (binary data)", hint="for a .ncu-rep report, pass the .ncu-rep file itself")
     with path.open("r", encoding="utf-8-sig", errors="replace", newline="") as fh:

@@ -36,6 +36,8 @@ from pandas.api.types import union_categoricals
 from headcount.arrays import unique_inverse
 from headcount.device import Device
 from headcount.errors import HeadcountError, NothingRecorded
+from headcount.parsers.files import head_bytes
+from headcount.parsers.options import ReadOptions
 from headcount.parsers.plausible import drop_implausible
 from headcount.tables import Timeline
 
@@ -46,31 +48,95 @@ API_TABLES = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER")
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
+NULL_INT = -1  # no timestamp, id, count or size in an nsys export is negative
+BATCH_ROWS = 262_144  # rows per Arrow batch from the database: what is held in Arrow form at a time
+SPLIT_ROWS = 100_000  # tables larger than this are read in parts, one per thread (ReadOptions.threads)
+STREAM_ROWS = 8_000_000  # NVTX rows above which an export is read one process at a time (~0.4 GB read at once below)
 
-class _SqliteSource:
+
+class ExportSource:
+    """One open export, whatever its format: SQL in its dialect, and what could not be read as the schema says.
+
+    Attributes:
+        path: the export.
+        threads: threads its large tables are read with (:class:`~headcount.parsers.options.ReadOptions`).
+        bad_text: strings that were not UTF-8 (read with U+FFFD in their place).
+        odd_values: values where the schema has integers that were not integers (read as missing).
+        strings: ``StringIds`` (ids, strings), read once (:func:`_string_ids`).
+    """
+
+    errors: tuple[type[BaseException], ...] = ()  # what the engine raises for a query it cannot answer
+
+    def __init__(self, path: Path, threads: int):
+        self.path, self.threads = path, threads
+        self.bad_text = self.odd_values = 0
+        self.strings: tuple[np.ndarray, list[str]] | None = None
+
+    def rows(self, sql: str) -> list[tuple]:
+        """The query's rows; the one place an engine's error becomes headcount's (:func:`_damaged`)."""
+        try:
+            return self._execute(sql)
+        except self.errors as exc:
+            raise _damaged(self.path, exc) from exc
+
+    def notices(self) -> list[str]:
+        """What the reader should know of the values read so far."""
+        out = []
+        if self.bad_text:
+            out.append(f"{self.bad_text} strings were not UTF-8: shown with U+FFFD where their bytes were")
+        if self.odd_values:
+            out.append(f"{self.odd_values} values where the schema has integers were not integers (text, blobs, "
+                       "StringIds rows without an integer id): read as missing")
+        return out
+
+    def _execute(self, sql: str) -> list[tuple]:
+        raise NotImplementedError
+
+    def int_expr(self, col: str) -> str:
+        """``col`` as an integer, NULL as :data:`NULL_INT`."""
+        raise NotImplementedError
+
+    def least(self, expr: str, bound: int) -> str:
+        """The smaller of ``expr`` and ``bound`` (a row's value, not an aggregate)."""
+        raise NotImplementedError
+
+    def strict_int(self, col: str) -> str:
+        """``col`` where it holds an integer, else NULL."""
+        raise NotImplementedError
+
+    def tables(self) -> set[str]:
+        raise NotImplementedError
+
+    def columns(self, table: str) -> set[str]:
+        raise NotImplementedError
+
+    def batches(self, sql: str):
+        """The result as Arrow record batches, read as they are consumed."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _SqliteSource(ExportSource):
     """An nsys SQLite export: metadata queries through sqlite3, bulk reads
     through the ADBC SQLite driver (columnar, ~6× faster than sqlite3 + pandas
     on millions of rows)."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        try:
-            with path.open("rb") as fh:
-                magic = fh.read(16)
-        except FileNotFoundError as exc:
-            raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
-        except OSError as exc:
-            raise HeadcountError(f"{path}: cannot be read ({exc.strerror})", hint="check its permissions") from exc
+    errors = (sqlite3.Error, UnicodeDecodeError)  # a damaged schema can make SQLite's own message undecodable
+
+    def __init__(self, path: Path, threads: int):
+        super().__init__(path, threads)
+        magic = head_bytes(path, 16)
         if magic != _SQLITE_MAGIC:
             raise HeadcountError(f"{path}: not an SQLite file", hint="export the report with `nsys export --type sqlite`")
         # immutable: no lock, no -shm/-wal file beside an export (a WAL-mode file in a read-only directory reads too)
         self.con = sqlite3.connect(_uri(path), uri=True)
-        self.bad_text = 0  # strings that were not UTF-8 (read with U+FFFD in their place)
         self.con.text_factory = self._decode
         try:
             self.con.execute("PRAGMA schema_version").fetchone()
             self.con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        except (sqlite3.Error, UnicodeDecodeError) as exc:  # a damaged schema can make SQLite's own message undecodable
+        except self.errors as exc:
             self.con.close()
             raise HeadcountError(f"{path}: damaged or truncated SQLite export ({exc})", hint="export the report again") from exc
 
@@ -97,14 +163,10 @@ class _SqliteSource:
     def columns(self, table: str) -> set[str]:
         return {r[1] for r in self.rows(f"PRAGMA table_info({table})")}
 
-    def rows(self, sql: str) -> list[tuple]:
-        try:
-            return self.con.execute(sql).fetchall()
-        except (sqlite3.Error, UnicodeDecodeError) as exc:
-            raise _damaged(self.path, exc) from exc
+    def _execute(self, sql: str) -> list[tuple]:
+        return self.con.execute(sql).fetchall()
 
     def batches(self, sql: str):
-        """The result as Arrow record batches, read as they are consumed."""
         import adbc_driver_sqlite.dbapi as adbc
 
         with adbc.connect(_uri(self.path)) as con, con.cursor() as cur:
@@ -116,15 +178,16 @@ class _SqliteSource:
         self.con.close()
 
 
-class _ParquetDirSource:
+class _ParquetDirSource(ExportSource):
     """An nsys ``parquetdir`` export (one ``<TABLE>.parquet`` per table), queried
     with DuckDB through views named like the SQLite tables; ``rowid`` is the
     row's position in its file, counted from 1 as SQLite counts rowids."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, threads: int):
         import duckdb
 
-        self.path = path
+        super().__init__(path, threads)
+        self.errors = (duckdb.Error,)
         files = sorted(path.glob("*.parquet"))
         if not files:
             raise HeadcountError(f"{path}: not an nsys parquetdir export (no .parquet files)",
@@ -161,22 +224,14 @@ class _ParquetDirSource:
     def columns(self, table: str) -> set[str]:
         return {r[0] for r in self.rows(f"SELECT column_name FROM (DESCRIBE {table})")}
 
-    def rows(self, sql: str) -> list[tuple]:
-        import duckdb
-
-        try:
-            return self.con.execute(sql).fetchall()
-        except duckdb.Error as exc:
-            raise _damaged(self.path, exc) from exc
+    def _execute(self, sql: str) -> list[tuple]:
+        return self.con.execute(sql).fetchall()
 
     def batches(self, sql: str):
         yield from self.con.cursor().sql(sql).to_arrow_reader(BATCH_ROWS)
 
     def close(self) -> None:
         self.con.close()
-
-
-NULL_INT = -1  # no timestamp, id, count or size in an nsys export is negative
 
 
 def _uri(path: Path) -> str:
@@ -215,7 +270,7 @@ def _columns(src, sql: str | list[str], types: dict[str, str]) -> dict:
     SQLite columns have no fixed type and the ADBC driver infers one from the
     first rows, so NULLs are replaced in SQL (integers by -1, which no nsys
     value can be; text by '') and restored here. Several ``sql`` (parts of
-    one table) run on two threads: the driver releases the GIL.
+    one table) run on as many threads: the driver releases the GIL.
     """
     cols = []
     for col, kind in types.items():
@@ -228,15 +283,15 @@ def _columns(src, sql: str | list[str], types: dict[str, str]) -> dict:
     selects = [f"SELECT {', '.join(cols)} FROM ({part})" for part in ([sql] if isinstance(sql, str) else sql)]
     try:
         if len(selects) > 1:
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                parts = list(pool.map(lambda one: _compact(src.batches(one), types), selects))
+            with ThreadPoolExecutor(max_workers=len(selects)) as pool:
+                parts = list(pool.map(lambda one: _arrays_of(src.batches(one), types), selects))
         else:
-            parts = [_compact(src.batches(selects[0]), types)]
+            parts = [_arrays_of(src.batches(selects[0]), types)]
     except Exception as exc:  # noqa: BLE001 - sqlite3, ADBC and DuckDB raise different types for a damaged file
         if "utf-8" not in str(exc).lower() and "utf8" not in str(exc).lower():
             raise _damaged(src.path, exc) from exc
         parts = _text_as_bytes(src, sql, types)  # text that is not UTF-8: read as bytes, decoded with U+FFFD
-    src.odd_values = getattr(src, "odd_values", 0) + sum(part.pop("__odd__") for part in parts)
+    src.odd_values += sum(part.pop("__odd__") for part in parts)
     columns = {}
     for col, kind in types.items():
         if kind == "text":
@@ -265,11 +320,8 @@ def _columns(src, sql: str | list[str], types: dict[str, str]) -> dict:
     return columns
 
 
-BATCH_ROWS = 262_144  # rows per Arrow batch from the database: what is held in Arrow form at a time
-
-
 def _text_as_bytes(src, sql: str | list[str], types: dict[str, str]) -> list[dict]:
-    """:func:`_compact` of a query whose text is not all UTF-8: text columns read
+    """:func:`_arrays_of` of a query whose text is not all UTF-8: text columns read
     as bytes and decoded with U+FFFD for what is not UTF-8 (counted in
     ``src.bad_text``). The slow path, taken only for such files."""
     cols = [f"{src.int_expr(col)} AS {col}" if kind != "text" else f"CAST(IFNULL({col}, '') AS BLOB) AS {col}"
@@ -291,16 +343,16 @@ def _text_as_bytes(src, sql: str | list[str], types: dict[str, str]) -> list[dic
                         try:
                             text.append(None if raw is None else raw.decode("utf-8"))
                         except UnicodeDecodeError:
-                            src.bad_text = getattr(src, "bad_text", 0) + 1
+                            src.bad_text += 1
                             text.append(raw.decode("utf-8", errors="replace"))
                     column = pa.array(text, type=pa.string())
                 arrays.append(column)
             decoded.append(pa.RecordBatch.from_arrays(arrays, names=batch.schema.names))
-        parts.append(_compact(iter(decoded), types))
+        parts.append(_arrays_of(iter(decoded), types))
     return parts
 
 
-def _compact(batches, types: dict[str, str]) -> dict:
+def _arrays_of(batches, types: dict[str, str]) -> dict:
     """Record batches → per column an int64 array (``int``), or ``(codes, words)``
     (``text``: dictionary-encoded batch by batch; codes index ``words``, -1 for null)."""
     ints = {col: [] for col, kind in types.items() if kind != "text"}
@@ -355,18 +407,15 @@ def nsys_name(ranges: pd.DataFrame) -> pd.Series:
     return ranges["name"].where(~has_domain, ranges["domain"].astype(object) + ":" + ranges["name"].astype(object))
 
 
-SPLIT_ROWS = 100_000  # tables larger than this are read in two halves, on two threads
-READ_THREADS = 2  # 1 in headcount parse's worker processes when they share the cores (headcount.batch)
-
-
-def _halves(src, table: str, id_col: str) -> list[str]:
-    """Two WHERE conditions on ``id_col`` (the table's rowid) splitting it in half."""
+def _parts_by_rowid(src: ExportSource, table: str, id_col: str) -> list[str]:
+    """WHERE conditions on ``id_col`` (the table's rowid) that split a large table
+    into ``src.threads`` parts of equal rowid ranges, read on as many threads; none for a small table."""
     # two queries: SQLite answers a lone min() or max() of the rowid from the b-tree, both together by a scan
     lo, hi = src.rows(f"SELECT min(rowid) FROM {table}")[0][0], src.rows(f"SELECT max(rowid) FROM {table}")[0][0]
-    if lo is None or hi - lo < SPLIT_ROWS or READ_THREADS < 2:
+    if lo is None or hi - lo < SPLIT_ROWS or src.threads < 2:
         return []
-    mid = (lo + hi) // 2
-    return [f"{id_col} <= {mid}", f"{id_col} > {mid}"]
+    edges = [lo - 1 + (hi - lo + 1) * k // src.threads for k in range(src.threads + 1)]
+    return [f"{id_col} > {a} AND {id_col} <= {b}" for a, b in zip(edges, edges[1:])]
 
 
 def _ids_as_text(ids: np.ndarray) -> pd.Categorical:
@@ -381,11 +430,8 @@ def _split_tid(global_tid) -> tuple[np.ndarray, np.ndarray]:
     return (g >> 24) & 0xFFFFFF, g & 0xFFFFFF
 
 
-STREAM_ROWS = 8_000_000  # NVTX rows above which an export is read one process at a time (~0.4 GB read at once below)
-
-
-def _open(path: Path):
-    return _ParquetDirSource(path) if path.is_dir() else _SqliteSource(path)
+def _open(path: Path, options: ReadOptions = ReadOptions()) -> ExportSource:
+    return _ParquetDirSource(path, options.threads) if path.is_dir() else _SqliteSource(path, options.threads)
 
 
 def _pid_of(col: str) -> str:
@@ -435,14 +481,14 @@ def plan_export(path: str | Path) -> ExportPlan:
             used = set()
             for table in GPU_TABLES:
                 if table in tables and "deviceId" in src.columns(table):
-                    used.update(d for (d,) in _rows(src, f"SELECT DISTINCT deviceId FROM {table}") if _is_int(d))
+                    used.update(d for (d,) in src.rows(f"SELECT DISTINCT deviceId FROM {table}") if _is_int(d))
             bulk = ("NVTX_EVENTS", *API_TABLES, *GPU_TABLES)
-            anything = any(_rows(src, f"SELECT 1 FROM {t} LIMIT 1") for t in bulk if t in tables)
+            anything = any(src.rows(f"SELECT 1 FROM {t} LIMIT 1") for t in bulk if t in tables)
             return ExportPlan(None, not anything, {}, None, meta, devices, metrics, sorted(used))
         nvtx_rows, last, pids = {}, None, set()
         if "NVTX_EVENTS" in tables:
             types = ",".join(str(t) for t in RANGE_EVENT_TYPES)
-            rows = _rows(src, f"SELECT {_pid_of('globalTid')} AS pid, count(*), max(start), max(\"end\") FROM NVTX_EVENTS "
+            rows = src.rows(f"SELECT {_pid_of('globalTid')} AS pid, count(*), max(start), max(\"end\") FROM NVTX_EVENTS "
                               f"WHERE eventType IN ({types}) GROUP BY 1")
             nvtx_rows = {int(p): int(n) for p, n, _, _ in rows if p is not None}
             stamps = [int(v) for _, _, a, b in rows for v in (a, b) if v is not None]
@@ -450,12 +496,12 @@ def plan_export(path: str | Path) -> ExportPlan:
             pids.update(nvtx_rows)
         for table in API_TABLES:
             if table in tables:
-                pids.update(int(p) for (p,) in _rows(src, f"SELECT DISTINCT {_pid_of('globalTid')} FROM {table}") if p is not None)
+                pids.update(int(p) for (p,) in src.rows(f"SELECT DISTINCT {_pid_of('globalTid')} FROM {table}") if p is not None)
         used = set()
         for table in GPU_TABLES:
             if table in tables:
                 device = "deviceId" if "deviceId" in src.columns(table) else "NULL"
-                for p, d in _rows(src, f"SELECT DISTINCT {_pid_of('globalPid')}, {device} FROM {table}"):
+                for p, d in src.rows(f"SELECT DISTINCT {_pid_of('globalPid')}, {device} FROM {table}"):
                     pids.update([p] if _is_int(p) else [])
                     used.update([d] if _is_int(d) else [])
         metrics = _read_gpu_metrics(src, tables)
@@ -506,15 +552,7 @@ def _size(src, tables) -> int:
     """NVTX rows of the export, from the largest rowid (no scan)."""
     if "NVTX_EVENTS" not in tables:
         return 0
-    return int(_rows(src, "SELECT max(rowid) FROM NVTX_EVENTS")[0][0] or 0)
-
-
-def _rows(src, sql: str) -> list[tuple]:
-    try:
-        return src.rows(sql)
-    except Exception as exc:  # noqa: BLE001 - sqlite3 and DuckDB raise their own types for a damaged file
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise HeadcountError(f"{src.path}: damaged or truncated export ({first})", hint="export the report again") from exc
+    return int(src.rows("SELECT max(rowid) FROM NVTX_EVENTS")[0][0] or 0)
 
 
 def _read_meta(src, tables) -> dict:
@@ -532,7 +570,7 @@ def last_nvtx(path: str | Path) -> int | None:
         if "NVTX_EVENTS" not in src.tables():
             return None
         types = ",".join(str(t) for t in RANGE_EVENT_TYPES)
-        a, b = _rows(src, f"SELECT max(start), max(\"end\") FROM NVTX_EVENTS WHERE eventType IN ({types})")[0]
+        a, b = src.rows(f"SELECT max(start), max(\"end\") FROM NVTX_EVENTS WHERE eventType IN ({types})")[0]
     finally:
         src.close()
     stamps = [int(v) for v in (a, b) if v is not None]
@@ -540,7 +578,7 @@ def last_nvtx(path: str | Path) -> int | None:
 
 
 def read_export(path: str | Path, process: int | None = None, plan: ExportPlan | None = None,
-                shard: tuple[int, int] | None = None) -> Timeline:
+                shard: tuple[int, int] | None = None, options: ReadOptions = ReadOptions()) -> Timeline:
     """Read an nsys SQLite export (a file) or ``parquetdir`` export (a directory),
     or one process of it, or one shard of its processes.
 
@@ -552,6 +590,7 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
             ``last_nvtx_ns``, else at :func:`last_nvtx` (scanned only when a
             range of this part is open).
         plan: the export's :func:`plan_export` (its small tables are then not read again).
+        options: how to read it (threads).
 
     Returns:
         A :class:`~headcount.tables.Timeline`: ``ranges`` (range_id = NVTX_EVENTS rowid, pid, tid, domain, name,
@@ -570,7 +609,7 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
             or (whole export) holding neither NVTX ranges nor GPU activity.
     """
     path = Path(path)
-    src = _open(path)
+    src = _open(path, options)
     try:
         tables = src.tables()
         strings = "StringIds" in tables
@@ -594,11 +633,7 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
             notices.append("no kernel table: recorded without CUDA tracing (`nsys profile --trace=cuda,nvtx`)?")
         if "CUPTI_ACTIVITY_KIND_KERNEL" in tables and not strings:
             notices.append("no StringIds table: kernel and API call names are missing")
-        if getattr(src, "bad_text", 0):
-            notices.append(f"{src.bad_text} strings were not UTF-8: shown with U+FFFD where their bytes were")
-        if getattr(src, "odd_values", 0):
-            notices.append(f"{src.odd_values} values where the schema has integers were not integers (text, blobs, "
-                           "StringIds rows without an integer id): read as missing")
+        notices += src.notices()
         if plan is None:
             meta, metrics, devices = _read_meta(src, tables), _read_gpu_metrics(src, tables), _read_devices(src, tables)
         else:
@@ -669,7 +704,7 @@ def _read_ranges(src, tables, strings, only=None, last_ns: int | Callable[[], in
                e.text AS text
         FROM NVTX_EVENTS e
         WHERE e.eventType IN ({types}){f" AND (e.eventType = {DOMAIN_CREATE} OR {only('e.globalTid')})" if only else ""}"""
-    frame = _columns(src, [f"{sql} AND {half}" for half in _halves(src, "NVTX_EVENTS", "e.rowid")] or sql, {
+    frame = _columns(src, [f"{sql} AND {half}" for half in _parts_by_rowid(src, "NVTX_EVENTS", "e.rowid")] or sql, {
         "range_id": "int!", "start_ns": "int!", "end_ns": "int?", "global_tid": "int?", "packed": "int!", "text": "text"})
     packed = frame.pop("packed")
     event_type = packed >> (1 + _TEXT_BITS + _DOMAIN_BITS)
@@ -682,9 +717,9 @@ def _read_ranges(src, tables, strings, only=None, last_ns: int | Callable[[], in
         return pd.DataFrame(columns=cols)
     global_tid = frame.pop("global_tid")
     pid, tid = _split_tid(global_tid[keep])
-    dpid, _ = _split_tid(global_tid[is_domain])
+    domain_pid, _ = _split_tid(global_tid[is_domain])
     out = pd.DataFrame({"range_id": frame.pop("range_id")[keep], "pid": _ids_as_text(pid), "tid": _ids_as_text(tid)})
-    out["domain"] = _domains(domain_id[keep], pid, domain_id[is_domain], dpid, names[is_domain])
+    out["domain"] = _domains(domain_id[keep], pid, domain_id[is_domain], domain_pid, names[is_domain])
     out["name"] = names[keep]
     styles = sorted(set(RANGE_EVENT_TYPES.values()))
     style_code = np.full(max(RANGE_EVENT_TYPES) + 1, -1, dtype=np.int8)
@@ -709,14 +744,15 @@ def _domains(domain_id: np.ndarray, pid: np.ndarray, created_id: np.ndarray, cre
     """Each range's domain name: domains are created per process, so (domainId, pid) → name."""
     if not len(created_id):
         return pd.Categorical.from_codes(np.full(len(domain_id), -1), categories=pd.Index([], dtype=object))
-    dkey = created_id * (1 << 24) + created_pid
-    dkey, first = np.unique(dkey, return_index=True)
-    dnames = np.asarray(created_name, dtype=object)[first]
-    categories, name_code = np.unique(np.array([str(n) if isinstance(n, str) else "" for n in dnames], dtype=object), return_inverse=True)
-    name_code = np.where([isinstance(n, str) for n in dnames], name_code, -1)
+    created_key = created_id * (1 << 24) + created_pid  # (domain id, process): a domain is created per process
+    created_key, first = np.unique(created_key, return_index=True)
+    created_names = np.asarray(created_name, dtype=object)[first]
+    categories, name_code = np.unique(np.array([str(n) if isinstance(n, str) else "" for n in created_names], dtype=object),
+                                      return_inverse=True)
+    name_code = np.where([isinstance(n, str) for n in created_names], name_code, -1)
     key = domain_id * (1 << 24) + pid
-    pos = np.minimum(np.searchsorted(dkey, key), len(dkey) - 1)
-    codes = np.where((dkey[pos] == key) & (domain_id >= 0), name_code[pos], -1)
+    pos = np.minimum(np.searchsorted(created_key, key), len(created_key) - 1)
+    codes = np.where((created_key[pos] == key) & (domain_id >= 0), name_code[pos], -1)
     return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=object))
 
 
@@ -737,17 +773,17 @@ def _names(text: pd.Categorical, text_id: np.ndarray, strings: tuple[np.ndarray,
     return pd.Categorical.from_codes(codes, categories=united.categories)
 
 
-def _string_ids(src, tables) -> tuple[np.ndarray, list[str]]:
+def _string_ids(src: ExportSource, tables) -> tuple[np.ndarray, list[str]]:
     """``StringIds`` (id → string), sorted by id, read once per export."""
-    if not hasattr(src, "_strings"):
+    if src.strings is None:
         raw = src.rows("SELECT id, value FROM StringIds") if "StringIds" in tables else []
         # ids that are not integers cannot be referred to; a value that is not text is shown as text
         rows = sorted((int(i), v if isinstance(v, str) else "" if v is None else
                        v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v))
                       for i, v in raw if isinstance(i, int) and not isinstance(i, bool))
-        src.odd_values = getattr(src, "odd_values", 0) + len(raw) - len(rows)
-        src._strings = (np.array([i for i, _ in rows], dtype=np.int64), [v for _, v in rows])
-    return src._strings
+        src.odd_values += len(raw) - len(rows)
+        src.strings = (np.array([i for i, _ in rows], dtype=np.int64), [v for _, v in rows])
+    return src.strings
 
 
 def _by_string_id(ids: np.ndarray, strings: tuple[np.ndarray, list[str]]) -> pd.Categorical:
