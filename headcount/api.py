@@ -9,6 +9,7 @@ It wires the stages together and holds no logic of its own: tag
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -141,41 +142,64 @@ class AttentionProfiler:
             self.backend, why = resolve_backend(backend)
         if why:
             notice(why)
+        if schedule is not None and not callable(schedule):
+            raise HeadcountError(f"schedule={schedule!r} is not callable",
+                                 hint="pass torch.profiler.schedule(wait=…, warmup=…, active=…), or a function of the step number")
         self.strict = strict
         self.attention_stats = attention_stats
         self.pm_sampling = pm_sampling
         self.pm_interval_ns = pm_interval_ns
         self._given_recorder = recorder
-        self.failure: HeadcountError | None = None
-        self._step_emitter = None
         self.model = model
         self.mode = mode
-        self.run_id = run_id or new_run_id()
         self.metadata = dict(metadata or {})
         self._trace_dir = trace_dir
-        self._tagger: AttentionTagger | None = None
-        self._recorder: Recorder | None = None
-        self._stats: dict[str, pd.DataFrame] | None = None
-        self.trace_path: Path | None = None
-        self.collector_info: dict | None = None
-        self._watch: CompileWatch | None = None
-        self._step_times: list[tuple[int, int, int]] = []  # (index, start, end) in perf_counter_ns
-        self.compiled_steps: list[int] = []
-        if schedule is not None and not callable(schedule):
-            raise HeadcountError(f"schedule={schedule!r} is not callable",
-                                 hint="pass torch.profiler.schedule(wait=…, warmup=…, active=…), or a function of the step number")
         self.schedule = schedule
         self.on_ready = on_ready
         self.step_num = 0
         self._started = False
         self._recording = False
         self._open_step = None  # (name, token, start_ns) of the step range now open
-        self._void_steps: list[str] = []
         self._windows = 0
-        self._base_run_id = self.run_id
+        self._base_run_id = run_id or new_run_id()
+        self._window = _Window(self._base_run_id, 0)
+
+    # ------------------------------------------------------------------ the current window, as users and tests read it
+    @property
+    def run_id(self) -> str:
+        """This window's run id (``<run_id>.<window>`` from the second window on)."""
+        return self._window.run_id
+
+    @property
+    def trace_path(self) -> Path | None:
+        """The recording of this window (``None`` until it ends)."""
+        return self._window.trace_path
+
+    @property
+    def failure(self) -> HeadcountError | None:
+        """Why this window recorded nothing (its source did not start), else ``None``."""
+        return self._window.failure
+
+    @property
+    def collector_info(self) -> dict | None:
+        """The cupti collector's facts of this window (after :meth:`get_stats`)."""
+        return self._window.collector_info
+
+    @property
+    def compiled_steps(self) -> list[int]:
+        """Steps left out of the figures because torch.compile compiled during them."""
+        return self._window.compiled_steps
+
+    @property
+    def _tagger(self) -> AttentionTagger | None:
+        return self._window.tagger
+
+    @property
+    def _recorder(self) -> Recorder | None:
+        return self._window.recorder
 
     # ------------------------------------------------------------------ recording
-    def _new_recorder(self):
+    def _new_recorder(self) -> Recorder:
         if self._given_recorder is not None:
             return self._given_recorder
         if self.backend == "cupti":
@@ -184,15 +208,14 @@ class AttentionProfiler:
         where = env.of_model(self.model) if self.model is not None else None
         return TorchRecorder(self._trace_dir, cuda=None if where is None else where.type == "cuda")
 
-    def _observe(self) -> None:
-        """Attach the attention-statistics collector to the tagger (when asked)."""
-        self._stats_collector = None
-        if self.attention_stats and self._tagger is not None:
+    def _observe(self, window: "_Window") -> None:
+        """Attach the attention-statistics collector to the window's tagger (when asked)."""
+        if self.attention_stats and window.tagger is not None:
             from headcount.tagging.live_stats import AttentionStatsCollector
 
             options = self.attention_stats if isinstance(self.attention_stats, dict) else {}
-            self._stats_collector = AttentionStatsCollector(**options)
-            self._tagger.observer = self._stats_collector.observe
+            window.stats_collector = AttentionStatsCollector(**options)
+            window.tagger.observer = window.stats_collector.observe
 
     def start(self) -> "AttentionProfiler":
         """Start profiling (what entering ``with profiler:`` does). Steps are
@@ -206,10 +229,7 @@ class AttentionProfiler:
         self._started = True
         self.step_num = 0
         self._windows = 0
-        self.run_id = self._base_run_id
-        self._stats = None
-        self.failure = None
-        self.trace_path = None
+        self._window = _Window(self._base_run_id, 0)
         if self._active(0):
             self._begin()
         return self
@@ -244,48 +264,39 @@ class AttentionProfiler:
         return self._action(step) == "RECORD_AND_SAVE"
 
     def _begin(self) -> None:
-        """Start the recorder and the tagger (one recording window) and open the step range."""
-        self._previous = {k: getattr(self, k, None) for k in _WINDOW_STATE}  # restored if this window holds nothing
-        if self._windows:
-            self.run_id = f"{self._base_run_id}.{self._windows}"
-            if self._stats is None and self.on_ready is None and self._recorder is not None and self.failure is None:
-                notice(f"recording window {self._windows} was not read before window {self._windows + 1} began and is "
-                       "dropped: pass on_ready= to read or save each window")
-                self._recorder.cleanup()
+        """Start a recording window: the recorder and the tagger, and the step range."""
+        previous = self._window
+        if self._windows and previous.stats is None and self.on_ready is None and previous.recorder is not None \
+                and previous.failure is None:
+            notice(f"recording window {self._windows} was not read before window {self._windows + 1} began and is "
+                   "dropped: pass on_ready= to read or save each window")
+            previous.recorder.cleanup()
+        run_id = f"{self._base_run_id}.{self._windows}" if self._windows else self._base_run_id
         self._windows += 1
-        self._window_start = self.step_num
-        self._stats = None
-        self.failure = None
-        self.trace_path = None
-        self._void_steps = []
+        window = self._window = _Window(run_id, self.step_num, previous=previous)
         models = [self.model] if self.model is not None else []
         try:
-            self._recorder = self._new_recorder()
-            log = None
-            if self.backend == "cupti":
-                # CUPTI first: the ranges push correlation ids into the running session
-                self._recorder.start()
-                log = self._recorder.range_log
-            self._tagger = AttentionTagger(models, mode=self.mode, auto=self.model is None, range_log=log)
-            self._step_emitter = CorrelatedEmitter(log, domain=STEP_DOMAIN) if log is not None else RangeEmitter(domain=STEP_DOMAIN)
-            self._tagger.activate()
-            if log is None:
+            recorder = window.recorder = self._new_recorder()
+            if recorder.correlates_ranges:  # the source first: the ranges push their ids into its running session
+                recorder.start()
+            log = recorder.range_log if recorder.correlates_ranges else None
+            window.tagger = AttentionTagger(models, mode=self.mode, auto=self.model is None, range_log=log)
+            window.step_emitter = (CorrelatedEmitter(log, domain=STEP_DOMAIN) if log is not None
+                                   else RangeEmitter(domain=STEP_DOMAIN))
+            window.tagger.activate()
+            if not recorder.correlates_ranges:
                 try:
-                    self._recorder.start()
+                    recorder.start()
                 except BaseException:
-                    self._tagger.deactivate()
+                    window.tagger.deactivate()
                     raise
         except HeadcountError as err:
             if self.strict:
                 raise
-            self.failure = err
-            self._tagger = None
-            self._step_emitter = None
+            window.failure, window.tagger, window.step_emitter = err, None, None
             notice(f"{self.backend} source did not start, the block runs unprofiled: {err.one_line()}")
-        self._observe()
-        self._step_times = []
-        self._watch = CompileWatch().start() if self.failure is None else None
-        self._notices_printed = 0
+        self._observe(window)
+        window.watch = CompileWatch().start() if window.failure is None else None
         self._print_notices()
         self._recording = True
         self._open(f"step#{self.step_num}")
@@ -294,35 +305,38 @@ class AttentionProfiler:
         """Close the step range, stop the recorder and the tagger, call ``on_ready``."""
         self._close()
         self._recording = False
-        if self.failure is not None:
+        window = self._window
+        if window.failure is not None:
             return
-        self._watch.stop()
+        window.watch.stop()
         try:
-            self.trace_path = self._recorder.stop()
+            window.trace_path = window.recorder.stop()
         finally:
-            self._tagger.deactivate()
+            window.tagger.deactivate()
         self._print_notices()
-        if not self._tagger.calls and self._windows > 1:  # e.g. a window the schedule opened at the loop's last prof.step()
-            notice(f"recording window {self._windows} (from step {self._window_start}) ended with no attention call in it: "
+        if not window.tagger.calls and self._windows > 1:  # e.g. a window the schedule opened at the loop's last prof.step()
+            notice(f"recording window {self._windows} (from step {window.start_step}) ended with no attention call in it: "
                    "dropped" + (", on_ready not called" if self.on_ready is not None else ""))
-            self._recorder.cleanup()
-            for key, value in self._previous.items():
-                setattr(self, key, value)
+            window.recorder.cleanup()
+            self._window = window.previous  # the previous window's tables stay readable
             self._windows -= 1
             return
+        window.previous = None  # not held once this window holds calls
         if self.on_ready is not None:
             self.on_ready(self)
 
     def _print_notices(self) -> None:
         """Print the recorder's notices not printed yet."""
-        lines = (self._recorder.notices if self._recorder is not None else []) if self.failure is None else []
-        for line in lines[self._notices_printed:]:
+        window = self._window
+        lines = (window.recorder.notices if window.recorder is not None else []) if window.failure is None else []
+        for line in lines[window.notices_printed:]:
             notice(line)
-        self._notices_printed = len(lines)
+        window.notices_printed = len(lines)
 
     def _open(self, name: str) -> None:
-        if self._step_emitter is not None:
-            self._open_step = (name, self._step_emitter.push(name), time.perf_counter_ns())
+        emitter = self._window.step_emitter
+        if emitter is not None:
+            self._open_step = (name, emitter.push(name), time.perf_counter_ns())
 
     def _close(self, counted_only: bool = False) -> None:
         """Close the open step range (``counted_only``: only a ``step#N`` one the profiler opened)."""
@@ -331,8 +345,8 @@ class AttentionProfiler:
         name, token, start = self._open_step
         self._open_step = None
         index = int(name[5:])
-        self._step_times.append((index, start, time.perf_counter_ns()))
-        self._step_emitter.pop(token)
+        self._window.step_times.append((index, start, time.perf_counter_ns()))
+        self._window.step_emitter.pop(token)
 
     def step(self, index: int | None = None) -> "_Step":
         """Mark a step, in either of two habits:
@@ -353,10 +367,11 @@ class AttentionProfiler:
                                  hint="call it inside `with profiler:` (or between start() and stop())")
         if index is None:
             return self._advance(self.step_num + 1)
-        if self._open_step is not None and self._open_step[0] == "step#0" and not self._step_times:
+        window = self._window
+        if self._open_step is not None and self._open_step[0] == "step#0" and not window.step_times:
             # the implicit first step opened at start() is no step: the user numbers them
-            self._void_steps.append("step#0")
-            self._step_emitter.pop(self._open_step[1])
+            window.void_steps.append("step#0")
+            window.step_emitter.pop(self._open_step[1])
             self._open_step = None
         self._close(counted_only=True)
         handle = _Step(self, None)
@@ -382,13 +397,14 @@ class AttentionProfiler:
     def _compiled_steps(self) -> list[int]:
         """Steps during which torch.compile compiled (kept out of the figures
         when other steps did not), with a notice either way."""
-        watch = self._watch
+        window = self._window
+        watch = window.watch
         if watch is None or not watch.compiled:
             return []
         took = f" ({watch.seconds:.1f} s)" if watch.timed else ""
         hint = "run one untimed step of the compiled model first (inside the profiler, or before it under headcount.tag with the same mode)"
-        compiled = [i for i, start, end in self._step_times if watch.overlaps(start, end)]
-        if compiled and len(compiled) < len(self._step_times):
+        compiled = [i for i, start, end in window.step_times if watch.overlaps(start, end)]
+        if compiled and len(compiled) < len(window.step_times):
             notice(f"torch.compile compiled during step(s) {', '.join(map(str, compiled))}{took}: left out of layers, "
                    f"heads and the breakdown (their rows stay in ranges and kernels); {hint}")
             return compiled
@@ -415,40 +431,39 @@ class AttentionProfiler:
         Raises:
             HeadcountError: called before the profiled block ran, or nothing was recorded.
         """
-        if self._stats is None:
-            if self.failure is not None:
-                raise HeadcountError(f"nothing was recorded: {self.failure.message}", hint=self.failure.hint,
-                                     exit_code=self.failure.exit_code)
-            if self.trace_path is None:
+        window = self._window
+        if window.stats is None:
+            if window.failure is not None:
+                raise HeadcountError(f"nothing was recorded: {window.failure.message}", hint=window.failure.hint,
+                                     exit_code=window.failure.exit_code)
+            if window.trace_path is None:
                 raise HeadcountError("no profile recorded yet", hint="call get_stats() after the `with profiler:` block")
-            device = self.device_info()
-            self.compiled_steps = self._compiled_steps()
-            gpu_limits = device.limits()  # the SM limits of the GPU the model is on (none for a CPU model)
-            if self.backend == "cupti":
-                limits = getattr(self._recorder, "device_limits", None) or gpu_limits
-                built = tables_from_cupti(
-                    self.trace_path, self._tagger.calls, self.run_id, self.implementation, limits,
-                    nvtx_tagged=self._tagger.emitter.use_nvtx, device=device, exclude_steps=self.compiled_steps,
-                    void_steps=tuple(self._void_steps))
-                self.collector_info = built.info
-            else:
-                built = tables_from_torch(self.trace_path, self._tagger.calls, self.run_id, self.implementation,
-                                          limits=gpu_limits, device=device, exclude_steps=self.compiled_steps,
-                                          void_steps=tuple(self._void_steps))
-            for line in built.notices:
-                notice(line)
-            self._stats = built.tables
-            if not len(self._stats["layers"]):
-                notice(f"{NO_ATTENTION} (no attention call was tagged in the profiled block: run a transformers model, or a "
-                       "function decorated with headcount.tag_attention, inside `with profiler:`)")
-            if getattr(self, "_stats_collector", None) is not None:
-                table = self._stats_collector.table()
-                table.insert(0, "implementation", self.implementation)
-                table.insert(0, "run_id", self.run_id)
-                self._stats["attention_stats"] = table
-            if self._recorder is not None:
-                self._recorder.cleanup()
-        return self._stats
+            window.stats = self._built(window)
+        return window.stats
+
+    def _built(self, window: "_Window") -> dict[str, pd.DataFrame]:
+        """The window's recording through the build its recorder's file takes (:data:`RECORDING_TABLES`)."""
+        device = self.device_info()
+        window.compiled_steps = self._compiled_steps()
+        recorder = window.recorder
+        built = RECORDING_TABLES[recorder.writes](
+            window.trace_path, window.tagger.calls, window.run_id, self.implementation,
+            recorder.device_limits or device.limits(), nvtx_tagged=window.tagger.emitter.use_nvtx, device=device,
+            exclude_steps=window.compiled_steps, void_steps=tuple(window.void_steps))
+        window.collector_info = built.info or None
+        for line in built.notices:
+            notice(line)
+        stats = built.tables
+        if not len(stats["layers"]):
+            notice(f"{NO_ATTENTION} (no attention call was tagged in the profiled block: run a transformers model, or a "
+                   "function decorated with headcount.tag_attention, inside `with profiler:`)")
+        if window.stats_collector is not None:
+            table = window.stats_collector.table()
+            table.insert(0, "implementation", self.implementation)
+            table.insert(0, "run_id", window.run_id)
+            stats["attention_stats"] = table
+        recorder.cleanup()
+        return stats
 
     def device_info(self) -> Device:
         """Where the profiled work ran: the device of the profiled model's
@@ -460,16 +475,17 @@ class AttentionProfiler:
 
     def run_metadata(self) -> dict:
         """Metadata of this run as stored in the report."""
+        window = self._window
         extra = {"implementation": self.implementation, **self.metadata}
-        if self._watch is not None and self._watch.compiled:
-            extra["compiled_during_profile"] = {"steps_left_out": self.compiled_steps,
-                                                "seconds": round(self._watch.seconds, 3) if self._watch.timed else None}
-        if getattr(self, "collector_info", None):
-            extra["collector"] = self.collector_info
-        if self._tagger is not None and self._tagger.paths:
-            extra["tagged_through"] = dict(self._tagger.paths)  # model class → "attention interface" | "module hooks"
-        return run_metadata(self.run_id, self.backend, self._recorder.version if self._recorder else None, self.mode, extra,
-                            device=self.device_info())
+        if window.watch is not None and window.watch.compiled:
+            extra["compiled_during_profile"] = {"steps_left_out": window.compiled_steps,
+                                                "seconds": round(window.watch.seconds, 3) if window.watch.timed else None}
+        if window.collector_info:
+            extra["collector"] = window.collector_info
+        if window.tagger is not None and window.tagger.paths:
+            extra["tagged_through"] = dict(window.tagger.paths)  # model class → "attention interface" | "module hooks"
+        return run_metadata(window.run_id, self.backend, window.recorder.version if window.recorder else None, self.mode,
+                            extra, device=self.device_info())
 
     def runs_table(self) -> pd.DataFrame:
         """One-row ``runs`` table of this session."""
@@ -490,9 +506,48 @@ class AttentionProfiler:
             return dataset.write_run(out, self.run_id, tables, self.run_metadata(), append=append, force=force)
 
 
-# what one recording window holds (AttentionProfiler._begin sets it; an empty window gives the previous one back)
-_WINDOW_STATE = ("run_id", "_recorder", "_tagger", "_step_emitter", "trace_path", "_stats", "_step_times", "_void_steps",
-                 "_watch", "_stats_collector", "failure", "_notices_printed", "_window_start", "collector_info")
+@dataclass
+class _Window:
+    """One recording window of a profiler: from its start (or a schedule's first
+    active step) to its end, everything it recorded and built.
+
+    Attributes:
+        run_id: the window's run (the profiler's run id; ``<run_id>.<n>`` from the second window on).
+        start_step: the step it began at.
+        previous: the window before, kept until this one holds a call (an empty window gives it back).
+        recorder, tagger, step_emitter: what records it (``None`` where the source did not start).
+        failure: why it recorded nothing (its source did not start).
+        trace_path: the recording, once the window ended.
+        stats: its tables, once built (:meth:`AttentionProfiler.get_stats`).
+        step_times: ``(step, start, end)`` in ``perf_counter_ns``.
+        void_steps: step ranges that are no step (the implicit first step, when the user numbers them).
+        watch: whether torch.compile compiled inside it.
+        stats_collector: the attention-statistics collector, when asked for.
+        notices_printed: how many of the recorder's notices were printed.
+        collector_info: the cupti collector's facts (after the build).
+        compiled_steps: steps left out because torch.compile compiled during them.
+    """
+
+    run_id: str
+    start_step: int
+    previous: "_Window | None" = None
+    recorder: Recorder | None = None
+    tagger: AttentionTagger | None = None
+    step_emitter: RangeEmitter | None = None
+    failure: HeadcountError | None = None
+    trace_path: Path | None = None
+    stats: dict[str, pd.DataFrame] | None = None
+    step_times: list[tuple[int, int, int]] = field(default_factory=list)
+    void_steps: list[str] = field(default_factory=list)
+    watch: CompileWatch | None = None
+    stats_collector: object | None = None
+    notices_printed: int = 0
+    collector_info: dict | None = None
+    compiled_steps: list[int] = field(default_factory=list)
+
+
+RECORDING_TABLES = {"kineto": tables_from_torch, "cupti-records": tables_from_cupti}
+"""What each kind of in-process recording (:attr:`~headcount.collector.Recorder.writes`) is built by."""
 
 
 class _Step:

@@ -314,7 +314,7 @@ def implementation_of(calls, fallback: str | None = None) -> str:
 
 
 def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None, nvtx_tagged: bool = True,
-                      device: dict | None = None, exclude_steps=(), void_steps=()) -> Built:
+                      device: Device | None = None, exclude_steps=(), void_steps=()) -> Built:
     """The one path from a cupti source's records file to headcount's tables,
     for :class:`~headcount.api.AttentionProfiler` and ``headcount run --backend cupti`` alike.
 
@@ -365,10 +365,11 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
     return finished(tables, run_id, device, calls, new, info)
 
 
-def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None,
-                      device: dict | None = None, exclude_steps=(), void_steps=()) -> Built:
+def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None, nvtx_tagged: bool = True,
+                      device: Device | None = None, exclude_steps=(), void_steps=()) -> Built:
     """The torch source's trace (written by :class:`~headcount.collector.torch_source.TorchRecorder`)
-    → headcount's tables, with ``roofline_class`` for ``device``."""
+    → headcount's tables, with ``roofline_class`` for ``device``; the arguments of
+    :func:`tables_from_cupti` (``nvtx_tagged`` unused: the trace holds no NVTX marker records)."""
     from headcount.parsers.kineto import load_trace
 
     tables = tables_from_events(load_trace(path), calls, implementation, run_id, limits=limits, exclude_steps=exclude_steps,

@@ -19,10 +19,21 @@ class Recorder(Protocol):
         name: the source's name (``torch``, ``cupti``; :data:`headcount.sources.RECORDERS`).
         version: the recording library's version.
         notices: one-line facts the user should know, appended while recording.
+        writes: what :meth:`stop` writes: ``kineto`` (a torch.profiler trace) or
+            ``cupti-records`` (:mod:`headcount.parsers.cupti_records`); it chooses the build.
+        correlates_ranges: the source records which range launched each kernel
+            (CUPTI external correlation): it starts before the tagger, whose
+            ranges then push their ids into :attr:`range_log`.
+        range_log: where the ranges push their ids once started (``None`` without correlation).
+        device_limits: the SM limits the source knows of its GPU (``None``: the model's device's).
     """
 
     name: str
     notices: list[str]
+    writes: str
+    correlates_ranges: bool
+    range_log: object | None
+    device_limits: object | None
 
     @property
     def version(self) -> str | None: ...

@@ -339,6 +339,8 @@ class CuptiRecorder:
     """
 
     name = "cupti"
+    writes = "cupti-records"
+    correlates_ranges = True
 
     def __init__(self, pm_sampling: bool = True, pm_interval_ns: int = DEFAULT_PM_INTERVAL_NS,
                  record_dir: str | Path | None = None, cupti=None, pm_module=None, device_index: int = 0):

@@ -33,6 +33,10 @@ class TorchRecorder:
     """
 
     name = "torch"
+    writes = "kineto"
+    correlates_ranges = False  # torch.profiler matches ranges and kernels by time
+    range_log = None
+    device_limits = None
 
     def __init__(self, trace_dir: str | Path | None = None, cuda: bool | None = None):
         self.notices: list[str] = []
