@@ -125,7 +125,7 @@ def check_cupti() -> list[Check]:
         out.append(Check("cupti usable", "fail", err.message, err.hint))
         return out
     out.append(Check("cupti usable", "ok", "CUPTI answers"))
-    out.append(_check_subscriber(cupti))
+    out.append(check_subscriber(cupti))
     return out
 
 
@@ -141,7 +141,7 @@ def _torch_cupti_pin() -> str | None:
     return None
 
 
-def _check_subscriber(cupti) -> Check:
+def check_subscriber(cupti) -> Check:
     held = held_by_environment()
     if held:
         return Check("cupti subscriber", "fail", f"CUPTI is taken by {held} in this process", HOLDER_HINT)

@@ -87,7 +87,7 @@ class _Recorder:
         self.pop()
 
 
-def _nested(recorder: _Recorder) -> bool:
+def ranges_nested(recorder: _Recorder) -> bool:
     """Every range sits where the naming scheme puts it: a phase
     (``fwd``/``bwd``/``recompute``) outermost, its layer inside it, a head
     inside its layer, nothing deeper (a backward range closed late shows up
@@ -149,7 +149,7 @@ def _tagged_step(model, ids, mode: str):
     tagger.emitter = recorder = _Recorder()
     with tagger:
         result = _step(model, ids)
-    return tagger, result, _nested(recorder)
+    return tagger, result, ranges_nested(recorder)
 
 
 def try_family(family: str) -> Outcome:

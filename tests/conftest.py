@@ -15,7 +15,7 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 
-def _llama(impl: str = "sdpa", layers: int = 2, heads: int = 4, kv_heads: int = 2):
+def llama_model(impl: str = "sdpa", layers: int = 2, heads: int = 4, kv_heads: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
@@ -25,7 +25,7 @@ def _llama(impl: str = "sdpa", layers: int = 2, heads: int = 4, kv_heads: int = 
     return LlamaForCausalLM(cfg)
 
 
-def _bert(impl: str = "sdpa"):
+def bert_model(impl: str = "sdpa"):
     from transformers import BertConfig, BertForMaskedLM
 
     cfg = BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
@@ -35,7 +35,7 @@ def _bert(impl: str = "sdpa"):
     return BertForMaskedLM(cfg)
 
 
-def _gpt2(impl: str = "sdpa"):
+def gpt2_model(impl: str = "sdpa"):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=128, resid_pdrop=0.0,
@@ -45,7 +45,7 @@ def _gpt2(impl: str = "sdpa"):
     return GPT2LMHeadModel(cfg)
 
 
-def _t5(impl: str = "sdpa"):
+def t5_model(impl: str = "sdpa"):
     from transformers import T5Config, T5ForConditionalGeneration
 
     cfg = T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
@@ -55,7 +55,28 @@ def _t5(impl: str = "sdpa"):
     return T5ForConditionalGeneration(cfg)
 
 
-MODEL_BUILDERS = {"llama_gqa": _llama, "bert": _bert, "gpt2": _gpt2, "t5": _t5}
+MODEL_BUILDERS = {"llama_gqa": llama_model, "bert": bert_model, "gpt2": gpt2_model, "t5": t5_model}
+
+
+def train_step(model, **inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One training step from zeroed gradients: the logits and every parameter's gradient (copies)."""
+    model.zero_grad(set_to_none=True)
+    out = model(**inputs)
+    out.loss.backward()
+    return out.logits.detach().clone(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def profiled(model, mode: str = "layer", steps: int = 1, inputs: dict | None = None, **kw):
+    """``AttentionProfiler(model, mode, **kw)`` around ``steps`` forward+backward steps (``inputs``: llama's by default)."""
+    from headcount import AttentionProfiler
+
+    inputs = inputs if inputs is not None else inputs_for("llama_gqa")
+    prof = AttentionProfiler(model, mode=mode, **kw)
+    with prof:
+        for _ in range(steps):
+            out = model(**inputs)
+            out.loss.backward()
+    return prof
 
 
 def inputs_for(name: str, batch: int = 2, seq: int = 16) -> dict:
@@ -72,7 +93,7 @@ def inputs_for(name: str, batch: int = 2, seq: int = 16) -> dict:
 
 @pytest.fixture
 def tiny_llama():
-    return _llama()
+    return llama_model()
 
 
 @pytest.fixture

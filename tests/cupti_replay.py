@@ -400,3 +400,25 @@ def factory():
     if SHARED is None:
         SHARED = ReplayCupti()
     return SHARED, ReplayPm(clock=SHARED.get_timestamp)
+
+
+def profile_replayed(model, inputs, mode="layer", steps=2, replay=None, pm=None, tmp_path=None, backward=True):
+    """``AttentionProfiler`` on a :class:`CuptiRecorder` fed by this replay (H100 limits), ``steps``
+    numbered steps of ``model(**inputs)`` with every operator launching: ``(profiler, replay)``."""
+    from headcount import AttentionProfiler
+    from headcount.collector.cupti_source import CuptiRecorder
+    from headcount.device import LIMITS
+
+    replay = replay or ReplayCupti()
+    if pm is not None:
+        pm.clock = replay.get_timestamp  # one clock for the replayed GPU and its PM sampler
+    rec = CuptiRecorder(cupti=replay, pm_module=pm, pm_sampling=pm is not None, record_dir=tmp_path)
+    rec.device_limits = LIMITS["9.0"]
+    prof = AttentionProfiler(model, mode=mode, recorder=rec)
+    with prof:
+        for i in range(steps):
+            with prof.step(i), LaunchOnEveryOp(replay):
+                out = model(**inputs)
+                if backward:
+                    out.loss.backward()
+    return prof, replay

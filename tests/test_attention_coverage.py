@@ -35,12 +35,12 @@ def test_the_sweep_sees_a_range_out_of_place():
         recorder.push(name)
     for _ in range(4):
         recorder.pop()
-    assert not attention_coverage._nested(recorder)
+    assert not attention_coverage.ranges_nested(recorder)
     recorder = attention_coverage._Recorder()
     recorder.push2("bwd", "layer.3")
     recorder.push("head.0")
     recorder.pop()
     recorder.pop2()
-    assert attention_coverage._nested(recorder)
+    assert attention_coverage.ranges_nested(recorder)
     recorder.push("fwd")  # left open
-    assert not attention_coverage._nested(recorder)
+    assert not attention_coverage.ranges_nested(recorder)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import _bert, _gpt2, _llama, _t5
+from conftest import bert_model, gpt2_model, llama_model, t5_model
 
 from headcount import AttentionProfiler
 from headcount.tagging.attention_stats import STATS, head_statistics, probabilities, sample_rows
@@ -31,10 +31,10 @@ def _expected(attentions, top_k=5):
 
 
 @pytest.mark.parametrize("build,inputs", [
-    (lambda: _llama("eager"), lambda: {"input_ids": torch.randint(0, 64, (2, 12))}),                      # causal, GQA
-    (lambda: _bert("eager"), lambda: {"input_ids": torch.randint(0, 64, (2, 12)),
+    (lambda: llama_model("eager"), lambda: {"input_ids": torch.randint(0, 64, (2, 12))}),                      # causal, GQA
+    (lambda: bert_model("eager"), lambda: {"input_ids": torch.randint(0, 64, (2, 12)),
                                       "attention_mask": torch.tensor([[1] * 12, [1] * 7 + [0] * 5])}),   # padding
-    (lambda: _gpt2("eager"), lambda: {"input_ids": torch.randint(0, 64, (2, 12))}),
+    (lambda: gpt2_model("eager"), lambda: {"input_ids": torch.randint(0, 64, (2, 12))}),
 ])
 def test_statistics_match_eager_weights(build, inputs):
     model = build().eval()
@@ -53,7 +53,7 @@ def test_statistics_match_eager_weights(build, inputs):
 
 
 def test_t5_position_bias_arrives_in_the_mask():
-    model = _t5("eager").eval()
+    model = t5_model("eager").eval()
     ids = torch.randint(0, 64, (1, 10))
     with torch.no_grad():
         out = model(input_ids=ids, decoder_input_ids=ids[:, :6], output_attentions=True)
@@ -84,7 +84,7 @@ def test_known_distributions():
 def test_statistics_are_off_by_default_and_saved_when_on(tmp_path):
     import pandas as pd
 
-    model = _llama("sdpa")
+    model = llama_model("sdpa")
     ids = torch.randint(0, 64, (1, 8))
     prof = AttentionProfiler(model)
     with prof:

@@ -41,10 +41,10 @@ def test_profile_default_model_end_to_end(tmp_path, capsys):
 
 
 def test_profile_local_model_directory(tmp_path):
-    from conftest import _gpt2
+    from conftest import gpt2_model
 
     model_dir = tmp_path / "gpt2"
-    _gpt2("eager").save_pretrained(model_dir)
+    gpt2_model("eager").save_pretrained(model_dir)
     out = tmp_path / "r"
     assert main(["profile", "--model", str(model_dir), "--impl", "sdpa", *SMALL, "-o", str(out)]) == 0
     runs = pd.read_parquet(out / "runs")

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 from cupti import cupti as real_cupti
-from cupti_replay import LaunchOnEveryOp, ReplayCupti, ReplayPm
+from cupti_replay import LaunchOnEveryOp, ReplayCupti, ReplayPm, profile_replayed
 
 from headcount import AttentionProfiler, attention_range
 from headcount.api import resolve_backend
@@ -31,22 +31,6 @@ from headcount.parsers import cupti_records
 def llama():
     model, _ = load_model(None)
     return model, make_inputs(model, 2, 32)
-
-
-def _profile(model, inputs, mode="layer", steps=2, replay=None, pm=None, tmp_path=None, backward=True):
-    replay = replay or ReplayCupti()
-    if pm is not None:
-        pm.clock = replay.get_timestamp  # one clock for the replayed GPU and its PM sampler
-    rec = CuptiRecorder(cupti=replay, pm_module=pm, pm_sampling=pm is not None, record_dir=tmp_path)
-    rec.device_limits = LIMITS["9.0"]
-    prof = AttentionProfiler(model, mode=mode, recorder=rec)
-    with prof:
-        for i in range(steps):
-            with prof.step(i), LaunchOnEveryOp(replay):
-                out = model(**inputs)
-                if backward:
-                    out.loss.backward()
-    return prof, replay
 
 
 # ---------------------------------------------------------------- records
@@ -79,7 +63,7 @@ def test_record_of_reads_cupti_python_objects():
 
 def test_records_file_round_trip_and_event_columns(llama, tmp_path):
     model, inputs = llama
-    prof, replay = _profile(model, inputs, steps=1, tmp_path=tmp_path)
+    prof, replay = profile_replayed(model, inputs, steps=1, tmp_path=tmp_path)
     header, records = cupti_records.read_records(tmp_path / cupti_source.RECORDS_FILE)
     assert header["format"] == "headcount-cupti-records" and header["stats"]["dropped_records"] == 0
     kinds = pd.Series([r["kind"] for r in records]).value_counts()
@@ -135,7 +119,7 @@ def test_external_correlation_attributes_like_the_launch_calls(llama, mode):
     """The exact mapping (external ids) and the timestamp rule (innermost range
     around the launch call on its thread) agree on every kernel."""
     model, inputs = llama
-    prof, replay = _profile(model, inputs, mode=mode)
+    prof, replay = profile_replayed(model, inputs, mode=mode)
     stats = prof.get_stats()
     k = stats["kernels"]
     assert len(k) == replay.launches and (k["source"] == "cupti").all()
@@ -156,7 +140,7 @@ def test_external_correlation_attributes_like_the_launch_calls(llama, mode):
 def test_launch_statistics_follow_the_replayed_gpu(llama):
     model, inputs = llama
     replay = ReplayCupti(launch_cost_ns=4_000, latency_ns=6_000, kernel_ns=10_000)
-    prof, replay = _profile(model, inputs, replay=replay)
+    prof, replay = profile_replayed(model, inputs, replay=replay)
     stats = prof.get_stats()
     k = stats["kernels"].dropna(subset=["layer_name"])
     # kernel start − launch call start ≥ call cost + latency; CPU cost is the call's duration
@@ -182,7 +166,7 @@ def test_launch_statistics_follow_the_replayed_gpu(llama):
 
 def test_pm_samples_are_apportioned_with_their_provenance(llama):
     model, inputs = llama
-    prof, _ = _profile(model, inputs, pm=ReplayPm(bytes_per_ns=2.0, warps_pct=40.0))
+    prof, _ = profile_replayed(model, inputs, pm=ReplayPm(bytes_per_ns=2.0, warps_pct=40.0))
     stats = prof.get_stats()
     layers = stats["layers"]
     assert (layers["dram_bytes_provenance"] == "sampled").all()
@@ -199,7 +183,7 @@ def test_pm_samples_are_apportioned_with_their_provenance(llama):
 
 def test_pm_sampling_unavailable_is_a_notice_and_tracing_goes_on(llama, capsys):
     model, inputs = llama
-    prof, replay = _profile(model, inputs, steps=1, pm=ReplayPm(fail=PermissionError("ERR_NVGPUCTRPERM")))
+    prof, replay = profile_replayed(model, inputs, steps=1, pm=ReplayPm(fail=PermissionError("ERR_NVGPUCTRPERM")))
     err = capsys.readouterr().err
     assert "PM sampling unavailable" in err and "ERR_NVGPUCTRPERM" in err
     stats = prof.get_stats()
@@ -209,7 +193,7 @@ def test_pm_sampling_unavailable_is_a_notice_and_tracing_goes_on(llama, capsys):
 
 def test_dropped_records_are_reported(llama, capsys):
     model, inputs = llama
-    prof, _ = _profile(model, inputs, steps=1, replay=ReplayCupti(dropped=17))
+    prof, _ = profile_replayed(model, inputs, steps=1, replay=ReplayCupti(dropped=17))
     assert "dropped 17 activity records" in capsys.readouterr().err
     prof.get_stats()
     assert prof.run_metadata()["collector"]["dropped_records"] == 17
@@ -217,7 +201,7 @@ def test_dropped_records_are_reported(llama, capsys):
 
 def test_the_cupti_report_is_written_and_read_back(llama, tmp_path):
     model, inputs = llama
-    prof, _ = _profile(model, inputs, steps=1, pm=ReplayPm())
+    prof, _ = profile_replayed(model, inputs, steps=1, pm=ReplayPm())
     out = prof.save(tmp_path / "report")
     layers = pd.read_parquet(out / "layers")
     kernels = pd.read_parquet(out / "kernels")
@@ -324,7 +308,7 @@ def test_injection_set_too_late_is_detected(llama, monkeypatch, capsys):
     """MARKER enabled (the variable is set) but no marker record arrives: say why."""
     monkeypatch.setenv("NVTX_INJECTION64_PATH", "/nonexistent/libcupti.so")
     model, inputs = llama
-    prof, replay = _profile(model, inputs, steps=1)
+    prof, replay = profile_replayed(model, inputs, steps=1)
     prof.get_stats()
     assert "no NVTX marker record arrived" in capsys.readouterr().err
     assert any("before the process's first NVTX call" in n for n in prof.run_metadata()["collector"]["notices"])
@@ -332,7 +316,7 @@ def test_injection_set_too_late_is_detected(llama, monkeypatch, capsys):
 
 def test_pm_samples_on_another_clock_are_said_not_used(llama, capsys):
     model, inputs = llama
-    prof, _ = _profile(model, inputs, steps=1, pm=ReplayPm(offset_ns=10**15))
+    prof, _ = profile_replayed(model, inputs, steps=1, pm=ReplayPm(offset_ns=10**15))
     stats = prof.get_stats()
     assert "PM samples do not overlap the kernels in time" in capsys.readouterr().err
     assert (stats["layers"]["dram_bytes_provenance"] == "analytic").all()
@@ -341,13 +325,13 @@ def test_pm_samples_on_another_clock_are_said_not_used(llama, capsys):
 
 def test_pm_sampling_takes_the_largest_metric_set_the_chip_accepts(llama, capsys):
     model, inputs = llama
-    prof, _ = _profile(model, inputs, steps=1, pm=ReplayPm(accepts=2))
+    prof, _ = profile_replayed(model, inputs, steps=1, pm=ReplayPm(accepts=2))
     stats = prof.get_stats()
     info = prof.run_metadata()["collector"]["pm_sampling"]
     assert info["metrics"] == ["dram__bytes_read.sum", "dram__bytes_write.sum"]
     assert (stats["layers"]["dram_bytes_provenance"] == "sampled").all()
     assert stats["layers"]["achieved_occupancy_pct"].isna().all()  # warps active not sampled: unknown
-    prof, replay = _profile(model, inputs, steps=1, pm=ReplayPm(accepts=1))
+    prof, replay = profile_replayed(model, inputs, steps=1, pm=ReplayPm(accepts=1))
     err = capsys.readouterr().err
     assert "PM sampling unavailable: no metric set accepted" in err
     assert len(prof.get_stats()["kernels"]) == replay.launches
@@ -359,7 +343,7 @@ def test_console_summary_shows_launch_costs(llama):
     from headcount.reports import console as console_report
 
     model, inputs = llama
-    prof, _ = _profile(model, inputs, steps=1, replay=ReplayCupti(launch_cost_ns=4_000, latency_ns=6_000))
+    prof, _ = profile_replayed(model, inputs, steps=1, replay=ReplayCupti(launch_cost_ns=4_000, latency_ns=6_000))
     stats = prof.get_stats()
     con = Console(record=True, width=200)
     console_report.print_summary(stats["layers"], stats["heads"], None, console=con, kernels=stats["kernels"])
@@ -382,7 +366,7 @@ def test_pm_sampling_that_cannot_start_is_a_notice(llama, capsys):
             raise real_cupti.cuptiError(int(real_cupti.Result.ERROR_INSUFFICIENT_PRIVILEGES))
 
     pm.Collector = NoStart
-    prof, replay = _profile(model, inputs, steps=1, pm=pm)
+    prof, replay = profile_replayed(model, inputs, steps=1, pm=pm)
     assert "PM sampling unavailable: GPU performance counters are not permitted" in capsys.readouterr().err
     assert len(prof.get_stats()["kernels"]) == replay.launches
     assert prof.run_metadata()["collector"]["pm_sampling"]["enabled"] is False
@@ -394,7 +378,7 @@ def test_the_replay_keeps_no_wall_clock(llama):
     model, inputs = llama
     timelines = []
     for _ in range(2):
-        prof, _ = _profile(model, inputs, steps=1, replay=ReplayCupti(launch_cost_ns=4_000, latency_ns=6_000))
+        prof, _ = profile_replayed(model, inputs, steps=1, replay=ReplayCupti(launch_cost_ns=4_000, latency_ns=6_000))
         k = prof.get_stats()["kernels"]
         timelines.append(k[["name", "start_ns", "end_ns", "launch_latency_ns", "cpu_launch_cost_ns"]]
                          .assign(start_ns=k["start_ns"] - k["start_ns"].min(), end_ns=k["end_ns"] - k["start_ns"].min()))
@@ -411,7 +395,7 @@ def test_one_recording_gives_the_same_tables_in_process_and_through_headcount_ru
     from headcount.wrap import assemble
 
     model, inputs = llama
-    prof, _ = _profile(model, inputs, mode=mode, pm=ReplayPm(), tmp_path=tmp_path)
+    prof, _ = profile_replayed(model, inputs, mode=mode, pm=ReplayPm(), tmp_path=tmp_path)
     stats = prof.get_stats()
     child = {"records": str(prof.trace_path), "calls": prof._tagger.calls, "rank": 0, "world_size": 1, "pid": os.getpid(),
              "notices": [], "nvtx_tagged": prof._tagger.emitter.use_nvtx,

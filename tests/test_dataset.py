@@ -11,7 +11,7 @@ import polars as pl
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from conftest import _llama, inputs_for
+from conftest import inputs_for, llama_model
 
 from headcount import AttentionProfiler, HeadcountError
 from headcount.reports import dataset
@@ -22,7 +22,7 @@ from headcount.tables import TABLES
 def two_profiles():
     profs = []
     for impl in ("eager", "sdpa"):
-        model = _llama(impl)
+        model = llama_model(impl)
         prof = AttentionProfiler(model, metadata={"batch": 2, "seq": 16})
         with prof:
             model(**inputs_for("llama_gqa")).loss.backward()

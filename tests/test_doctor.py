@@ -84,9 +84,9 @@ def test_subscriber_check_names_the_holder(monkeypatch):
 
     monkeypatch.delenv("NSYS_PROFILING_SESSION_ID", raising=False)
     monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
-    check = doctor._check_subscriber(Held())
+    check = doctor.check_subscriber(Held())
     assert check.status == "fail" and "already held by another profiler" in check.detail and "one CUPTI subscriber" in check.hint
     free = Free()
-    assert doctor._check_subscriber(free).status == "ok" and free.unsubscribed
+    assert doctor.check_subscriber(free).status == "ok" and free.unsubscribed
     monkeypatch.setenv("NSYS_PROFILING_SESSION_ID", "3")
-    assert "nsys" in doctor._check_subscriber(free).detail
+    assert "nsys" in doctor.check_subscriber(free).detail

@@ -13,19 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as T
+from conftest import train_step
 
 from headcount import AttentionTagger
 from headcount.tagging.head_split import grouped_heads
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import attention_coverage  # noqa: E402
-
-
-def _step(model, ids):
-    model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=ids)
-    out.loss.backward()
-    return out.logits.detach().clone(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def _equal(a, b) -> list[str]:
@@ -61,10 +55,10 @@ def test_multi_query_falcon_with_alibi_head_mode_is_the_fused_model():
     model = T.FalconForCausalLM(T.FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                                alibi=True, new_decoder_architecture=False, multi_query=True)).eval()
     ids = torch.randint(2, 128, (2, 16), generator=torch.Generator().manual_seed(1))
-    reference = _step(model, ids)
+    reference = train_step(model, input_ids=ids, labels=ids)
     for mode in ("layer", "head"):
         with AttentionTagger([model], mode=mode) as tagger:
-            tagged = _step(model, ids)
+            tagged = train_step(model, input_ids=ids, labels=ids)
         assert _equal(reference, tagged) == [], mode
         assert {(c.phase, c.layer_name) for c in tagger.calls} == {(p, f"layer.{i}") for p in ("fwd", "bwd") for i in range(2)}
     assert {(c.phase, c.layer_name, c.head) for c in tagger.calls if c.head is not None} == {
@@ -103,12 +97,12 @@ def test_shared_key_value_layers_close_their_backward_range_in_time(mode):
     layers in between: each bwd range must hold its own layer only."""
     model = _gemma3n_shared_kv()
     ids = torch.randint(3, 100, (2, 16), generator=torch.Generator().manual_seed(1))
-    reference = _step(model, ids)
+    reference = train_step(model, input_ids=ids, labels=ids)
     tagger = AttentionTagger([model], mode=mode)
     tagger.emitter = recorder = attention_coverage._Recorder()
     with tagger:
-        tagged = _step(model, ids)
-    assert attention_coverage._nested(recorder), [p for p in recorder.opened if len(p) > 2 and not p[2].startswith("head.")]
+        tagged = train_step(model, input_ids=ids, labels=ids)
+    assert attention_coverage.ranges_nested(recorder), [p for p in recorder.opened if len(p) > 2 and not p[2].startswith("head.")]
     bwd = [p[1] for p in recorder.opened if p[0] == "bwd" and len(p) == 2]
     assert bwd == ["layer.3", "layer.2", "layer.1", "layer.0"]
     if mode == "layer":
@@ -120,7 +114,7 @@ def test_a_failure_inside_the_split_is_one_headcount_error_naming_the_features()
     own name, as a user or a kernel library would) fails head mode with a
     HeadcountError naming the call's features, never the function's raw
     exception; the model is unchanged and runs as before afterwards."""
-    from conftest import _llama, inputs_for
+    from conftest import inputs_for, llama_model
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -132,19 +126,19 @@ def test_a_failure_inside_the_split_is_one_headcount_error_naming_the_features()
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("needs_every_head", needs_every_head)
-    model = _llama("sdpa")
+    model = llama_model("sdpa")
     model.config._attn_implementation = "needs_every_head"
     inputs = inputs_for("llama_gqa")
-    reference = _step(model, inputs["input_ids"])
+    reference = train_step(model, input_ids=inputs["input_ids"], labels=inputs["input_ids"])
     with pytest.raises(HeadcountError) as caught:
         with AttentionTagger([model], mode="head"):
-            _step(model, inputs["input_ids"])
+            train_step(model, input_ids=inputs["input_ids"], labels=inputs["input_ids"])
     text = caught.value.one_line()
     assert "LlamaAttention: head mode could not compute head 0 alone (grouped key/value heads)" in text
     assert "RuntimeError: this kernel needs at least two heads" in text and "--mode layer" in text
-    assert _equal(reference, _step(model, inputs["input_ids"])) == []
+    assert _equal(reference, train_step(model, input_ids=inputs["input_ids"], labels=inputs["input_ids"])) == []
     with AttentionTagger([model]) as tagger:  # layer mode works on it
-        assert _equal(reference, _step(model, inputs["input_ids"])) == []
+        assert _equal(reference, train_step(model, input_ids=inputs["input_ids"], labels=inputs["input_ids"])) == []
     assert {c.phase for c in tagger.calls} == {"fwd", "bwd"}
 
 
@@ -156,7 +150,7 @@ def test_a_per_head_bias_followed_through_copies_and_in_place_ops_stays_exact():
     mode follows the head's slice through all of that, never applies the
     in-place op to the module's tensor, and gives the fused model's numbers
     bit for bit, the bias's gradient included."""
-    from conftest import _llama, inputs_for
+    from conftest import inputs_for, llama_model
     from transformers import AttentionInterface
     from transformers.models.llama.modeling_llama import repeat_kv
 
@@ -173,16 +167,16 @@ def test_a_per_head_bias_followed_through_copies_and_in_place_ops_stays_exact():
         return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
     AttentionInterface.register("biased_heads", biased)
-    model = _llama("eager")
+    model = llama_model("eager")
     model.config._attn_implementation = "biased_heads"
     torch.manual_seed(3)
     for layer in model.model.layers:
         layer.self_attn.head_bias = torch.nn.Parameter(torch.randn(model.config.num_attention_heads))
     ids = inputs_for("llama_gqa")["input_ids"]
-    reference = _step(model, ids)
+    reference = train_step(model, input_ids=ids, labels=ids)
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     with AttentionTagger([model], mode="head") as tagger:
-        split = _step(model, ids)
+        split = train_step(model, input_ids=ids, labels=ids)
     assert _equal(reference, split) == [] and any(k.endswith("head_bias") for k in split[1])
     assert all(torch.equal(weights[n], p) for n, p in model.named_parameters())
     assert {c.head for c in tagger.calls if c.head is not None} == set(range(model.config.num_attention_heads))

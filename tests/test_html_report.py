@@ -4,6 +4,7 @@ HEADCOUNT_REQUIRE_CHROMIUM=1 so that its absence fails instead of skipping)."""
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -142,7 +143,7 @@ def test_an_ncu_report_shows_its_measured_kernel_counters(tmp_path):
     assert "Top kernels by time" in page
     kernels = pd.read_parquet(out / "kernels")
     top = kernels.groupby("name")["duration_ns"].sum().idxmax()
-    assert html_report._e(top) in page
+    assert html.escape(str(top), quote=True) in page
     occupancy = kernels.loc[kernels["name"] == top, "achieved_occupancy_pct"].mean()
     dram = kernels.loc[kernels["name"] == top, "dram_throughput_pct"].mean()
     assert pd.notna(occupancy) and f"<td>{occupancy:,.3g}</td>" in page

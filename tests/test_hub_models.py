@@ -35,11 +35,11 @@ def _cache_repo(cache: Path, repo: str, files: dict[str, bytes], commit: str = C
 def hub_cache(tmp_path_factory):
     """A hub cache with ``org/tiny-llama`` (config and weights) and
     ``org/config-only`` (a config alone)."""
-    from conftest import _llama
+    from conftest import llama_model
     from huggingface_hub import scan_cache_dir
 
     saved = tmp_path_factory.mktemp("saved")
-    _llama("sdpa", layers=2).save_pretrained(saved)
+    llama_model("sdpa", layers=2).save_pretrained(saved)
     cache = tmp_path_factory.mktemp("hub")
     files = {p.name: p.read_bytes() for p in saved.iterdir() if p.is_file()}
     assert "model.safetensors" in files and "config.json" in files
@@ -50,14 +50,14 @@ def hub_cache(tmp_path_factory):
     return cache
 
 
-def _profile(cache: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+def _profile_command(cache: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(cache.parent / "hf-home")}
     return subprocess.run([sys.executable, "-m", "headcount", "profile", *args, *SMALL, "-o", str(out)],
                           capture_output=True, text=True, env=env)
 
 
 def test_a_hub_id_runs_offline_from_the_cache_with_its_weights(hub_cache, tmp_path):
-    done = _profile(hub_cache, tmp_path / "r", "--model", "org/tiny-llama")
+    done = _profile_command(hub_cache, tmp_path / "r", "--model", "org/tiny-llama")
     assert done.returncode == 0, done.stderr
     model = pd.read_parquet(tmp_path / "r" / "runs")["model"].iloc[0]
     assert model == "org/tiny-llama (LlamaForCausalLM, from the Hugging Face hub)"
@@ -66,13 +66,13 @@ def test_a_hub_id_runs_offline_from_the_cache_with_its_weights(hub_cache, tmp_pa
 
 
 def test_a_revision_is_a_ref_of_the_cache(hub_cache, tmp_path):
-    done = _profile(hub_cache, tmp_path / "r", "--model", "org/tiny-llama", "--revision", COMMIT)
+    done = _profile_command(hub_cache, tmp_path / "r", "--model", "org/tiny-llama", "--revision", COMMIT)
     assert done.returncode == 0, done.stderr
     assert pd.read_parquet(tmp_path / "r" / "runs")["model"].iloc[0].startswith(f"org/tiny-llama@{COMMIT} (")
 
 
 def test_a_config_only_repository_gets_random_weights_and_says_so(hub_cache, tmp_path):
-    done = _profile(hub_cache, tmp_path / "r", "--model", "org/config-only")
+    done = _profile_command(hub_cache, tmp_path / "r", "--model", "org/config-only")
     assert done.returncode == 0, done.stderr
     model = pd.read_parquet(tmp_path / "r" / "runs")["model"].iloc[0]
     assert model == "org/config-only (LlamaForCausalLM, no weights in the hub repository: random weights)"
@@ -83,7 +83,7 @@ def test_a_config_only_repository_gets_random_weights_and_says_so(hub_cache, tmp
     (["--model", "org/tiny-llama", "--revision", "v9"], "--model org/tiny-llama@v9: no such local directory, and not in"),
 ])
 def test_an_id_missing_from_the_cache_is_one_line(hub_cache, tmp_path, args, message):
-    done = _profile(hub_cache, tmp_path / "r", *args)
+    done = _profile_command(hub_cache, tmp_path / "r", *args)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("headcount: error: ") and message in lines[0], done.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as T
+from conftest import train_step
 
 from headcount import AttentionProfiler, AttentionTagger
 from headcount.errors import HeadcountError
@@ -27,21 +28,14 @@ def _tiny(family: str):
                                                     intermediate_size=128, max_position_embeddings=64))
 
 
-def _step(model, ids):
-    model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=ids)
-    out.loss.backward()
-    return out.logits.detach().clone(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
 @pytest.mark.parametrize("family, path", [("falcon", "attention interface"), ("bloom", "module hooks"),
                                           ("mpt", "module hooks"), ("debertav2", "module hooks")])
 def test_layer_mode_tags_every_layer_and_changes_nothing(family, path):
     model = _tiny(family).eval()  # no dropout: two steps must compute the same numbers
     ids = torch.randint(2, 128, (2, 16), generator=torch.Generator().manual_seed(1))
-    ref_logits, ref_grads = _step(model, ids)
+    ref_logits, ref_grads = train_step(model, input_ids=ids, labels=ids)
     with AttentionTagger([model]) as tagger:
-        logits, grads = _step(model, ids)
+        logits, grads = train_step(model, input_ids=ids, labels=ids)
     assert torch.equal(ref_logits, logits)
     assert ref_grads.keys() == grads.keys() and all(torch.equal(ref_grads[k], grads[k]) for k in ref_grads)
     assert {(c.phase, c.layer_name) for c in tagger.calls} == {(p, f"layer.{i}") for p in ("fwd", "bwd") for i in range(2)}

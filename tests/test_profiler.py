@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import _llama, inputs_for
+from conftest import inputs_for, llama_model, profiled
 
 from headcount import AttentionProfiler, HeadcountError
 
@@ -13,18 +13,8 @@ BREAKDOWN_REQUIRED = ["phase", "layer", "head", "calls", "duration_ns", "dram_by
                       "intensity_flop_per_byte", "duration_provenance", "dram_bytes_provenance", "flop_provenance"]
 
 
-def _profile(model, mode="layer", steps=1, **kw):
-    inputs = inputs_for("llama_gqa")
-    prof = AttentionProfiler(model, mode=mode, **kw)
-    with prof:
-        for _ in range(steps):
-            out = model(**inputs)
-            out.loss.backward()
-    return prof
-
-
 def test_layer_mode_breakdown():
-    prof = _profile(_llama("sdpa"), steps=2)
+    prof = profiled(llama_model("sdpa"), steps=2)
     stats = prof.get_stats()
     bd = stats["attention_breakdown"]
     assert set(BREAKDOWN_REQUIRED) <= set(bd.columns)
@@ -52,7 +42,7 @@ def test_layer_mode_breakdown():
 
 
 def test_head_mode_breakdown_measures_each_head():
-    prof = _profile(_llama("eager"), mode="head")
+    prof = profiled(llama_model("eager"), mode="head")
     stats = prof.get_stats()
     bd = stats["attention_breakdown"]
     assert len(bd) == 2 * 2 * 4
@@ -67,7 +57,7 @@ def test_head_mode_breakdown_measures_each_head():
 
 
 def test_ranges_and_kernels_tables():
-    stats = _profile(_llama("sdpa"), mode="head").get_stats()
+    stats = profiled(llama_model("sdpa"), mode="head").get_stats()
     ranges = stats["ranges"]
     assert set(ranges["level"]) == {"phase", "layer", "head"}
     by_id = ranges.set_index("range_id")
@@ -95,7 +85,7 @@ def test_ranges_and_kernels_tables():
 
 
 def test_no_model_form_tags_whatever_runs():
-    model = _llama("sdpa")
+    model = llama_model("sdpa")
     prof = AttentionProfiler()
     with prof:
         model(**inputs_for("llama_gqa")).loss.backward()
@@ -107,7 +97,7 @@ def test_errors():
         AttentionProfiler(backend="nsight")
     with pytest.raises(HeadcountError, match="mode"):
         AttentionProfiler(mode="heads")
-    prof = AttentionProfiler(_llama())
+    prof = AttentionProfiler(llama_model())
     with pytest.raises(HeadcountError, match="after the"):
         prof.get_stats()
     with prof:
@@ -117,7 +107,7 @@ def test_errors():
 def test_a_block_without_attention_gives_its_operators_steps_and_findings(capsys):
     """Nothing tagged is no error: the block's operators, its one step and its
     findings, and a notice that no attention was found (never 'nothing was written')."""
-    prof = AttentionProfiler(_llama())
+    prof = AttentionProfiler(llama_model())
     with prof:
         torch.ones(3).sum()
     stats = prof.get_stats()
@@ -129,7 +119,7 @@ def test_a_block_without_attention_gives_its_operators_steps_and_findings(capsys
 
 
 def test_another_profiler_holding_the_session_is_a_clear_error(capsys):
-    model = _llama()
+    model = llama_model()
     with torch.profiler.profile():
         with pytest.raises(HeadcountError, match="already recording"):
             with AttentionProfiler(model, strict=True):

@@ -8,13 +8,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
-from conftest import _llama, inputs_for
+from conftest import inputs_for, llama_model
 
 from headcount import AttentionProfiler, HeadcountError
-
-
-def _train_step(model, inputs):
-    model(**inputs).loss.backward()
 
 
 def _steps(stats, table="kernels") -> set:
@@ -22,13 +18,13 @@ def _steps(stats, table="kernels") -> set:
 
 
 def test_a_schedule_records_exactly_its_active_steps():
-    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    model, inputs = llama_model("sdpa"), inputs_for("llama_gqa")
     windows = []
     prof = AttentionProfiler(model, schedule=torch.profiler.schedule(wait=1, warmup=1, active=2),
                              on_ready=lambda p: windows.append((p.run_id, p.get_stats())))
     with prof:
         for _ in range(6):
-            _train_step(model, inputs)
+            model(**inputs).loss.backward()
             prof.step()
     assert len(windows) == 1
     stats = windows[0][1]
@@ -41,7 +37,7 @@ def test_a_schedule_records_exactly_its_active_steps():
 
 
 def test_repeated_windows_are_runs_of_their_own(tmp_path):
-    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    model, inputs = llama_model("sdpa"), inputs_for("llama_gqa")
     ready = []
 
     def save(p):
@@ -52,7 +48,7 @@ def test_repeated_windows_are_runs_of_their_own(tmp_path):
                              on_ready=save)
     prof.start()
     for _ in range(7):
-        _train_step(model, inputs)
+        model(**inputs).loss.backward()
         prof.step()
     prof.stop()
     assert ready == ["train", "train.1"]
@@ -62,11 +58,11 @@ def test_repeated_windows_are_runs_of_their_own(tmp_path):
 
 
 def test_start_stop_and_plain_steps_count_from_zero():
-    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    model, inputs = llama_model("sdpa"), inputs_for("llama_gqa")
     prof = AttentionProfiler(model)
     prof.start()
     for _ in range(3):
-        _train_step(model, inputs)
+        model(**inputs).loss.backward()
         prof.step()
     prof.stop()
     stats = prof.get_stats()
@@ -78,13 +74,13 @@ def test_start_stop_and_plain_steps_count_from_zero():
 def test_numbered_steps_have_no_implicit_first_step():
     """``with prof.step(i)``: the steps are the user's numbers; work before the
     first of them has no step (the implicit step#0 opened at start is dropped)."""
-    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    model, inputs = llama_model("sdpa"), inputs_for("llama_gqa")
     prof = AttentionProfiler(model)
     with prof:
-        _train_step(model, inputs)  # before any numbered step
+        model(**inputs).loss.backward()  # before any numbered step
         for i in (5, 6):
             with prof.step(i):
-                _train_step(model, inputs)
+                model(**inputs).loss.backward()
     stats = prof.get_stats()
     assert set(stats["kernels"]["step"].dropna().astype(int)) == {5, 6}
     assert stats["kernels"]["step"].isna().any()  # the first, unnumbered step's work
@@ -92,14 +88,14 @@ def test_numbered_steps_have_no_implicit_first_step():
 
 
 def test_a_block_without_step_calls_is_step_zero():
-    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    model, inputs = llama_model("sdpa"), inputs_for("llama_gqa")
     with AttentionProfiler(model) as prof:
-        _train_step(model, inputs)
+        model(**inputs).loss.backward()
     assert _steps(prof.get_stats()) == {0}
 
 
 def test_step_outside_the_profiled_block_is_an_error():
-    prof = AttentionProfiler(_llama("sdpa"))
+    prof = AttentionProfiler(llama_model("sdpa"))
     with pytest.raises(HeadcountError, match="outside the profiled block"):
         prof.step()
     with pytest.raises(HeadcountError, match="outside the profiled block"):
@@ -109,7 +105,7 @@ def test_step_outside_the_profiled_block_is_an_error():
 
 def test_a_schedule_must_be_callable():
     with pytest.raises(HeadcountError, match="is not callable"):
-        AttentionProfiler(_llama("sdpa"), schedule=3)
+        AttentionProfiler(llama_model("sdpa"), schedule=3)
 
 
 def test_inside_your_own_torch_profiler_the_reason_is_precise_and_its_advice_works(tmp_path):
@@ -120,14 +116,14 @@ def test_inside_your_own_torch_profiler_the_reason_is_precise_and_its_advice_wor
     import headcount
     from headcount.cli.main import main
 
-    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    model, inputs = llama_model("sdpa"), inputs_for("llama_gqa")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as theirs:
         with pytest.raises(HeadcountError) as info:
             with AttentionProfiler(model, backend="torch", strict=True):
                 pass
         tagger = headcount.tag(model)
         for _ in range(2):
-            _train_step(model, inputs)
+            model(**inputs).loss.backward()
             theirs.step()
     headcount.untag(tagger)
     line = info.value.one_line()
@@ -142,9 +138,9 @@ def test_inside_your_own_torch_profiler_the_reason_is_precise_and_its_advice_wor
 
 
 def test_a_second_save_names_save_arguments_not_cli_flags(tmp_path):
-    model, inputs = _llama("sdpa"), inputs_for("llama_gqa")
+    model, inputs = llama_model("sdpa"), inputs_for("llama_gqa")
     with AttentionProfiler(model) as prof:
-        _train_step(model, inputs)
+        model(**inputs).loss.backward()
     prof.save(tmp_path / "r")
     with pytest.raises(HeadcountError) as info:
         prof.save(tmp_path / "r")

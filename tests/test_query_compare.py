@@ -134,17 +134,17 @@ def test_console_and_page_keep_runs_apart(mixed, capsys):
             for layer, head, value in titles:
                 mine_cells = cells[(cells["layer_name"] == layer) & ((cells["head"] == int(head)) if head else True)]
                 for row in mine_cells.itertuples():
-                    assert value == html_report._exact(row.duration_per_call_p50_ns * 1e-3)
+                    assert value == html_report.exact(row.duration_per_call_p50_ns * 1e-3)
 
 
 def test_step_profiler_runs_are_summarised_one_by_one(tmp_path, capsys):
     """Three profiled steps are three runs: the summary shows 2 calls per step for a 2-layer model, not 6."""
     import torch
-    from conftest import _llama
+    from conftest import llama_model
 
     from headcount.training import StepProfiler
 
-    model = _llama("sdpa")
+    model = llama_model("sdpa")
     ids = torch.randint(0, 128, (2, 16))
     sp = StepProfiler(model, tmp_path / "out", every=1)
     for step in range(3):

@@ -5,20 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import MODEL_BUILDERS, _llama, inputs_for
+from conftest import MODEL_BUILDERS, inputs_for, llama_model, train_step
 
 from headcount import AttentionTagger, attention_range, tag, tag_attention, untag
 from headcount.errors import HeadcountError
 from headcount.naming import parse_path, sanitize
 from headcount.tagging.layer_names import layer_names
-
-
-def _train_step(model, inputs):
-    model.zero_grad(set_to_none=True)
-    out = model(**inputs)
-    out.loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return out.logits.detach().clone(), grads
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
@@ -28,9 +20,9 @@ def test_head_mode_equals_fused_exactly(name, impl):
     every parameter gradient are bit-for-bit those of the fused model."""
     model = MODEL_BUILDERS[name](impl)
     inputs = inputs_for(name)
-    ref_logits, ref_grads = _train_step(model, inputs)
+    ref_logits, ref_grads = train_step(model, **inputs)
     with AttentionTagger([model], mode="head") as tagger:
-        logits, grads = _train_step(model, inputs)
+        logits, grads = train_step(model, **inputs)
     assert torch.equal(ref_logits, logits)
     assert ref_grads.keys() == grads.keys() and len(grads) > 0
     for key in ref_grads:
@@ -40,9 +32,9 @@ def test_head_mode_equals_fused_exactly(name, impl):
 
 
 def test_llama_gqa_head_mode_ranges():
-    model = _llama("sdpa", layers=2, heads=4, kv_heads=2)
+    model = llama_model("sdpa", layers=2, heads=4, kv_heads=2)
     with AttentionTagger([model], mode="head") as tagger:
-        _train_step(model, inputs_for("llama_gqa"))
+        train_step(model, **inputs_for("llama_gqa"))
     calls = tagger.calls
     layer_calls = [(c.phase, c.layer_name) for c in calls if c.head is None]
     assert layer_calls == [("fwd", "layer.0"), ("fwd", "layer.1"), ("bwd", "layer.1"), ("bwd", "layer.0")]
@@ -58,7 +50,7 @@ def test_llama_gqa_head_mode_ranges():
 def test_t5_stacks_and_cross_attention_get_distinct_names():
     model = MODEL_BUILDERS["t5"]("eager")
     with AttentionTagger([model]) as tagger:
-        _train_step(model, inputs_for("t5"))
+        train_step(model, **inputs_for("t5"))
     names = {c.layer_name for c in tagger.calls}
     assert names == {"encoder.layer.0", "encoder.layer.1", "decoder.layer.0.self", "decoder.layer.0.cross",
                      "decoder.layer.1.self", "decoder.layer.1.cross"}
@@ -72,7 +64,7 @@ def test_t5_stacks_and_cross_attention_get_distinct_names():
 def test_layer_names_single_stack(name):
     model = MODEL_BUILDERS[name]("sdpa")
     with AttentionTagger([model]) as tagger:
-        _train_step(model, inputs_for(name))
+        train_step(model, **inputs_for(name))
     assert {c.layer_name for c in tagger.calls} == {"layer.0", "layer.1"}
 
 
@@ -97,36 +89,36 @@ def test_untag_restores_everything(tiny_llama, llama_inputs):
 
     original = AttentionInterface.get_interface
     state = {k: v.clone() for k, v in tiny_llama.state_dict().items()}
-    ref, _ = _train_step(tiny_llama, llama_inputs)
+    ref, _ = train_step(tiny_llama, **llama_inputs)
     tagger = tag(tiny_llama, mode="head", log_calls=True)
     assert AttentionInterface.get_interface is not original
-    _train_step(tiny_llama, llama_inputs)
+    train_step(tiny_llama, **llama_inputs)
     untag(tagger)
     assert AttentionInterface.get_interface is original
     assert all(torch.equal(state[k], v) for k, v in tiny_llama.state_dict().items())
     assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in tiny_llama.modules())
     n = len(tagger.calls)
     assert n > 0
-    again, _ = _train_step(tiny_llama, llama_inputs)
+    again, _ = train_step(tiny_llama, **llama_inputs)
     assert len(tagger.calls) == n  # nothing tagged after untag
     assert torch.equal(ref, again)
 
 
 def test_auto_mode_tags_any_transformers_model(llama_inputs):
-    model = _llama("eager")
+    model = llama_model("eager")
     import torch.nn.modules.module as module_mod
 
     hooks_before = len(module_mod._global_forward_pre_hooks)
     with AttentionTagger(auto=True) as tagger:
-        _train_step(model, llama_inputs)
+        train_step(model, **llama_inputs)
     assert len(module_mod._global_forward_pre_hooks) == hooks_before
     assert {(c.phase, c.layer_name) for c in tagger.calls} >= {("fwd", "layer.0"), ("bwd", "layer.1")}
 
 
 def test_unregistered_model_is_not_tagged(llama_inputs):
-    tagged, other = _llama(), _llama()
+    tagged, other = llama_model(), llama_model()
     with AttentionTagger([tagged]) as tagger:
-        _train_step(other, llama_inputs)
+        train_step(other, **llama_inputs)
     assert tagger.calls == []
 
 
@@ -137,11 +129,11 @@ def test_inference_tags_forward_only(tiny_llama, llama_inputs):
 
 
 def test_activation_checkpointing_is_labelled_recompute(llama_inputs):
-    model = _llama("sdpa")
+    model = llama_model("sdpa")
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     with AttentionTagger([model]) as tagger:
-        _train_step(model, llama_inputs)
+        train_step(model, **llama_inputs)
     phases = [c.phase for c in tagger.calls]
     assert phases.count("fwd") == 2 and phases.count("recompute") == 2 and phases.count("bwd") == 2
 
@@ -202,7 +194,7 @@ def test_bad_mode_and_layout():
 
 def test_flex_attention_forward_head_mode_equals_fused():
     """flex_attention (forward only on CPU): its BlockMask is shared by all heads, so head mode may split it."""
-    model = _llama("flex_attention")
+    model = llama_model("flex_attention")
     inputs = inputs_for("llama_gqa")
     with torch.no_grad():
         ref = model(**inputs).logits
@@ -228,10 +220,10 @@ def test_head_mode_splits_attention_sinks_bit_for_bit():
     torch.manual_seed(0)
     model = GptOssForCausalLM(cfg)
     inputs = inputs_for("llama_gqa")
-    ref_logits, ref_grads = _train_step(model, inputs)
+    ref_logits, ref_grads = train_step(model, **inputs)
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     with AttentionTagger([model], mode="head") as tagger:
-        logits, grads = _train_step(model, inputs)
+        logits, grads = train_step(model, **inputs)
     assert all(torch.equal(weights[n], p) for n, p in model.named_parameters())  # the sinks are read, never written
     assert torch.equal(ref_logits, logits)
     assert ref_grads.keys() == grads.keys() and any(k.endswith(".sinks") for k in grads)

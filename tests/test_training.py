@@ -8,7 +8,7 @@ import warnings
 import pandas as pd
 import pytest
 import torch
-from conftest import _llama
+from conftest import llama_model
 
 from headcount.training import HeadcountCallback, HeadDriftWarning, StepProfiler, drift_table
 
@@ -28,7 +28,7 @@ class _Data(torch.utils.data.Dataset):
 def test_trainer_callback_profiles_every_n_steps(tmp_path):
     from transformers import Trainer, TrainingArguments
 
-    model = _llama("sdpa")
+    model = llama_model("sdpa")
     args = TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=24, per_device_train_batch_size=4, learning_rate=5e-3,
                              report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True)
     callback = HeadcountCallback(tmp_path / "out", every=8, drift_threshold=0.0)
@@ -51,7 +51,7 @@ def test_trainer_callback_profiles_every_n_steps(tmp_path):
 
 
 def test_plain_loop_helper_and_no_alert_under_the_threshold(tmp_path):
-    model = _llama("eager")
+    model = llama_model("eager")
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 128, (2, 16))
     sp = StepProfiler(model, tmp_path / "out", every=5, drift_threshold=0.5)
@@ -77,7 +77,7 @@ def test_drift_table_arithmetic():
 
 
 def test_a_torch_profiler_schedule_picks_the_profiled_steps(tmp_path):
-    model = _llama("sdpa")
+    model = llama_model("sdpa")
     ids = torch.randint(0, 128, (2, 16))
     sp = StepProfiler(model, tmp_path / "out", attention_stats=False,
                       schedule=torch.profiler.schedule(wait=2, warmup=1, active=2, repeat=1))

@@ -62,7 +62,7 @@ def human(value: float, unit: str = "") -> str:
     return f"{text} {prefix}{unit}" if unit else f"{text}{prefix}"
 
 
-def _exact(value: float) -> str:
+def exact(value: float) -> str:
     """A value in full for a tooltip: whole numbers with every digit, others to 6 significant digits."""
     if missing(value) or not math.isfinite(value):
         return "–"
@@ -126,7 +126,7 @@ def heatmap(frame: pd.DataFrame, value: str, title: str, unit: str, provenance: 
             t = (v - lo) / (hi - lo) if hi > lo else 0.5
             who = f"{layer}, every head" if collapsed else f"{layer} head {int(h)}"
             parts.append(f'<rect x="{left + j * cell}" y="{y}" width="{cell - 1}" height="{cell - 1}" fill="{_color(t)}">'
-                         f'<title>{_e(who)}: {_e(_exact(v))} {_e(unit)} ({_e(provenance)})</title></rect>')
+                         f'<title>{_e(who)}: {_e(exact(v))} {_e(unit)} ({_e(provenance)})</title></rect>')
     bar_x = left + cell * len(heads) + 14
     for k in range(10):
         parts.append(f'<rect x="{bar_x}" y="{top + k * (cell * len(layers) / 10)}" width="12" height="{cell * len(layers) / 10 + 0.5}" '
@@ -191,7 +191,7 @@ def roofline(points: pd.DataFrame, device_name: str | None, dtype: str | None, m
         colour = _PHASE_COLOURS.get(row.phase, "#555")
         time_prov = getattr(row, "duration_provenance", None)
         bytes_prov = getattr(row, "dram_bytes_provenance", None)
-        tip = (f"{row.implementation} {row.phase} {label}: {_exact(x) if x >= 1000 else f'{x:,.4g}'} FLOP/byte, {human(y, 'FLOP/s')} "
+        tip = (f"{row.implementation} {row.phase} {label}: {exact(x) if x >= 1000 else f'{x:,.4g}'} FLOP/byte, {human(y, 'FLOP/s')} "
                f"(FLOPs analytic; bytes {bytes_prov if not missing(bytes_prov) else '–'}; time {time_prov if not missing(time_prov) else '–'})")
         parts.append(_marker(shapes[str(row.implementation)], px(x), py(y), colour, hollow=is_head, size=2.8 if is_head else 4.5, tip=tip))
     parts.append(_legend(w + 8, m, [p for p in _PHASE_COLOURS if p in set(pts["phase"])], shapes, any_head))
@@ -333,7 +333,7 @@ def strip(steps: pd.DataFrame) -> str:
             if missing(value) or window <= 0 or value <= 0:
                 continue
             width = (w - label_w - 10) * float(value) / window
-            tip = f"{name}: {_exact(float(value))} ns ({100 * float(value) / window:.1f} % of the {_exact(window)} ns window; measured)"
+            tip = f"{name}: {exact(float(value))} ns ({100 * float(value) / window:.1f} % of the {exact(window)} ns window; measured)"
             out.append(f'<rect x="{x:.2f}" y="{y}" width="{max(width, 0.5):.2f}" height="{bar_h}" fill="{colour}"><title>{_e(tip)}</title></rect>')
             x += width
         y += bar_h + gap
