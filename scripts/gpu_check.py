@@ -301,98 +301,128 @@ def _graph_check(record, summary, name: str, report_dir: Path, steps: int) -> No
 
 
 # ---------------------------------------------------------------- checks
-def check(out: Path) -> int:
-    import numpy as np
-    import pandas as pd
+class _Checked:
+    """What the named checks share: the output folder, the results so far and the summary written at the end."""
 
-    from headcount.derive import occupancy
-    from headcount.device import limits_for
+    def __init__(self, out: Path):
+        self.out = out
+        self.results: list[dict] = []
+        self.summary: dict = {"checks": self.results}
+        self.env = self.load("environment.json") or {}
+        self.summary["environment"] = self.env
+        self.ceiling = None  # the copy-bandwidth ceiling (GB/s), once measured
+        self.report = out / "report"
 
-    results = []
-    summary: dict = {"checks": results}
-
-    def record(name, status, detail):
-        results.append({"check": name, "status": status, "detail": detail})
+    def record(self, name: str, status: str, detail: str) -> None:
+        self.results.append({"check": name, "status": status, "detail": detail})
         print(f"{status:4s} {name}: {detail}")
 
-    def load(name):
-        path = out / name
+    def load(self, name: str):
+        path = self.out / name
         return json.loads(path.read_text()) if path.exists() else None
 
-    env = load("environment.json") or {}
-    summary["environment"] = env
-    bw = load("bandwidth.json")
-    ceiling = bw["copy_ceiling_gbps"] if bw and bw.get("device") == "cuda" else None
-    summary["copy_ceiling_gbps"] = ceiling
-    record("copy-bandwidth ceiling", "info" if ceiling else "skip", f"{ceiling:,.0f} GB/s" if ceiling else "no GPU")
+    def table(self, name: str, report: Path | None = None):
+        import pandas as pd
 
-    for probe in sorted(out.glob("probe-*.json")):
+        path = (report or self.report) / name
+        return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+
+    @property
+    def on_gpu(self) -> bool:
+        runs = self.table("runs")
+        return bool(len(runs)) and (runs["device_kind"] == "cuda").all()
+
+
+class _NoReport(Exception):
+    """The profile report is missing: the checks that read it cannot run."""
+
+
+def check_copy_ceiling(c: _Checked) -> None:
+    bw = c.load("bandwidth.json")
+    c.ceiling = bw["copy_ceiling_gbps"] if bw and bw.get("device") == "cuda" else None
+    c.summary["copy_ceiling_gbps"] = c.ceiling
+    c.record("copy-bandwidth ceiling", "info" if c.ceiling else "skip", f"{c.ceiling:,.0f} GB/s" if c.ceiling else "no GPU")
+
+
+def check_cupti_probes(c: _Checked) -> None:
+    for probe in sorted(c.out.glob("probe-*.json")):
         doc = json.loads(probe.read_text())
         pm = (doc.get("stats") or {}).get("pm_sampling", {})
         detail = (f"kernels {doc.get('kernels')}, kinds {doc.get('kinds')}, PM sampling "
                   f"{'on ' + str(pm.get('metrics')) if pm.get('enabled') else 'off: ' + str(pm.get('notice'))}"
                   if doc.get("ok") else doc.get("error"))
-        record(f"cupti probe {probe.stem}", "ok" if doc.get("ok") else "info", detail)
-        summary[probe.stem] = doc
+        c.record(f"cupti probe {probe.stem}", "ok" if doc.get("ok") else "info", detail)
+        c.summary[probe.stem] = doc
 
-    occ = load("occupancy.json")
+
+def check_occupancy_vs_driver(c: _Checked) -> None:
+    occ = c.load("occupancy.json")
     if occ:
-        record("occupancy calculator = driver", "ok" if occ["mismatches"] == 0 else "FAIL",
-               f"{occ['cases'] - occ['mismatches']} of {occ['cases']} launch configurations agree")
+        c.record("occupancy calculator = driver", "ok" if occ["mismatches"] == 0 else "FAIL",
+                 f"{occ['cases'] - occ['mismatches']} of {occ['cases']} launch configurations agree")
     else:
-        record("occupancy calculator = driver", "skip", "not run (no GPU or no cuda-bindings)")
+        c.record("occupancy calculator = driver", "skip", "not run (no GPU or no cuda-bindings)")
 
-    report = out / "report"
-    if not (report / "layers").exists():
-        record("cupti profile report", "FAIL", f"{report} missing")
-        _write(out / "summary.json", summary)
-        return 1
-    layers = pd.read_parquet(report / "layers")
-    heads = pd.read_parquet(report / "heads")
-    ranges = pd.read_parquet(report / "ranges")
-    runs = pd.read_parquet(report / "runs")
+
+def check_profile_report(c: _Checked) -> None:
+    if not (c.report / "layers").exists():
+        c.record("cupti profile report", "FAIL", f"{c.report} missing")
+        raise _NoReport
+    runs = c.table("runs")
     source = ",".join(sorted(set(runs["source"])))
-    on_gpu = (runs["device_kind"] == "cuda").all()
-    summary["source"] = source
-    record("profile source", "info", f"{source} on {runs['device_name'].iloc[0]}")
+    c.summary["source"] = source
+    c.record("profile source", "info", f"{source} on {runs['device_name'].iloc[0]}")
     if _cuda():  # headcount profile --device cuda: the runs must say the GPU, never the CPU
-        record("profile ran on the GPU", "ok" if on_gpu else "FAIL", ", ".join(sorted(set(runs["device_kind"].astype(str)))))
-    manifests = [json.loads(p.read_text()) for p in (report / "manifests").glob("*/run.json")]
+        c.record("profile ran on the GPU", "ok" if c.on_gpu else "FAIL", ", ".join(sorted(set(runs["device_kind"].astype(str)))))
+    manifests = [json.loads(p.read_text()) for p in (c.report / "manifests").glob("*/run.json")]
     dropped = [m.get("collector", {}).get("dropped_records") for m in manifests if m.get("collector")]
     if dropped:
-        record("no CUPTI record dropped", "ok" if all(d == 0 for d in dropped) else "FAIL", f"dropped per run: {dropped}")
-        summary["collector"] = [m.get("collector") for m in manifests]
+        c.record("no CUPTI record dropped", "ok" if all(d == 0 for d in dropped) else "FAIL", f"dropped per run: {dropped}")
+        c.summary["collector"] = [m.get("collector") for m in manifests]
 
-    steps = pd.read_parquet(report / "steps") if (report / "steps").exists() else pd.DataFrame()
+
+def check_steps(c: _Checked) -> None:
+    """Issue 25: busy within the window, idle split without remainder, attention a share of busy."""
+    steps = c.table("steps")
     gpu_steps = steps[steps["basis"] == "gpu_window"] if len(steps) else steps
-    if on_gpu and len(gpu_steps):  # issue 25: busy within the window, idle split without remainder, attention a share of busy
+    if c.on_gpu and len(gpu_steps):
         parts = gpu_steps[["idle_launch_bound_ns", "idle_sync_ns", "idle_host_ns", "idle_other_ns", "idle_unknown_ns"]].sum(axis=1)
         sound = (gpu_steps["gpu_busy_pct"].between(0, 100) & ((parts - gpu_steps["idle_ns"]).abs() <= 1)
                  & (gpu_steps["attention_gpu_ns"].fillna(0) <= gpu_steps["gpu_busy_ns"] + 1))
-        record("steps: busy, idle split and attention share consistent", "ok" if sound.all() else "FAIL",
-               f"busy {gpu_steps['gpu_busy_pct'].min():.1f}–{gpu_steps['gpu_busy_pct'].max():.1f} % over {len(gpu_steps)} rows; "
-               f"idle launch-bound {gpu_steps['idle_launch_bound_ns'].sum() / 1e6:.2f} ms, sync {gpu_steps['idle_sync_ns'].sum() / 1e6:.2f} ms, "
-               f"host {gpu_steps['idle_host_ns'].sum() / 1e6:.2f} ms, other {gpu_steps['idle_other_ns'].sum() / 1e6:.2f} ms")
-        summary["steps"] = gpu_steps.drop(columns=["note"], errors="ignore").to_dict("records")
-    elif on_gpu:
-        record("steps: busy, idle split and attention share consistent", "FAIL", "no gpu_window rows in the steps table")
+        c.record("steps: busy, idle split and attention share consistent", "ok" if sound.all() else "FAIL",
+                 f"busy {gpu_steps['gpu_busy_pct'].min():.1f}–{gpu_steps['gpu_busy_pct'].max():.1f} % over {len(gpu_steps)} rows; "
+                 f"idle launch-bound {gpu_steps['idle_launch_bound_ns'].sum() / 1e6:.2f} ms, sync {gpu_steps['idle_sync_ns'].sum() / 1e6:.2f} ms, "
+                 f"host {gpu_steps['idle_host_ns'].sum() / 1e6:.2f} ms, other {gpu_steps['idle_other_ns'].sum() / 1e6:.2f} ms")
+        c.summary["steps"] = gpu_steps.drop(columns=["note"], errors="ignore").to_dict("records")
+    elif c.on_gpu:
+        c.record("steps: busy, idle split and attention share consistent", "FAIL", "no gpu_window rows in the steps table")
 
+
+def check_attention_ranges(c: _Checked) -> None:
+    ranges = c.table("ranges")
     attention = ranges[ranges["level"].isin(["layer", "head"])]
-    if on_gpu:
+    if c.on_gpu:
         empty = attention[attention["gpu_op_count"].fillna(0) == 0]
-        record("every layer/head range launched kernels", "ok" if empty.empty else "FAIL", f"{len(empty)} of {len(attention)} without kernels")
+        c.record("every layer/head range launched kernels", "ok" if empty.empty else "FAIL", f"{len(empty)} of {len(attention)} without kernels")
+
+
+def check_bandwidth(c: _Checked) -> None:
+    layers, heads = c.table("layers"), c.table("heads")
     measured_bw = layers[layers["dram_bytes_provenance"].isin(["sampled", "measured"])]
-    if ceiling is not None and len(measured_bw):
+    if c.ceiling is not None and len(measured_bw):
         peak = float(measured_bw["bandwidth_gbps"].max())
-        record("layer bandwidth ≤ copy ceiling", "ok" if peak <= 1.05 * ceiling else "FAIL", f"max {peak:,.0f} of {ceiling:,.0f} GB/s")
+        c.record("layer bandwidth ≤ copy ceiling", "ok" if peak <= 1.05 * c.ceiling else "FAIL", f"max {peak:,.0f} of {c.ceiling:,.0f} GB/s")
         hb = heads[heads["provenance"] == "measured"]["bandwidth_gbps"].dropna()
         if len(hb):
-            record("head bandwidth ≤ copy ceiling", "ok" if hb.max() <= 1.05 * ceiling else "FAIL", f"max {hb.max():,.0f} GB/s")
+            c.record("head bandwidth ≤ copy ceiling", "ok" if hb.max() <= 1.05 * c.ceiling else "FAIL", f"max {hb.max():,.0f} GB/s")
     else:
-        record("bandwidth ≤ copy ceiling", "skip", "no sampled or measured DRAM bytes (PM sampling off or no GPU)")
+        c.record("bandwidth ≤ copy ceiling", "skip", "no sampled or measured DRAM bytes (PM sampling off or no GPU)")
 
+
+def check_per_implementation(c: _Checked) -> None:
+    """Not a pass/fail: each implementation's figures, printed and kept in the summary."""
     per_impl = []
-    for (impl, phase), g in layers.groupby(["implementation", "phase"]):
+    for (impl, phase), g in c.table("layers").groupby(["implementation", "phase"]):
         row = {"implementation": impl, "phase": phase, "layer_calls": int(g["calls"].sum()),
                "us_per_layer_call": float(g["duration_ns"].sum() / g["calls"].sum() / 1e3),
                "bandwidth_gbps_mean": float(g["bandwidth_gbps"].mean()), "bandwidth_provenance": g["bandwidth_provenance"].iloc[0],
@@ -405,96 +435,129 @@ def check(out: Path) -> int:
                "achieved_occupancy_pct": float(g["achieved_occupancy_pct"].mean()) if "achieved_occupancy_pct" in g else None}
         per_impl.append(row)
         print("     " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
-    summary["per_implementation"] = per_impl
+    c.summary["per_implementation"] = per_impl
 
+
+def check_heads_explain_layers(c: _Checked) -> None:
+    layers = c.table("layers")
     head_layers = layers.dropna(subset=["heads_duration_ns"]) if "heads_duration_ns" in layers else layers.iloc[0:0]
     if len(head_layers):
         ratio = head_layers["heads_duration_ns"] / head_layers["duration_ns"]
-        record("heads explain their layer", "ok" if (ratio <= 1.0001).all() else "FAIL",
-               f"sum(heads)/layer {ratio.min():.3f}–{ratio.max():.3f} (mean {ratio.mean():.3f}); "
-               f"split overhead {head_layers['split_overhead_ns'].sum() / head_layers['calls'].sum() / 1e3:.1f} µs per layer call")
-        summary["heads_over_layer"] = {"min": float(ratio.min()), "mean": float(ratio.mean()), "max": float(ratio.max())}
+        c.record("heads explain their layer", "ok" if (ratio <= 1.0001).all() else "FAIL",
+                 f"sum(heads)/layer {ratio.min():.3f}–{ratio.max():.3f} (mean {ratio.mean():.3f}); "
+                 f"split overhead {head_layers['split_overhead_ns'].sum() / head_layers['calls'].sum() / 1e3:.1f} µs per layer call")
+        c.summary["heads_over_layer"] = {"min": float(ratio.min()), "mean": float(ratio.mean()), "max": float(ratio.max())}
 
-    ncu_dir = out / "ncu-report"
-    if (ncu_dir / "layers").exists():
-        ncu_layers = pd.read_parquet(ncu_dir / "layers")
-        ncu_kernels = pd.read_parquet(ncu_dir / "kernels")
-        ref = layers[(layers["implementation"] == "sdpa") & layers["heads_duration_ns"].isna()] if "heads_duration_ns" in layers else layers
-        ref = ref.assign(min_per_call=ref["analytic_min_bytes"] / ref["calls"],
-                         sampled_per_call=ref.get("dram_bytes_sampled", pd.Series(np.nan, index=ref.index)) / ref["calls"])
-        merged = ncu_layers.merge(ref[["phase", "layer", "min_per_call", "sampled_per_call"]], on=["phase", "layer"], how="inner")
-        if len(merged):
-            excess = merged["dram_bytes_measured"] / merged["min_per_call"]
-            record("ncu bytes ≥ 0.9 × analytic minimum", "ok" if (excess >= 0.9).all() else "FAIL",
-                   f"measured/analytic {excess.min():.2f}–{excess.max():.2f} over {len(merged)} layer×phase rows")
-            if merged["sampled_per_call"].notna().any():
-                r = merged["sampled_per_call"] / merged["dram_bytes_measured"]
-                record("cupti-sampled vs ncu-measured DRAM bytes per layer", "ok" if r.between(0.25, 4).all() else "FAIL",
-                       f"sampled/measured {r.min():.2f}–{r.max():.2f} (median {r.median():.2f})")
-            summary["ncu_vs_cupti"] = merged.to_dict("records")
-        with_launch = ncu_kernels.dropna(subset=["registers_per_thread", "theoretical_occupancy_pct"])
-        if len(with_launch):
-            limits = limits_for(env.get("compute_capability"))
-            if limits is not None:
-                smem = with_launch["shared_memory_bytes"].fillna(0).round().astype("int64")
-                ours = occupancy.kernel_occupancy(with_launch.assign(shared_memory_bytes=smem), limits)
-                diff = (ours - with_launch["theoretical_occupancy_pct"]).abs()
-                record("occupancy calculator = ncu's theoretical occupancy", "ok" if (diff <= 0.5).all() else "FAIL",
-                       f"{int((diff <= 0.5).sum())} of {len(diff)} kernels within 0.5 points (max diff {diff.max():.2f})")
-    else:
-        record("ncu slice", "skip", "not run (no GPU or no ncu)")
 
+def check_ncu_slice(c: _Checked) -> None:
+    import numpy as np
+    import pandas as pd
+
+    from headcount.derive import occupancy
+    from headcount.device import limits_for
+
+    ncu_dir = c.out / "ncu-report"
+    if not (ncu_dir / "layers").exists():
+        c.record("ncu slice", "skip", "not run (no GPU or no ncu)")
+        return
+    layers = c.table("layers")
+    ncu_layers, ncu_kernels = c.table("layers", ncu_dir), c.table("kernels", ncu_dir)
+    ref = layers[(layers["implementation"] == "sdpa") & layers["heads_duration_ns"].isna()] if "heads_duration_ns" in layers else layers
+    ref = ref.assign(min_per_call=ref["analytic_min_bytes"] / ref["calls"],
+                     sampled_per_call=ref.get("dram_bytes_sampled", pd.Series(np.nan, index=ref.index)) / ref["calls"])
+    merged = ncu_layers.merge(ref[["phase", "layer", "min_per_call", "sampled_per_call"]], on=["phase", "layer"], how="inner")
+    if len(merged):
+        excess = merged["dram_bytes_measured"] / merged["min_per_call"]
+        c.record("ncu bytes ≥ 0.9 × analytic minimum", "ok" if (excess >= 0.9).all() else "FAIL",
+                 f"measured/analytic {excess.min():.2f}–{excess.max():.2f} over {len(merged)} layer×phase rows")
+        if merged["sampled_per_call"].notna().any():
+            r = merged["sampled_per_call"] / merged["dram_bytes_measured"]
+            c.record("cupti-sampled vs ncu-measured DRAM bytes per layer", "ok" if r.between(0.25, 4).all() else "FAIL",
+                     f"sampled/measured {r.min():.2f}–{r.max():.2f} (median {r.median():.2f})")
+        c.summary["ncu_vs_cupti"] = merged.to_dict("records")
+    with_launch = ncu_kernels.dropna(subset=["registers_per_thread", "theoretical_occupancy_pct"])
+    limits = limits_for(c.env.get("compute_capability"))
+    if len(with_launch) and limits is not None:
+        smem = with_launch["shared_memory_bytes"].fillna(0).round().astype("int64")
+        ours = occupancy.kernel_occupancy(with_launch.assign(shared_memory_bytes=smem), limits)
+        diff = (ours - with_launch["theoretical_occupancy_pct"]).abs()
+        c.record("occupancy calculator = ncu's theoretical occupancy", "ok" if (diff <= 0.5).all() else "FAIL",
+                 f"{int((diff <= 0.5).sum())} of {len(diff)} kernels within 0.5 points (max diff {diff.max():.2f})")
+
+
+def check_wrapped_runs(c: _Checked) -> None:
     for backend in ("nsys", "ncu", "cupti"):
-        report_dir = out / f"run-{backend}"
+        report_dir = c.out / f"run-{backend}"
         if (report_dir / "layers").exists():
-            run_layers = pd.read_parquet(report_dir / "layers")
-            run_runs = pd.read_parquet(report_dir / "runs")
+            run_layers, run_runs = c.table("layers", report_dir), c.table("runs", report_dir)
             provenance = ",".join(sorted(set(run_layers["dram_bytes_provenance"].dropna())))
-            record(f"headcount run --backend {backend}", "ok" if len(run_layers) and (run_runs["source"] == backend).all() else "FAIL",
-                   f"{len(run_layers)} layer rows, bytes {provenance}, complete {run_runs['complete'].tolist()}")
-        elif (out / f"run-{backend}.log").exists():
-            record(f"headcount run --backend {backend}", "FAIL", (out / f"run-{backend}.log").read_text().strip().splitlines()[-1][:300])
+            c.record(f"headcount run --backend {backend}", "ok" if len(run_layers) and (run_runs["source"] == backend).all() else "FAIL",
+                     f"{len(run_layers)} layer rows, bytes {provenance}, complete {run_runs['complete'].tolist()}")
+        elif (c.out / f"run-{backend}.log").exists():
+            c.record(f"headcount run --backend {backend}", "FAIL", (c.out / f"run-{backend}.log").read_text().strip().splitlines()[-1][:300])
 
-    compiled_dir = out / "report-compiled"
+
+def check_compiled(c: _Checked) -> None:
+    compiled_dir = c.out / "report-compiled"
     if (compiled_dir / "kernels").exists():
-        c_kernels = pd.read_parquet(compiled_dir / "kernels")
-        c_heads = pd.read_parquet(compiled_dir / "heads")
-        c_runs = pd.read_parquet(compiled_dir / "runs")
+        c_kernels, c_heads, c_runs = (c.table(name, compiled_dir) for name in ("kernels", "heads", "runs"))
         # SDPA's kernels by name on any device: flash / memory-efficient / math, forward and backward
         attn = c_kernels[c_kernels["name"].str.contains("flash|fmha|attention|scaled_dot_product", case=False, regex=True)]
         inside = attn["head"].notna()
         measured = c_heads[c_heads["provenance"] == "measured"]
         grid = measured.groupby(["phase", "layer", "head"]).size()
-        record("torch.compile: every attention kernel inside its head's range", "ok" if len(attn) and inside.all() else "FAIL",
-               f"{int(inside.sum())} of {len(attn)} attention kernels attributed; {len(grid)} (phase, layer, head) cells; "
-               f"compile mode {','.join(map(str, set(c_runs['compile_mode'])))}")
-        summary["compiled"] = {"attention_kernels": len(attn), "attributed": int(inside.sum()), "cells": len(grid)}
-    elif (out / "profile-compiled.log").exists():
-        record("torch.compile profile", "FAIL", (out / "profile-compiled.log").read_text().strip().splitlines()[-1][:300])
+        c.record("torch.compile: every attention kernel inside its head's range", "ok" if len(attn) and inside.all() else "FAIL",
+                 f"{int(inside.sum())} of {len(attn)} attention kernels attributed; {len(grid)} (phase, layer, head) cells; "
+                 f"compile mode {','.join(map(str, set(c_runs['compile_mode'])))}")
+        c.summary["compiled"] = {"attention_kernels": len(attn), "attributed": int(inside.sum()), "cells": len(grid)}
+    elif (c.out / "profile-compiled.log").exists():
+        c.record("torch.compile profile", "FAIL", (c.out / "profile-compiled.log").read_text().strip().splitlines()[-1][:300])
 
-    graph_doc = load("cuda-graph.json")
+
+def check_cuda_graphs(c: _Checked) -> None:
+    out = c.out
+    graph_doc = c.load("cuda-graph.json")
     if (out / "report-graphed" / "layers").exists() and graph_doc:
-        _graph_check(record, summary, "CUDA graph replays in their layers (cupti)", out / "report-graphed", graph_doc["steps"])
+        _graph_check(c.record, c.summary, "CUDA graph replays in their layers (cupti)", out / "report-graphed", graph_doc["steps"])
     elif (out / "cuda-graph.log").exists():
-        record("CUDA graph profile", "FAIL", (out / "cuda-graph.log").read_text().strip().splitlines()[-1][:300])
-    tagged_doc = load("cuda-graph-tagged.json")
+        c.record("CUDA graph profile", "FAIL", (out / "cuda-graph.log").read_text().strip().splitlines()[-1][:300])
+    tagged_doc = c.load("cuda-graph-tagged.json")
     if (out / "report-graph-nsys" / "layers").exists() and tagged_doc:
-        _graph_check(record, summary, "CUDA graph replays in their layers (nsys --cuda-graph-trace=node)", out / "report-graph-nsys",
+        _graph_check(c.record, c.summary, "CUDA graph replays in their layers (nsys --cuda-graph-trace=node)", out / "report-graph-nsys",
                      tagged_doc["steps"])
     elif (out / "graph-nsys-parse.log").exists() or (out / "graph-nsys.log").exists():
         log = out / ("graph-nsys-parse.log" if (out / "graph-nsys-parse.log").exists() else "graph-nsys.log")
-        record("CUDA graph under nsys", "FAIL", (log.read_text().strip().splitlines() or ["(empty log)"])[-1][:300])
+        c.record("CUDA graph under nsys", "FAIL", (log.read_text().strip().splitlines() or ["(empty log)"])[-1][:300])
 
-    ov = load("overhead.json")
+
+def check_collector_overhead(c: _Checked) -> None:
+    ov = c.load("overhead.json")
     if ov:
-        record("collector overhead", "info", f"{ov['overhead_pct']:+.1f}% on a {ov['model']} training step "
-               f"({ov['median_step_s_without'] * 1e3:.1f} → {ov['median_step_s_with'] * 1e3:.1f} ms, {ov['backend']})")
-        summary["overhead"] = ov
-    failed = [r for r in results if r["status"] == "FAIL"]
-    summary["failed"] = len(failed)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
-    print(f"gpu check: {len([r for r in results if r['status'] == 'ok'])} ok, {len(failed)} failed, "
-          f"{len([r for r in results if r['status'] == 'skip'])} skipped")
+        c.record("collector overhead", "info", f"{ov['overhead_pct']:+.1f}% on a {ov['model']} training step "
+                 f"({ov['median_step_s_without'] * 1e3:.1f} → {ov['median_step_s_with'] * 1e3:.1f} ms, {ov['backend']})")
+        c.summary["overhead"] = ov
+
+
+CHECKS = (check_copy_ceiling, check_cupti_probes, check_occupancy_vs_driver, check_profile_report, check_steps,
+          check_attention_ranges, check_bandwidth, check_per_implementation, check_heads_explain_layers, check_ncu_slice,
+          check_wrapped_runs, check_compiled, check_cuda_graphs, check_collector_overhead)
+"""The checks, in the order they run and print; each reads what the GPU steps left in OUT."""
+
+
+def check(out: Path) -> int:
+    """Run :data:`CHECKS` over OUT, write ``summary.json``; 1 when any failed (or the profile report is missing)."""
+    c = _Checked(out)
+    try:
+        for one in CHECKS:
+            one(c)
+    except _NoReport:
+        _write(out / "summary.json", c.summary)
+        return 1
+    failed = [r for r in c.results if r["status"] == "FAIL"]
+    c.summary["failed"] = len(failed)
+    (out / "summary.json").write_text(json.dumps(c.summary, indent=2, sort_keys=True, default=str))
+    print(f"gpu check: {len([r for r in c.results if r['status'] == 'ok'])} ok, {len(failed)} failed, "
+          f"{len([r for r in c.results if r['status'] == 'skip'])} skipped")
     return 1 if failed else 0
 
 
