@@ -98,7 +98,7 @@ class ShardResult:
 def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards: int, plan, options: ReadOptions) -> ShardResult:
     """Attribute and stage one shard of a large nsys export (:func:`headcount.build.nsys_shard`)
     as the pieces ``part-s<shard>`` of run ``run_id``; the parent finishes the run."""
-    from headcount import build, env
+    from headcount import build, env, parse_file
     from headcount.reports import dataset
 
     env.release_freed_memory()
@@ -106,7 +106,8 @@ def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards
     attention, steps = None, []
     try:
         with dataset.StagedRun(out, run_id, meta, part=f"s{shard}", manifest=False) as staged:
-            for name, frame in build.nsys_shard(Path(path), plan, shard, shards, counts, options):
+            for name, frame in build.nsys_shard(Path(path), plan, shard, shards, options):
+                parse_file.tally(counts, name, frame)
                 if name == "attention":
                     attention = frame
                 else:
@@ -148,7 +149,7 @@ def _metadata(path: str, run_id: str, source: str, version, device, notices: lis
 
 def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResult]) -> FileResult:
     """The shards of one file are staged: add its layers, heads, findings and runs rows (or report the first error)."""
-    from headcount import build
+    from headcount import build, parse_file
     from headcount.reports import dataset
     from headcount.reports.metadata import runs_row
 
@@ -166,7 +167,7 @@ def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResul
     except HeadcountError as exc:
         return FileResult(path, run_id, **_failure(path, exc))
     counts = {k: sum(r.counts.get(k, 0) for r in parts) for k in ("kernels", "ranges", "attributed")}
-    return FileResult(path, run_id, build.nsys_lines(path, counts, f" ({len(parts)} shards in parallel)"))
+    return FileResult(path, run_id, parse_file.nsys_lines(path, counts, f" ({len(parts)} shards in parallel)"))
 
 
 def _cores() -> int:

@@ -13,26 +13,23 @@
   class, launch summary, findings: one way for all);
 - :func:`nsys_pieces`: an nsys export's tables process by process (``parse``
   and ``run --backend nsys`` read exports only this way);
-- ``from_*`` (end of the module): one file of ``headcount parse`` →
-  :class:`Parsed`, the functions :data:`headcount.sources.FILE_SOURCES` names.
+- one file of ``headcount parse`` (read, built, and the lines the user sees)
+  is :mod:`headcount.parse_file`.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pandas as pd
 
-from headcount import signals
 from headcount.attribute import attribution, graphs, labels, nesting, untagged
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling, timeline, triage
 from headcount.device import Device
-from headcount.errors import HeadcountError, NothingRecorded
+from headcount.errors import HeadcountError
 from headcount.naming import DOMAIN, STEP_DOMAIN, parse_path
 from headcount.parsers import ncu_metrics, nsys_sqlite
 from headcount.parsers.options import ReadOptions
@@ -57,7 +54,7 @@ class Built:
     info: dict = field(default_factory=dict)
 
 
-def finished(tables: dict[str, pd.DataFrame], run_id: str, device: dict | None = None, calls=None,
+def finished(tables: dict[str, pd.DataFrame], run_id: str, device: Device | None = None, calls=None,
              notices: list[str] | None = None, info: dict | None = None) -> Built:
     """How every build ends: each table gets its ``run_id``, the layers and heads
     their ``roofline_class`` (:func:`add_roofline`), the run its launch summary
@@ -470,14 +467,14 @@ def _profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: str = "unknown",
-                     device: dict | None = None) -> Built:
+                     device: Device | None = None) -> Built:
     """Build headcount's tables from an nsys export held in memory
     (:func:`headcount.parsers.nsys_sqlite.read_export`): :func:`nsys_pieces`
     of the one timeline, gathered into whole tables."""
     return gathered([export], run_id, calls, implementation, device, export.devices, export.gpu_metrics)
 
 
-def gathered(parts, run_id: str, calls=None, implementation: str = "unknown", device: dict | None = None,
+def gathered(parts, run_id: str, calls=None, implementation: str = "unknown", device: Device | None = None,
              devices: pd.DataFrame | None = None, gpu_metrics: pd.DataFrame | None = None, release: bool = False) -> Built:
     """:func:`nsys_pieces` of ``parts`` (see there) gathered into whole tables."""
     tables: dict[str, list[pd.DataFrame]] = {}
@@ -490,7 +487,7 @@ def gathered(parts, run_id: str, calls=None, implementation: str = "unknown", de
     return finished(whole, run_id, device, calls, notices)
 
 
-def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: dict | None = None,
+def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: Device | None = None,
                 devices: pd.DataFrame | None = None, gpu_metrics: pd.DataFrame | None = None, release: bool = False,
                 notices: list[str] | None = None):
     """Headcount's tables from an nsys export, one process at a time.
@@ -560,7 +557,7 @@ def run_findings(steps: list[pd.DataFrame], layers: pd.DataFrame, heads: pd.Data
     return with_findings({"steps": _concat(steps), "layers": layers, "heads": heads})["findings"]
 
 
-def nsys_aggregates(attention: list[pd.DataFrame], calls=None, device: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def nsys_aggregates(attention: list[pd.DataFrame], calls=None, device: Device | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``layers`` and ``heads`` from the attention ranges of every process, with ``roofline_class`` for ``device``."""
     attention = [a for a in attention if len(a.columns)] or attention[:1]
     ranges_table = pd.concat(attention, ignore_index=True) if len(attention) > 1 else attention[0]
@@ -578,15 +575,14 @@ def nsys_aggregates(attention: list[pd.DataFrame], calls=None, device: dict | No
     return layers, heads
 
 
-def nsys_shard(path: Path, plan, shard: int, shards: int, counts: dict, options: ReadOptions = ReadOptions()):
+def nsys_shard(path: Path, plan, shard: int, shards: int, options: ReadOptions = ReadOptions()):
     """One shard of a large export (the processes whose id is ``shard`` modulo
     ``shards``), for a worker process: ``ranges``, ``kernels`` and ``steps`` pieces, then
     ``("attention", its attention ranges)`` for :func:`nsys_aggregates` in the
-    parent (which also gets the ``steps`` rows back, for the findings). ``counts`` gets the rows (:func:`tally`)."""
+    parent (which also gets the ``steps`` rows back, for the findings)."""
     attention: list[pd.DataFrame] = []
     parts = nsys_processes(path, plan, (shard, shards), options)
     for name, frame in _process_pieces(parts, None, "unknown", plan.devices, plan.gpu_metrics, attention, set(), release=True):
-        tally(counts, name, frame)
         yield name, frame
         del frame
     if not attention:  # no process id falls in this shard
@@ -607,20 +603,6 @@ def nsys_processes(path: Path, plan, shard: tuple[int, int] | None = None, optio
     export = nsys_sqlite.read_export(path, plan=plan, shard=shard, options=options)
     if len(export.ranges) or len(export.gpu):
         yield from nsys_sqlite.by_process(export)
-
-
-def tally(counts: dict, name: str, frame: pd.DataFrame) -> None:
-    """Add a piece's rows to ``counts``: ``kernels``, ``ranges`` and ``attributed`` (ranges with GPU work)."""
-    if name in ("kernels", "ranges"):
-        counts[name] = counts.get(name, 0) + len(frame)
-    if name == "ranges":
-        counts["attributed"] = counts.get("attributed", 0) + int((frame["gpu_op_count"] > 0).sum())
-
-
-def nsys_lines(path, counts: dict, extra: str = "") -> list[str]:
-    """The progress lines of a parsed nsys export from its :func:`tally`."""
-    lines = [] if counts.get("attributed") else [f"{path}: no GPU operation was launched inside an NVTX range"]
-    return [*lines, f"{path}: {counts.get('kernels', 0)} GPU operations, {counts.get('ranges', 0)} NVTX ranges{extra}"]
 
 
 def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_metrics,
@@ -672,7 +654,7 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
     return ranges_table, k, steps_of(k, syncs, steps, ranges_table, implementation, attention_found)
 
 
-def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: dict | None = None) -> Built:
+def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: Device | None = None) -> Built:
     """Build headcount's tables from ncu kernels (:mod:`headcount.parsers.ncu_csv`,
     :mod:`headcount.parsers.ncu_rep`).
 
@@ -737,108 +719,3 @@ def add_roofline(tables: dict, device: Device | None, calls=None, measured_gbps:
         if table_name in tables and len(tables[table_name]):
             tables[table_name]["roofline_class"] = devices.roofline_class(tables[table_name], name, dtype, ceiling)
     return tables
-
-
-# ---------------------------------------------------------------- files (headcount parse; see headcount.sources)
-@dataclass
-class Parsed:
-    """One file read and built: the tables of one run and what the run metadata needs.
-
-    Attributes:
-        tables: ``kernels``, ``ranges``, ``layers``, ``heads`` (and whatever else the build gives).
-        device: the recording's device (``None``: the file does not say).
-        version: the recording tool's version, where the file says.
-        lines: one-line facts for the progress output (complete once :meth:`pieces` is consumed).
-        notices: what the reader should know (printed as notices, kept in the metadata).
-        stream: instead of ``tables``, the tables in pieces (``(name, DataFrame)``),
-            built while they are consumed (large recordings, one process at a time).
-    """
-
-    tables: dict[str, pd.DataFrame]
-    device: dict | None = None
-    version: str | None = None
-    lines: list[str] = field(default_factory=list)
-    notices: list[str] = field(default_factory=list)
-    stream: Iterator[tuple[str, pd.DataFrame]] | None = None
-
-    def pieces(self) -> Iterator[tuple[str, pd.DataFrame]]:
-        """``(table name, rows)`` to write, in order; consumed once."""
-        if self.stream is not None:
-            yield from self.stream
-        else:
-            yield from self.tables.items()
-
-
-def _nsys_file(path: Path, export: AbstractContextManager, options: ReadOptions) -> Parsed:
-    """An nsys export (``export`` yields its path, and cleans up when the pieces are consumed)."""
-    stack = ExitStack()
-    try:
-        sqlite = stack.enter_context(export)
-        plan = nsys_sqlite.plan_export(sqlite)
-    except BaseException:
-        stack.close()
-        raise
-    if plan.empty:
-        stack.close()
-        raise NothingRecorded(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
-    parsed = Parsed({}, nsys_sqlite.describe_device(plan.devices, plan.gpu_devices), plan.meta.get("EXPORT_PRODUCT_VERSION"))
-    parsed.stream = _nsys_stream(path, sqlite, plan, parsed.lines, stack, parsed.notices, options)
-    return parsed
-
-
-def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitStack, notices: list[str], options: ReadOptions):
-    counts: dict = {}
-    with stack:
-        for name, frame in nsys_pieces(nsys_processes(sqlite, plan, options=options), devices=plan.devices, gpu_metrics=plan.gpu_metrics,
-                                       release=True, notices=notices):
-            tally(counts, name, frame)
-            yield name, frame
-            del frame  # the consumer is done with it: not held while the next process is built
-    lines.extend(nsys_lines(path, counts))
-
-
-def from_nsys_export(path: Path, run_id: str, options: ReadOptions) -> Parsed:
-    return _nsys_file(path, nullcontext(path), options)
-
-
-def from_nsys_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
-    from headcount.parsers.nsys_rep import exported
-
-    return _nsys_file(path, exported(path), options)
-
-
-def _ncu_file(path: Path, run_id: str, options: ReadOptions, read) -> Parsed:
-    kernels = read(path)
-    built = tables_from_ncu(kernels, run_id)
-    device = ncu_metrics.run_device(kernels)
-    k = built.tables["kernels"]
-    return Parsed(built.tables, device, None, [f"{path}: {len(k)} kernels, {int(k['incomplete'].sum())} incomplete, "
-                                               f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"], built.notices)
-
-
-def from_ncu_csv(path: Path, run_id: str, options: ReadOptions) -> Parsed:
-    from headcount.parsers import ncu_csv
-
-    return _ncu_file(path, run_id, options, lambda p: ncu_csv.read_csv(p, locale=options.locale))
-
-
-def from_ncu_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
-    from headcount.parsers import ncu_rep
-
-    return _ncu_file(path, run_id, options, ncu_rep.read_report)
-
-
-def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
-    from headcount.parsers import kineto
-
-    trace = kineto.read_trace(path)
-    built = tables_from_kineto(trace, run_id)
-    tables, notices = built.tables, built.notices
-    device = kineto.run_device(trace["devices"]) or Device("cpu")
-    layers = tables["layers"]
-    found = signals.kinds_in(layers["signal"]) if "signal" in layers else []
-    how = f"found by {'/'.join(found)} names" if found else "from headcount's ranges"
-    return Parsed(tables, device, None, [f"{path}: {int((tables['kernels']['kind'] == 'kernel').sum())} kernels, "
-                                         f"{len(layers)} layer rows {how}"], notices)
-
-

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from headcount import build
+from headcount import parse_file
 from headcount.errors import HeadcountError
+from headcount.parsers.options import ReadOptions
 
 # in-process recorders (AttentionProfiler, headcount profile): name → what it gives
 RECORDERS = {
@@ -37,7 +38,7 @@ class FileSource:
         name: the ``runs.source`` value (``nsys``, ``ncu``, ``torch``).
         label: what the file is, for messages.
         suffixes: lower-case name endings it is chosen by (a directory: ``directory``).
-        parse: ``(path, run_id, options) →`` :class:`headcount.build.Parsed` (``options``: a
+        parse: ``(path, run_id, options) →`` :class:`headcount.parse_file.Parsed` (``options``: a
             :class:`~headcount.parsers.options.ReadOptions`); raises HeadcountError on bad input.
         directory: the format is a directory.
         splits: a large file can be split by process across workers (:func:`headcount.build.nsys_shard`).
@@ -46,18 +47,18 @@ class FileSource:
     name: str
     label: str
     suffixes: tuple[str, ...]
-    parse: Callable[[Path, str, dict], build.Parsed]
+    parse: Callable[[Path, str, ReadOptions], parse_file.Parsed]
     directory: bool = False
     splits: bool = False
 
 
 FILE_SOURCES: list[FileSource] = [
-    FileSource("nsys", "nsys SQLite export", (".sqlite", ".sqlite3", ".db"), build.from_nsys_export, splits=True),
-    FileSource("nsys", "nsys parquetdir export", (), build.from_nsys_export, directory=True, splits=True),
-    FileSource("nsys", ".nsys-rep report (exported by the nsys on PATH)", (".nsys-rep",), build.from_nsys_rep),
-    FileSource("ncu", "ncu CSV export (raw or details page)", (".csv",), build.from_ncu_csv),
-    FileSource("ncu", ".ncu-rep report (read with ncu_report)", (".ncu-rep",), build.from_ncu_rep),
-    FileSource("torch", "torch.profiler trace (Chrome JSON, plain or gzip)", (".json", ".json.gz"), build.from_torch_trace),
+    FileSource("nsys", "nsys SQLite export", (".sqlite", ".sqlite3", ".db"), parse_file.from_nsys_export, splits=True),
+    FileSource("nsys", "nsys parquetdir export", (), parse_file.from_nsys_export, directory=True, splits=True),
+    FileSource("nsys", ".nsys-rep report (exported by the nsys on PATH)", (".nsys-rep",), parse_file.from_nsys_rep),
+    FileSource("ncu", "ncu CSV export (raw or details page)", (".csv",), parse_file.from_ncu_csv),
+    FileSource("ncu", ".ncu-rep report (read with ncu_report)", (".ncu-rep",), parse_file.from_ncu_rep),
+    FileSource("torch", "torch.profiler trace (Chrome JSON, plain or gzip)", (".json", ".json.gz"), parse_file.from_torch_trace),
 ]
 
 

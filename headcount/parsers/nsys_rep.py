@@ -1,5 +1,5 @@
 """``.nsys-rep`` reports: exported to SQLite by the ``nsys`` on PATH, then read
-by :mod:`headcount.parsers.nsys_sqlite`.
+process by process as any export (:func:`headcount.build.nsys_processes`).
 
 A report written by a newer nsys cannot be opened by an older one; nsys's own
 message is passed on with the hint to export on the machine that recorded it.
@@ -14,7 +14,6 @@ from pathlib import Path
 
 from headcount import nsight
 from headcount.errors import HeadcountError
-from headcount.parsers.nsys_sqlite import read_export
 
 
 @contextmanager
@@ -46,14 +45,3 @@ def exported(path: str | Path, timeout_s: int = 1800):
                 hint="a report from a newer nsys needs that nsys: export it to SQLite where it was recorded",
             )
         yield out
-
-
-def read_report(path: str | Path, timeout_s: int = 1800):
-    """Export ``path`` to SQLite (:func:`exported`) and read it whole
-    (:func:`~headcount.parsers.nsys_sqlite.read_export`).
-
-    Raises:
-        HeadcountError: see :func:`exported` and :func:`~headcount.parsers.nsys_sqlite.read_export`.
-    """
-    with exported(path, timeout_s) as out:
-        return read_export(out)

@@ -1,0 +1,143 @@
+"""One file of ``headcount parse``: read, built (:mod:`headcount.build`), and said.
+
+The functions :data:`headcount.sources.FILE_SOURCES` names, one per kind of
+file: each reads the file with its parser, builds its tables with the one
+composition of the stages, and returns a :class:`Parsed` with the device and
+tool version the file names, its notices, and the progress lines the user
+sees (``headcount parse`` prints them; a large nsys export's lines are known
+once its pieces are consumed).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import pandas as pd
+
+from headcount import signals
+from headcount.build import nsys_pieces, nsys_processes, tables_from_kineto, tables_from_ncu
+from headcount.device import Device
+from headcount.errors import NothingRecorded
+from headcount.parsers import ncu_metrics, nsys_sqlite
+from headcount.parsers.options import ReadOptions
+
+
+def tally(counts: dict, name: str, frame: pd.DataFrame) -> None:
+    """Add a piece's rows to ``counts``: ``kernels``, ``ranges`` and ``attributed`` (ranges with GPU work)."""
+    if name in ("kernels", "ranges"):
+        counts[name] = counts.get(name, 0) + len(frame)
+    if name == "ranges":
+        counts["attributed"] = counts.get("attributed", 0) + int((frame["gpu_op_count"] > 0).sum())
+
+
+def nsys_lines(path, counts: dict, extra: str = "") -> list[str]:
+    """The progress lines of a parsed nsys export from its :func:`tally`."""
+    lines = [] if counts.get("attributed") else [f"{path}: no GPU operation was launched inside an NVTX range"]
+    return [*lines, f"{path}: {counts.get('kernels', 0)} GPU operations, {counts.get('ranges', 0)} NVTX ranges{extra}"]
+
+
+@dataclass
+class Parsed:
+    """One file read and built: the tables of one run and what the run metadata needs.
+
+    Attributes:
+        tables: ``kernels``, ``ranges``, ``layers``, ``heads`` (and whatever else the build gives).
+        device: the recording's device (``None``: the file does not say).
+        version: the recording tool's version, where the file says.
+        lines: one-line facts for the progress output (complete once :meth:`pieces` is consumed).
+        notices: what the reader should know (printed as notices, kept in the metadata).
+        stream: instead of ``tables``, the tables in pieces (``(name, DataFrame)``),
+            built while they are consumed (large recordings, one process at a time).
+    """
+
+    tables: dict[str, pd.DataFrame]
+    device: Device | None = None
+    version: str | None = None
+    lines: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    stream: Iterator[tuple[str, pd.DataFrame]] | None = None
+
+    def pieces(self) -> Iterator[tuple[str, pd.DataFrame]]:
+        """``(table name, rows)`` to write, in order; consumed once."""
+        if self.stream is not None:
+            yield from self.stream
+        else:
+            yield from self.tables.items()
+
+
+def _nsys_file(path: Path, export: AbstractContextManager, options: ReadOptions) -> Parsed:
+    """An nsys export (``export`` yields its path, and cleans up when the pieces are consumed)."""
+    stack = ExitStack()
+    try:
+        sqlite = stack.enter_context(export)
+        plan = nsys_sqlite.plan_export(sqlite)
+    except BaseException:
+        stack.close()
+        raise
+    if plan.empty:
+        stack.close()
+        raise NothingRecorded(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
+    parsed = Parsed({}, nsys_sqlite.describe_device(plan.devices, plan.gpu_devices), plan.meta.get("EXPORT_PRODUCT_VERSION"))
+    parsed.stream = _nsys_stream(path, sqlite, plan, parsed.lines, stack, parsed.notices, options)
+    return parsed
+
+
+def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitStack, notices: list[str], options: ReadOptions):
+    counts: dict = {}
+    with stack:
+        for name, frame in nsys_pieces(nsys_processes(sqlite, plan, options=options), devices=plan.devices, gpu_metrics=plan.gpu_metrics,
+                                       release=True, notices=notices):
+            tally(counts, name, frame)
+            yield name, frame
+            del frame  # the consumer is done with it: not held while the next process is built
+    lines.extend(nsys_lines(path, counts))
+
+
+def from_nsys_export(path: Path, run_id: str, options: ReadOptions) -> Parsed:
+    return _nsys_file(path, nullcontext(path), options)
+
+
+def from_nsys_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
+    from headcount.parsers.nsys_rep import exported
+
+    return _nsys_file(path, exported(path), options)
+
+
+def _ncu_file(path: Path, run_id: str, options: ReadOptions, read) -> Parsed:
+    kernels = read(path)
+    built = tables_from_ncu(kernels, run_id)
+    device = ncu_metrics.run_device(kernels)
+    k = built.tables["kernels"]
+    return Parsed(built.tables, device, None, [f"{path}: {len(k)} kernels, {int(k['incomplete'].sum())} incomplete, "
+                                               f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"], built.notices)
+
+
+def from_ncu_csv(path: Path, run_id: str, options: ReadOptions) -> Parsed:
+    from headcount.parsers import ncu_csv
+
+    return _ncu_file(path, run_id, options, lambda p: ncu_csv.read_csv(p, locale=options.locale))
+
+
+def from_ncu_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
+    from headcount.parsers import ncu_rep
+
+    return _ncu_file(path, run_id, options, ncu_rep.read_report)
+
+
+def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
+    from headcount.parsers import kineto
+
+    trace = kineto.read_trace(path)
+    built = tables_from_kineto(trace, run_id)
+    tables, notices = built.tables, built.notices
+    device = kineto.run_device(trace["devices"]) or Device("cpu")
+    layers = tables["layers"]
+    found = signals.kinds_in(layers["signal"]) if "signal" in layers else []
+    how = f"found by {'/'.join(found)} names" if found else "from headcount's ranges"
+    return Parsed(tables, device, None, [f"{path}: {int((tables['kernels']['kind'] == 'kernel').sum())} kernels, "
+                                         f"{len(layers)} layer rows {how}"], notices)
+
+
