@@ -107,7 +107,7 @@ class AttentionProfiler:
             stand a replay of recorded CUPTI records in for the GPU this way).
         attention_stats: also compute per-head attention statistics
             (entropy, max attention, top-k mass, effective tokens; see
-            :mod:`headcount.derive.attention_stats`) into
+            :mod:`headcount.tagging.attention_stats`) into
             ``get_stats()["attention_stats"]``; ``True`` or the collector's
             options (``{"rows": 64, "top_k": 5, "every": 1}``). Off by default:
             it launches work of its own.

@@ -92,7 +92,7 @@ def _split_domains(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return ranges, events[~ours & (events["kind"] != "range")].copy()
 
 
-def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id: str, source: str = "torch",
+def tables_from_events(events: pd.DataFrame, calls, implementation: str, source: str = "torch",
                        limits=None, pm_samples: pd.DataFrame | None = None,
                        exclude_steps=(), graph_nodes: dict[int, int] | None = None,
                        void_steps: tuple[str, ...] = ()) -> dict[str, pd.DataFrame]:
@@ -108,7 +108,6 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, run_id:
         calls: the tagger's :class:`~headcount.call_log.CallLog` list.
         implementation: attention implementation of the session (fills rows the
             call log does not name, e.g. operators outside attention).
-        run_id: identifier stored in every row.
         source: the ``source`` column of the kernels table.
         limits: the device's :class:`~headcount.derive.occupancy.SmLimits`
             (theoretical occupancy is null without them).
@@ -356,7 +355,7 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
                    "profiling began): they count for the range around the graph launch, usually none; capture the "
                    "graph inside the profiled block to attribute them to their layers")
     info["notices"] += new
-    tables = tables_from_events(cupti_records.events_frame(header, records), calls, implementation, run_id,
+    tables = tables_from_events(cupti_records.events_frame(header, records), calls, implementation,
                                 source="cupti", limits=limits, pm_samples=pm, exclude_steps=exclude_steps,
                                 graph_nodes=graph_nodes, void_steps=void_steps)
     return finished(tables, run_id, device, calls, new, info)
@@ -369,7 +368,7 @@ def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None
     :func:`tables_from_cupti` (``nvtx_tagged`` unused: the trace holds no NVTX marker records)."""
     from headcount.parsers.kineto import load_trace
 
-    tables = tables_from_events(load_trace(path), calls, implementation, run_id, limits=limits, exclude_steps=exclude_steps,
+    tables = tables_from_events(load_trace(path), calls, implementation, limits=limits, exclude_steps=exclude_steps,
                                 void_steps=void_steps)
     return finished(tables, run_id, device, calls)
 
@@ -427,7 +426,7 @@ def tables_from_kineto(trace: dict, run_id: str) -> Built:
                        "record with `--backend cupti` or `nsys --cuda-graph-trace=node` to attribute them to their layers")
     device = kineto.run_device(trace.get("devices") or [])
     limits = device.limits() if device else None
-    tables = tables_from_events(events, calls, implementation_of(calls), run_id, source="torch", limits=limits)
+    tables = tables_from_events(events, calls, implementation_of(calls), source="torch", limits=limits)
     untagged_provenance(tables, tables["ranges"])
     return finished(tables, run_id, device, calls, notices)
 

@@ -35,7 +35,7 @@ def test_kernels_follow_their_launch_not_their_execution():
     ]
     shape = CallShape("sdpa", 2, 8, 2, 16, 16, 64, 64, "bfloat16", 2, True)
     calls = [CallLog(1, "fwd", "layer.0", 0, None, None, shape, "M")]
-    tables = tables_from_events(events_frame(events), calls, "sdpa", "r1")
+    tables = tables_from_events(events_frame(events), calls, "sdpa")
     kernels = tables["kernels"]
     flash = kernels[kernels.name == "flash_fwd_kernel"].iloc[0]
     assert flash.nvtx_path == "fwd/layer.0" and flash.phase == "fwd" and flash.layer == 0
