@@ -18,7 +18,7 @@ import pandas as pd
 
 from headcount.build import gathered, implementation_of, nsys_processes, tables_from_cupti, tables_from_ncu
 from headcount.device import Device
-from headcount.errors import HeadcountError, notice
+from headcount.errors import HeadcountError, NothingRecorded, notice
 from headcount.parsers import ncu_metrics, nsys_sqlite
 from headcount.wrap import child as child_report
 
@@ -66,14 +66,16 @@ def from_nsys(sqlite: Path, children: list[dict], run_id: str) -> list[RankRun]:
     (:func:`headcount.build.nsys_processes`): one run per tagged process, with its call log.
 
     Raises:
-        HeadcountError: the export is unreadable.
+        HeadcountError: the export is unreadable, or holds neither NVTX ranges nor GPU activity.
     """
     plan = nsys_sqlite.plan_export(sqlite)
+    if plan.empty:
+        raise NothingRecorded("nsys recorded neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     if not children:
         built = gathered(nsys_processes(sqlite, plan), run_id, devices=plan.devices, gpu_metrics=plan.gpu_metrics, release=True)
         return [RankRun(run_id, 0, built.tables, {"notices": ["no tagged process reported back: NVTX ranges only, no layers"]})]
     wanted = {str(child["pid"]): (child, rid) for child, rid in zip(children, _run_ids(run_id, children))}
-    built: dict[str, RankRun] = {}
+    runs: dict[str, RankRun] = {}
     for part in nsys_processes(sqlite, plan):
         pid = nsys_sqlite.process_of(part)
         if pid not in wanted or not len(part.ranges):  # a process the program did not tag (a tool, a data loader)
@@ -82,8 +84,8 @@ def from_nsys(sqlite: Path, children: list[dict], run_id: str) -> list[RankRun]:
         impl = implementation_of(child["calls"])
         tables = gathered([part], rid, child["calls"], impl, Device.from_dict(child.get("device")), plan.devices, plan.gpu_metrics,
                           release=True).tables
-        built[pid] = RankRun(rid, child["rank"], tables, {**_info(child), "implementation": impl})
-    return [built.get(pid) or RankRun(rid, child["rank"], {}, {**_info(child), "notices": [
+        runs[pid] = RankRun(rid, child["rank"], tables, {**_info(child), "implementation": impl})
+    return [runs.get(pid) or RankRun(rid, child["rank"], {}, {**_info(child), "notices": [
         *child["notices"], f"nsys recorded no NVTX range of process {pid}"]}) for pid, (child, rid) in wanted.items()]
 
 
