@@ -82,9 +82,10 @@ def from_nsys(sqlite: Path, children: list[dict], run_id: str) -> list[RankRun]:
             continue
         child, rid = wanted[pid]
         impl = implementation_of(child["calls"])
-        tables = gathered([part], rid, child["calls"], impl, Device.from_dict(child.get("device")), plan.devices, plan.gpu_metrics,
-                          release=True).tables
-        runs[pid] = RankRun(rid, child["rank"], tables, {**_info(child), "implementation": impl})
+        built = gathered([part], rid, child["calls"], impl, Device.from_dict(child.get("device")), plan.devices, plan.gpu_metrics,
+                         release=True)
+        runs[pid] = RankRun(rid, child["rank"], built.tables, {**_info(child), "implementation": impl,
+                                                               "notices": [*child["notices"], *built.notices]})
     return [runs.get(pid) or RankRun(rid, child["rank"], {}, {**_info(child), "notices": [
         *child["notices"], f"nsys recorded no NVTX range of process {pid}"]}) for pid, (child, rid) in wanted.items()]
 
