@@ -265,12 +265,7 @@ class AttentionProfiler:
 
     def _begin(self) -> None:
         """Start a recording window: the recorder and the tagger, and the step range."""
-        previous = self._window
-        if self._windows and previous.stats is None and self.on_ready is None and previous.recorder is not None \
-                and previous.failure is None:
-            notice(f"recording window {self._windows} was not read before window {self._windows + 1} began and is "
-                   "dropped: pass on_ready= to read or save each window")
-            previous.recorder.cleanup()
+        previous = self._window  # kept until this window holds a call (an empty one gives it back: _end)
         run_id = f"{self._base_run_id}.{self._windows}" if self._windows else self._base_run_id
         self._windows += 1
         window = self._window = _Window(run_id, self.step_num, previous=previous)
@@ -321,9 +316,21 @@ class AttentionProfiler:
             self._window = window.previous  # the previous window's tables stay readable
             self._windows -= 1
             return
+        self._drop(window.previous)
         window.previous = None  # not held once this window holds calls
         if self.on_ready is not None:
             self.on_ready(self)
+
+    def _drop(self, window: "_Window | None") -> None:
+        """Let an earlier window go once a later one holds calls: its recording is removed,
+        with a notice when nobody read it (no ``on_ready``, no :meth:`get_stats`)."""
+        if window is None or window.recorder is None or window.failure is not None or window.trace_path is None:
+            return
+        if window.stats is None and self.on_ready is None:
+            notice(f"recording window {self._windows - 1} was not read before window {self._windows} recorded and is "
+                   "dropped: pass on_ready= to read or save each window")
+        if window.recorder is not self._window.recorder:  # a recorder given to the profiler serves every window
+            window.recorder.cleanup()
 
     def _print_notices(self) -> None:
         """Print the recorder's notices not printed yet."""

@@ -36,6 +36,24 @@ def test_a_schedule_records_exactly_its_active_steps():
     assert (bd["calls"] == 2).all()  # 2 active steps, one call per layer and phase each
 
 
+@pytest.mark.parametrize("repeat, steps, last", [(0, 6, {2, 3}), (2, 10, {6, 7})])
+def test_after_the_block_the_last_active_window_is_read(repeat, steps, last, tmp_path, capsys):
+    """torch.profiler's habit without on_ready: get_stats() and save() after the block give the last window
+    that recorded. repeat=0 (repeat forever) opens a window at the loop's last prof.step() that records
+    nothing: the window before it is the one read (its recording was deleted when the empty one began)."""
+    model, inputs = llama_model("sdpa"), inputs_for("llama_gqa")
+    prof = AttentionProfiler(model, schedule=torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=repeat))
+    with prof:
+        for _ in range(steps):
+            model(**inputs).loss.backward()
+            prof.step()
+    assert _steps(prof.get_stats()) == last
+    out = prof.save(tmp_path / "r")
+    assert set(pd.read_parquet(out / "kernels")["step"].dropna().astype(int)) == last
+    if repeat == 2:  # the first window was recorded and never read: said once the second one recorded
+        assert "recording window 1 was not read before window 2 recorded" in capsys.readouterr().err
+
+
 def test_repeated_windows_are_runs_of_their_own(tmp_path):
     model, inputs = llama_model("sdpa"), inputs_for("llama_gqa")
     ready = []
