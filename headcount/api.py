@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from headcount import env
-from headcount.build import NO_ATTENTION, implementation_of, tables_from_cupti, tables_from_torch
+from headcount.build import NO_ATTENTION, Recording, implementation_of, tables_from_recording
 from headcount.collector import Recorder, cupti_source
 from headcount.collector.compile_watch import CompileWatch
 from headcount.collector.torch_source import TorchRecorder
@@ -25,7 +25,6 @@ from headcount.naming import STEP_DOMAIN
 from headcount.reports import dataset
 from headcount.reports.metadata import device_info, new_run_id, run_metadata, runs_row
 from headcount.sources import RECORDERS
-from headcount.tables import WRITTEN
 from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
 from headcount.tagging.tagger import MODES, AttentionTagger
 
@@ -448,15 +447,38 @@ class AttentionProfiler:
             window.stats = self._built(window)
         return window.stats
 
-    def _built(self, window: "_Window") -> dict[str, pd.DataFrame]:
-        """The window's recording through the build its recorder's file takes (:data:`RECORDING_TABLES`)."""
+    def recording(self) -> Recording:
+        """This window's recording with everything its build needs, picklable (a worker process can build it:
+        :func:`headcount.build.tables_from_recording`).
+
+        Raises:
+            HeadcountError: nothing was recorded, or the window has not ended.
+        """
+        window = self._window
+        if window.failure is not None:
+            raise HeadcountError(f"nothing was recorded: {window.failure.message}", hint=window.failure.hint,
+                                 exit_code=window.failure.exit_code)
+        if window.trace_path is None:
+            raise HeadcountError("no profile recorded yet", hint="call get_stats() after the `with profiler:` block")
         device = self.device_info()
         window.compiled_steps = self._compiled_steps()
-        recorder = window.recorder
-        built = RECORDING_TABLES[recorder.writes](
-            window.trace_path, window.tagger.calls, window.run_id, self.implementation,
-            recorder.device_limits or device.limits(), nvtx_tagged=window.tagger.emitter.use_nvtx, device=device,
-            exclude_steps=window.compiled_steps, void_steps=tuple(window.void_steps))
+        return Recording(window.recorder.writes, window.trace_path, window.tagger.calls, window.run_id, self.implementation,
+                         window.recorder.device_limits or device.limits(), device, window.tagger.emitter.use_nvtx,
+                         tuple(window.compiled_steps), tuple(window.void_steps))
+
+    def attention_statistics(self) -> pd.DataFrame | None:
+        """The window's per-head attention statistics (with ``attention_stats=``), else ``None``."""
+        window = self._window
+        if window.stats_collector is None:
+            return None
+        table = window.stats_collector.table()
+        table.insert(0, "implementation", self.implementation)
+        table.insert(0, "run_id", window.run_id)
+        return table
+
+    def _built(self, window: "_Window") -> dict[str, pd.DataFrame]:
+        """The window's recording built (:func:`headcount.build.tables_from_recording`), its notices said."""
+        built = tables_from_recording(self.recording())
         window.collector_info = built.info or None
         for line in built.notices:
             notice(line)
@@ -464,12 +486,10 @@ class AttentionProfiler:
         if not len(stats["layers"]):
             notice(f"{NO_ATTENTION} (no attention call was tagged in the profiled block: run a transformers model, or a "
                    "function decorated with headcount.tag_attention, inside `with profiler:`)")
-        if window.stats_collector is not None:
-            table = window.stats_collector.table()
-            table.insert(0, "implementation", self.implementation)
-            table.insert(0, "run_id", window.run_id)
-            stats["attention_stats"] = table
-        recorder.cleanup()
+        statistics = self.attention_statistics()
+        if statistics is not None:
+            stats["attention_stats"] = statistics
+        window.recorder.cleanup()
         return stats
 
     def device_info(self) -> Device:
@@ -507,10 +527,7 @@ class AttentionProfiler:
                 ``append``/``force``), is not writable, or nothing was recorded.
         """
         stats = self.get_stats()
-        tables = {name: stats[name] for name in (*WRITTEN, "attention_stats") if name in stats}
-        tables["runs"] = self.runs_table()
-        with dataset.spelled_for_python():
-            return dataset.write_run(out, self.run_id, tables, self.run_metadata(), append=append, force=force)
+        return dataset.write_stats(out, self.run_id, stats, self.run_metadata(), append=append, force=force)
 
 
 @dataclass
@@ -553,8 +570,7 @@ class _Window:
     compiled_steps: list[int] = field(default_factory=list)
 
 
-RECORDING_TABLES = {"kineto": tables_from_torch, "cupti-records": tables_from_cupti}
-"""What each kind of in-process recording (:attr:`~headcount.collector.Recorder.writes`) is built by."""
+
 
 
 class _Step:

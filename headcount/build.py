@@ -718,3 +718,37 @@ def add_roofline(tables: dict, device: Device | None, calls=None, measured_gbps:
         if table_name in tables and len(tables[table_name]):
             tables[table_name]["roofline_class"] = devices.roofline_class(tables[table_name], name, dtype, ceiling)
     return tables
+
+
+@dataclass
+class Recording:
+    """One in-process recording window, ready to be built here or in a worker process (picklable, torch-free).
+
+    Attributes:
+        writes: what the recorder wrote (:attr:`headcount.collector.Recorder.writes`): ``kineto`` or ``cupti-records``.
+        path: the recording.
+        calls: the tagger's call log of the window, sizes worked out (:class:`~headcount.call_log.CallLog`).
+        run_id, implementation: the window's run and the attention implementation it ran.
+        limits: the GPU's SM limits (``None``: theoretical occupancy null); device: where the work ran.
+        nvtx_tagged: headcount's ranges were also NVTX ranges (cupti: marker records were to be expected).
+        exclude_steps, void_steps: as :func:`tables_from_events`.
+    """
+
+    writes: str
+    path: Path
+    calls: list
+    run_id: str
+    implementation: str
+    limits: object | None
+    device: Device | None
+    nvtx_tagged: bool = True
+    exclude_steps: tuple = ()
+    void_steps: tuple = ()
+
+
+def tables_from_recording(recording: Recording) -> Built:
+    """The build a recording takes by what its recorder wrote (the API and the training worker alike)."""
+    build = {"kineto": tables_from_torch, "cupti-records": tables_from_cupti}[recording.writes]
+    return build(recording.path, recording.calls, recording.run_id, recording.implementation, recording.limits,
+                 nvtx_tagged=recording.nvtx_tagged, device=recording.device, exclude_steps=tuple(recording.exclude_steps),
+                 void_steps=tuple(recording.void_steps))

@@ -587,3 +587,20 @@ def write_run(
             for name, frame in tables.items():
                 staged.write(name, frame)
         return commit(out, [run_id], append=append, force=force)
+
+
+def write_stats(out: str | Path, run_id: str, stats: dict[str, pd.DataFrame], metadata: dict, append: bool = False,
+                force: bool = False) -> Path:
+    """What ``AttentionProfiler.save`` writes: the written tables of ``stats`` (and
+    ``attention_stats``), a ``runs`` row from ``metadata``, errors spelled for Python.
+
+    Raises:
+        HeadcountError: as :func:`write_run`.
+    """
+    from headcount.reports.metadata import runs_row
+    from headcount.tables import WRITTEN
+
+    tables = {name: stats[name] for name in (*WRITTEN, "attention_stats") if name in stats}
+    tables["runs"] = runs_row(metadata)
+    with spelled_for_python():
+        return write_run(out, run_id, tables, metadata, append=append, force=force)
