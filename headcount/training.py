@@ -19,6 +19,13 @@ Each profiled step is its own run (``<id>-step<N>``) in the dataset; its
 compares each head's normalized entropy with the first profiled step. A
 head whose normalized entropy moved more than ``drift_threshold`` (heads
 turning uniform, or collapsing onto one token) is warned about once.
+
+The loop does not wait for a window's tables: once torch's profiler has
+stopped, the recording goes to a worker process that builds and appends it
+(:mod:`headcount.window_writer`); at most two windows wait or are written at
+once, and a window due while two do is skipped with a notice. ``close()``
+(``on_train_end``) waits for them. Drift warnings need only the attention
+statistics, gathered in the loop: they come at once.
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ from pathlib import Path
 import pandas as pd
 
 from headcount.api import AttentionProfiler
+from headcount.errors import notice
 from headcount.reports.metadata import new_run_id
+from headcount.window_writer import WindowWriter
 
 DRIFT_COLUMNS = ["step", "baseline_step", "layer_name", "layer", "head", "baseline_normalized_entropy",
                  "normalized_entropy", "change", "alert"]
@@ -76,10 +85,15 @@ class StepProfiler:
         mode, backend: as :class:`~headcount.AttentionProfiler`.
         attention_stats: also track per-head attention statistics (cheap: 32 sampled rows a call).
         drift_threshold: change of normalized entropy that raises a :class:`HeadDriftWarning`.
+        background: build and write each window in a worker process (the loop does not wait);
+            ``False``: in the loop, as :meth:`AttentionProfiler.save` does.
+        queue: windows that may wait or be written at once in the background (a window due
+            while that many are is skipped, with a notice).
     """
 
     def __init__(self, model, out: str | Path, every: int = 100, mode: str = "layer", backend: str = "auto",
-                 attention_stats: bool | dict = True, drift_threshold: float = 0.15, schedule=None):
+                 attention_stats: bool | dict = True, drift_threshold: float = 0.15, schedule=None, background: bool = True,
+                 queue: int = 2):
         if every < 1:
             raise ValueError("every must be at least 1")
         if schedule is not None and not callable(schedule):
@@ -95,7 +109,9 @@ class StepProfiler:
         self.base_id = new_run_id()
         self.history = pd.DataFrame()
         self.alerted: set[tuple] = set()
-        self.profiled: list[int] = []
+        self.profiled: list[int] = []  # steps recorded (and, in the background, handed to the writer)
+        self.skipped: list[int] = []  # steps due while the writer was full
+        self.writer = WindowWriter(capacity=queue) if background else None
         self._prof: AttentionProfiler | None = None
         self._step = None
 
@@ -110,6 +126,11 @@ class StepProfiler:
         """Begin profiling ``step`` (when it is due)."""
         if self._prof is not None or not self.due(step):
             return
+        if self.writer is not None and self.writer.full():
+            self.skipped.append(step)
+            notice(f"step {step} not profiled: {self.writer.capacity} earlier windows are still being written "
+                   "(the loop does not wait for them)")
+            return
         self._step = step
         self._prof = AttentionProfiler(self.model, mode=self.mode, backend=self.backend, run_id=f"{self.base_id}-step{step:07d}",
                                        attention_stats=self.attention_stats, metadata={"global_step": step})
@@ -123,11 +144,17 @@ class StepProfiler:
         prof.__exit__(None, None, None)
         if prof.failure is not None:
             return
-        stats = prof.get_stats()
-        if "attention_stats" in stats:
-            stats["attention_stats"]["step"] = self._step
-            self.history = pd.concat([self.history, stats["attention_stats"]], ignore_index=True)
-        prof.save(self.out, append=bool(self.profiled) or (self.out / "headcount.json").exists())
+        append = bool(self.profiled) or (self.out / "headcount.json").exists()
+        statistics = prof.attention_statistics()
+        if statistics is not None:
+            statistics["step"] = self._step
+            self.history = pd.concat([self.history, statistics], ignore_index=True)
+        if self.writer is not None:
+            self.writer.submit(self._step, prof.recording(), self.out, prof.run_metadata(), statistics, append, keep=prof)
+            for line in self.writer.poll():
+                notice(line)
+        else:
+            prof.save(self.out, append=append)
         self.profiled.append(self._step)
         self._warn()
 
@@ -155,8 +182,11 @@ class StepProfiler:
             self.stop()
 
     def close(self) -> None:
-        """Write the final drift table beside the dataset (``drift.parquet``)."""
+        """Wait for the windows still being written (saying each, and each failure with its cause), then
+        write the final drift table beside the dataset (``drift.parquet``)."""
         self.stop()
+        if self.writer is not None:
+            self.writer.close()
         if len(self.history):
             self.drift().to_parquet(self.out / "drift.parquet", index=False)
 

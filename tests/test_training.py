@@ -31,7 +31,7 @@ def test_trainer_callback_profiles_every_n_steps(tmp_path):
     model = llama_model("sdpa")
     args = TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=24, per_device_train_batch_size=4, learning_rate=5e-3,
                              report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True)
-    callback = HeadcountCallback(tmp_path / "out", every=8, drift_threshold=0.0)
+    callback = HeadcountCallback(tmp_path / "out", every=8, drift_threshold=0.0, queue=3)  # room for every window: none skipped
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         Trainer(model=model, args=args, train_dataset=_Data(), callbacks=[callback]).train()
@@ -54,7 +54,7 @@ def test_plain_loop_helper_and_no_alert_under_the_threshold(tmp_path):
     model = llama_model("eager")
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 128, (2, 16))
-    sp = StepProfiler(model, tmp_path / "out", every=5, drift_threshold=0.5)
+    sp = StepProfiler(model, tmp_path / "out", every=5, drift_threshold=0.5, queue=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error", HeadDriftWarning)
         for step in range(11):
@@ -79,7 +79,7 @@ def test_drift_table_arithmetic():
 def test_a_torch_profiler_schedule_picks_the_profiled_steps(tmp_path):
     model = llama_model("sdpa")
     ids = torch.randint(0, 128, (2, 16))
-    sp = StepProfiler(model, tmp_path / "out", attention_stats=False,
+    sp = StepProfiler(model, tmp_path / "out", attention_stats=False, queue=2,
                       schedule=torch.profiler.schedule(wait=2, warmup=1, active=2, repeat=1))
     for step in range(8):
         with sp.step(step):
@@ -87,3 +87,85 @@ def test_a_torch_profiler_schedule_picks_the_profiled_steps(tmp_path):
     sp.close()
     assert sp.profiled == [3, 4]
     assert pd.read_parquet(tmp_path / "out" / "runs")["run_id"].nunique() == 2
+
+
+# ---------------------------------------------------------------- windows written off the loop (issue 29)
+def _loop(sp, model, steps):
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    for step in range(steps):
+        with sp.step(step):
+            model(input_ids=ids, labels=ids).loss.backward()
+
+
+def test_a_window_whose_worker_fails_or_dies_is_named_and_the_others_are_written(tmp_path, monkeypatch, capsys):
+    """One window's worker raises, another's process exits: the loop finishes, close() names both
+    windows and their causes, and the third window is in the report."""
+    import os
+
+    from headcount import window_writer
+
+    real = window_writer.write_window
+
+    def flaky(recording, out, metadata, attention_stats, append):
+        if recording.run_id.endswith("step0000002"):
+            raise RuntimeError("disk full (made up)")
+        if recording.run_id.endswith("step0000004"):
+            os._exit(3)  # the worker process dies without a word
+        return real(recording, out, metadata, attention_stats, append)
+
+    monkeypatch.setattr(window_writer, "write_window", flaky)  # the forked worker runs what the module holds
+    sp = StepProfiler(llama_model("sdpa"), tmp_path / "out", every=2, queue=4)
+    _loop(sp, sp.model, 5)
+    sp.close()
+    assert sp.profiled == [0, 2, 4] and sp.writer.written == [0]
+    assert dict(sp.writer.failed) == {2: "RuntimeError: disk full (made up)", 4: "its worker process died (exit code 3)"}
+    err = capsys.readouterr().err
+    assert "the window of step 2 was not written: RuntimeError: disk full (made up)" in err
+    assert "the window of step 4 was not written: its worker process died (exit code 3)" in err
+    runs = pd.read_parquet(tmp_path / "out" / "runs")
+    assert runs["run_id"].str.endswith("step0000000").tolist() == [True]
+
+
+def test_the_loop_never_waits_a_full_queue_skips_the_window(tmp_path, monkeypatch, capsys):
+    """The worker of the first window waits until the loop is over (a flag file): with room for one
+    window, the windows due meanwhile are skipped with a notice, and the first is written at close()."""
+    import time
+
+    from headcount import window_writer
+
+    real, flag = window_writer.write_window, tmp_path / "go"
+
+    def slow(*args):
+        while not flag.exists():
+            time.sleep(0.01)
+        return real(*args)
+
+    monkeypatch.setattr(window_writer, "write_window", slow)
+    sp = StepProfiler(llama_model("sdpa"), tmp_path / "out", every=2, queue=1)
+    _loop(sp, sp.model, 5)
+    assert sp.profiled == [0] and sp.skipped == [2, 4]
+    assert "step 2 not profiled: 1 earlier windows are still being written" in capsys.readouterr().err
+    flag.touch()
+    sp.close()
+    assert sp.writer.written == [0] and not sp.writer.failed
+    assert len(pd.read_parquet(tmp_path / "out" / "runs")) == 1
+
+
+def test_a_window_written_in_the_background_equals_the_one_saved_in_the_loop(tmp_path):
+    """The same recording, built and written by the worker and by AttentionProfiler.save: the same tables."""
+    from headcount import AttentionProfiler
+    from headcount.window_writer import WindowWriter
+
+    model = llama_model("sdpa")
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    prof = AttentionProfiler(model, attention_stats={"rows": 8})
+    with prof:
+        model(input_ids=ids, labels=ids).loss.backward()
+    writer = WindowWriter()
+    writer.submit(0, prof.recording(), tmp_path / "bg", prof.run_metadata(), prof.attention_statistics(), False, keep=None)
+    writer.close(say=lambda line: None)
+    prof.save(tmp_path / "fg")
+    assert writer.written == [0]
+    for table in ("kernels", "ranges", "layers", "heads", "steps", "attention_stats"):
+        bg, fg = pd.read_parquet(tmp_path / "bg" / table), pd.read_parquet(tmp_path / "fg" / table)
+        pd.testing.assert_frame_equal(bg, fg, check_like=True)
