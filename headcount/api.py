@@ -439,12 +439,7 @@ class AttentionProfiler:
         """
         window = self._window
         if window.stats is None:
-            if window.failure is not None:
-                raise HeadcountError(f"nothing was recorded: {window.failure.message}", hint=window.failure.hint,
-                                     exit_code=window.failure.exit_code)
-            if window.trace_path is None:
-                raise HeadcountError("no profile recorded yet", hint="call get_stats() after the `with profiler:` block")
-            window.stats = self._built(window)
+            window.stats = self._built(window)  # raises as recording() does when nothing was recorded
         return window.stats
 
     def recording(self) -> Recording:
@@ -476,6 +471,11 @@ class AttentionProfiler:
         table.insert(0, "run_id", window.run_id)
         return table
 
+    def discard_recording(self) -> None:
+        """Remove this window's recording files (once its tables are built, here or elsewhere)."""
+        if self._window.recorder is not None:
+            self._window.recorder.cleanup()
+
     def _built(self, window: "_Window") -> dict[str, pd.DataFrame]:
         """The window's recording built (:func:`headcount.build.tables_from_recording`), its notices said."""
         built = tables_from_recording(self.recording())
@@ -489,7 +489,7 @@ class AttentionProfiler:
         statistics = self.attention_statistics()
         if statistics is not None:
             stats["attention_stats"] = statistics
-        window.recorder.cleanup()
+        self.discard_recording()
         return stats
 
     def device_info(self) -> Device:

@@ -58,13 +58,16 @@ def finished(tables: dict[str, pd.DataFrame], run_id: str, device: Device | None
              notices: list[str] | None = None, info: dict | None = None) -> Built:
     """How every build ends: each table gets its ``run_id``, the layers and heads
     their ``roofline_class`` (:func:`add_roofline`), the run its launch summary
-    and its findings (:func:`with_findings`)."""
+    and its findings (:func:`with_findings`; kept where the build derived them
+    already: :func:`nsys_pieces` does, for the files it streams)."""
     for table in tables.values():
         if "run_id" not in table:
             table.insert(0, "run_id", run_id)
     add_roofline(tables, device, calls)
     tables.setdefault("launch", launch.summary(tables["layers"], tables["kernels"]))
-    return Built(with_findings(tables), list(notices or []), info or {})
+    if "findings" not in tables:
+        with_findings(tables)
+    return Built(tables, list(notices or []), info or {})
 
 
 BREAKDOWN_COLUMNS = [
@@ -361,11 +364,10 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
     return finished(tables, run_id, device, calls, new, info)
 
 
-def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None, nvtx_tagged: bool = True,
+def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None,
                       device: Device | None = None, exclude_steps=(), void_steps=()) -> Built:
     """The torch source's trace (written by :class:`~headcount.collector.torch_source.TorchRecorder`)
-    → headcount's tables, with ``roofline_class`` for ``device``; the arguments of
-    :func:`tables_from_cupti` (``nvtx_tagged`` unused: the trace holds no NVTX marker records)."""
+    → headcount's tables, with ``roofline_class`` for ``device``."""
     from headcount.parsers.kineto import load_trace
 
     tables = tables_from_events(load_trace(path), calls, implementation, limits=limits, exclude_steps=exclude_steps,
@@ -748,7 +750,11 @@ class Recording:
 
 def tables_from_recording(recording: Recording) -> Built:
     """The build a recording takes by what its recorder wrote (the API and the training worker alike)."""
-    build = {"kineto": tables_from_torch, "cupti-records": tables_from_cupti}[recording.writes]
-    return build(recording.path, recording.calls, recording.run_id, recording.implementation, recording.limits,
-                 nvtx_tagged=recording.nvtx_tagged, device=recording.device, exclude_steps=tuple(recording.exclude_steps),
-                 void_steps=tuple(recording.void_steps))
+    r = recording
+    common = dict(device=r.device, exclude_steps=tuple(r.exclude_steps), void_steps=tuple(r.void_steps))
+    if r.writes == "cupti-records":
+        return tables_from_cupti(r.path, r.calls, r.run_id, r.implementation, r.limits, nvtx_tagged=r.nvtx_tagged, **common)
+    if r.writes == "kineto":
+        return tables_from_torch(r.path, r.calls, r.run_id, r.implementation, r.limits, **common)
+    raise HeadcountError(f"{r.path}: a recording of a kind headcount does not build ({r.writes!r})",
+                         hint="a recorder's `writes` is 'kineto' or 'cupti-records'")

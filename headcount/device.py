@@ -18,6 +18,8 @@ import os
 import platform
 from dataclasses import asdict, dataclass, fields
 
+import pandas as pd
+
 
 @dataclass(frozen=True)
 class SmLimits:
@@ -201,7 +203,7 @@ class Device:
         :func:`headcount.parsers.nsys_sqlite.read_export` names its columns)."""
         def value(col):
             v = row.get(col)
-            return None if v is None or (isinstance(v, float) and math.isnan(v)) or v is _NA else v
+            return None if v is None or pd.isna(v) else v
 
         major, minor = _int(value("cc_major")), _int(value("cc_minor"))
         bandwidth = value("memory_bandwidth_bytes_per_s")
@@ -210,9 +212,3 @@ class Device:
                    sm_count=_int(value("sm_count")), memory_bytes=_int(value("memory_bytes")),
                    memory_bandwidth_gbps=float(bandwidth) / 1e9 if bandwidth else None, clock_hz=_int(value("clock_hz")),
                    source="TARGET_INFO_GPU", sm={k: _int(value(k)) for k in SM_FIELDS})
-
-
-try:  # pandas' missing value, where pandas is present (it always is where exports are read)
-    from pandas import NA as _NA
-except ImportError:  # pragma: no cover
-    _NA = object()

@@ -150,7 +150,8 @@ class StepProfiler:
             statistics["step"] = self._step
             self.history = pd.concat([self.history, statistics], ignore_index=True)
         if self.writer is not None:
-            self.writer.submit(self._step, prof.recording(), self.out, prof.run_metadata(), statistics, append, keep=prof)
+            self.writer.submit(self._step, prof.recording(), self.out, prof.run_metadata(), statistics, append,
+                               done=prof.discard_recording)
             for line in self.writer.poll():
                 notice(line)
         else:

@@ -71,7 +71,7 @@ class _Job:
     metadata: dict
     attention_stats: pd.DataFrame | None
     append: bool
-    keep: Any  # what keeps the recording's files alive (the profiler), cleaned up once written
+    done: Callable[[], None] | None  # called once the window is written or lost (its recording's files let go)
     target: Callable | None = None
     process: Any = None
     conn: Any = None
@@ -98,9 +98,10 @@ class WindowWriter:
         return len(self._queue) >= self.capacity
 
     def submit(self, step: int, recording: Recording, out: Path, metadata: dict, attention_stats: pd.DataFrame | None,
-               append: bool, keep: Any, target: Callable | None = None) -> None:
-        """Queue a window (the caller checked :meth:`full`); starts it when no other runs."""
-        self._queue.append(_Job(step, recording, Path(out), metadata, attention_stats, append, keep, target))
+               append: bool, done: Callable[[], None] | None = None, target: Callable | None = None) -> None:
+        """Queue a window (the caller checked :meth:`full`); starts it when no other runs. ``done`` is
+        called once it is written or lost (e.g. ``AttentionProfiler.discard_recording``)."""
+        self._queue.append(_Job(step, recording, Path(out), metadata, attention_stats, append, done, target))
         self.poll()
 
     def poll(self) -> list[str]:
@@ -154,9 +155,8 @@ class WindowWriter:
         except EOFError:  # the worker died before it sent anything
             result = None
         job.conn.close()
-        cleanup = getattr(getattr(job.keep, "_recorder", None), "cleanup", None)
-        if cleanup is not None:
-            cleanup()
+        if job.done is not None:
+            job.done()
         if result is None:
             self.failed.append((job.step, f"its worker process died (exit code {job.process.exitcode})"))
             return []

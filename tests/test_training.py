@@ -162,7 +162,7 @@ def test_a_window_written_in_the_background_equals_the_one_saved_in_the_loop(tmp
     with prof:
         model(input_ids=ids, labels=ids).loss.backward()
     writer = WindowWriter()
-    writer.submit(0, prof.recording(), tmp_path / "bg", prof.run_metadata(), prof.attention_statistics(), False, keep=None)
+    writer.submit(0, prof.recording(), tmp_path / "bg", prof.run_metadata(), prof.attention_statistics(), False)
     writer.close(say=lambda line: None)
     prof.save(tmp_path / "fg")
     assert writer.written == [0]

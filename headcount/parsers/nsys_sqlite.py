@@ -22,6 +22,7 @@ absent. Facts used (checked on the fixtures and nsys 2023.4.4's own
 from __future__ import annotations
 
 import sqlite3
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ SPLIT_ROWS = 100_000  # tables larger than this are read in parts, one per threa
 STREAM_ROWS = 8_000_000  # NVTX rows above which an export is read one process at a time (~0.4 GB read at once below)
 
 
-class ExportSource:
+class ExportSource(ABC):
     """One open export, whatever its format: SQL in its dialect, and what could not be read as the schema says.
 
     Attributes:
@@ -89,33 +90,37 @@ class ExportSource:
                        "StringIds rows without an integer id): read as missing")
         return out
 
+    @abstractmethod
     def _execute(self, sql: str) -> list[tuple]:
-        raise NotImplementedError
+        """Run ``sql`` and fetch every row (the engine's own errors: :attr:`errors`)."""
 
+    @abstractmethod
     def int_expr(self, col: str) -> str:
         """``col`` as an integer, NULL as :data:`NULL_INT`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def least(self, expr: str, bound: int) -> str:
         """The smaller of ``expr`` and ``bound`` (a row's value, not an aggregate)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def strict_int(self, col: str) -> str:
         """``col`` where it holds an integer, else NULL."""
-        raise NotImplementedError
 
+    @abstractmethod
     def tables(self) -> set[str]:
-        raise NotImplementedError
+        """The export's table names."""
 
+    @abstractmethod
     def columns(self, table: str) -> set[str]:
-        raise NotImplementedError
+        """A table's column names."""
 
+    @abstractmethod
     def batches(self, sql: str):
         """The result as Arrow record batches, read as they are consumed."""
-        raise NotImplementedError
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Let the export go."""
 
 
 class _SqliteSource(ExportSource):
