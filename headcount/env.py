@@ -8,6 +8,7 @@ timings against that device's datasheet.
 
 from __future__ import annotations
 
+import functools
 import os
 from importlib import metadata as _md
 
@@ -78,8 +79,10 @@ def of_model(model):
         return None
 
 
+@functools.lru_cache(maxsize=None)
 def package_version(package: str) -> str | None:
-    """The installed version of a Python distribution, or ``None``."""
+    """The installed version of a Python distribution, or ``None`` (looked up once a process: reading
+    the metadata takes milliseconds, and every profiled training window asks)."""
     try:
         return _md.version(package)
     except _md.PackageNotFoundError:

@@ -7,31 +7,51 @@ and appends them to the dataset (:func:`~headcount.reports.dataset.write_stats`,
 the same staged commit: a report is never half-written). The loop goes on as
 soon as torch's profiler has stopped.
 
-- One worker at a time, a fresh process per window, forked from the training
-  process (as PyTorch's DataLoader forks its workers): nothing to import, no
-  re-run of the user's script, and the worker never calls into torch (the build
-  imports none). Windows are written one after the other, in order.
-- At most ``capacity`` windows wait or run; :meth:`WindowWriter.full` tells the
-  caller to skip the next one (with a notice) rather than wait.
-- A worker that fails or dies loses only its window: :meth:`WindowWriter.close`
-  names it and the cause; the other windows are written.
-- Nothing blocks except :meth:`WindowWriter.close`, which waits, saying each
-  window as it is written.
+- One worker process, started with the writer (a fresh interpreter that
+  imports the build and never torch: :func:`main`), kept for the whole run, fed one window at a time, in order.
+  Not forked from the training process: after a fork every page the loop
+  writes is copied while the child lives (measured: a step 6× slower on a CPU
+  model), and a forked CUDA process is no place to work in.
+- The loop never blocks: a window goes to the worker as a file name (the job
+  is pickled beside it), and :meth:`WindowWriter.poll` only reads answers that
+  are there. At most ``capacity`` windows wait or run; :meth:`WindowWriter.full`
+  tells the caller to skip the next one (with a notice) rather than wait.
+- A window that fails, or whose worker dies, is lost alone:
+  :meth:`WindowWriter.close` names it and the cause; a fresh worker takes the
+  next window.
+- The worker ignores Ctrl-C (the terminal sends it to the whole process
+  group): the window in hand is finished, and the worker ends when the
+  training process closes its pipe or exits.
+- :meth:`WindowWriter.close` waits, saying each window as it is written.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import dataclasses
+import importlib
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import pandas as pd
 
 from headcount.build import Recording, tables_from_recording
 from headcount.errors import HeadcountError, notice
 from headcount.reports.dataset import write_stats
+
+WRITE_WINDOW = "headcount.window_writer:write_window"
+# what the build imports on first use, imported before the worker says it is ready (not during the training loop)
+WARM_UP = ("headcount.parsers.kineto", "headcount.parsers.cupti_records", "pyarrow.pandas_compat")
+ENTRY = "import sys; from headcount.window_writer import main; main(sys.argv[1:])"  # not -m: no second copy of this module
 
 
 def write_window(recording: Recording, out: Path, metadata: dict, attention_stats: pd.DataFrame | None,
@@ -50,47 +70,137 @@ def write_window(recording: Recording, out: Path, metadata: dict, attention_stat
     return list(built.notices)
 
 
-def _work(job: "_Job", conn) -> None:
-    """The worker process: run the job, send back its notices or its failure, one line."""
-    try:
-        target = job.target or write_window  # looked up in the worker: what the module holds when it forked
-        conn.send(("ok", target(job.recording, job.out, job.metadata, job.attention_stats, job.append)))
-    except HeadcountError as exc:
-        conn.send(("failed", exc.one_line()))
-    except BaseException as exc:  # noqa: BLE001 - anything: the parent says it and goes on
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
-    finally:
-        conn.close()
-
-
 @dataclass
 class _Job:
+    """One window for the worker (what is pickled: ``target`` names the function, ``module:name``)."""
+
     step: int
     recording: Recording
     out: Path
     metadata: dict
     attention_stats: pd.DataFrame | None
     append: bool
-    done: Callable[[], None] | None  # called once the window is written or lost (its recording's files let go)
-    target: Callable | None = None
-    process: Any = None
-    conn: Any = None
-    started: float = 0.0
+    target: str = WRITE_WINDOW
+
+
+def _run(job: _Job) -> tuple[str, object]:
+    """Run one job; ``("ok", notices)`` or ``("failed", one line)``."""
+    try:
+        module, name = job.target.split(":")
+        target = getattr(importlib.import_module(module), name)
+        return "ok", target(job.recording, job.out, job.metadata, job.attention_stats, job.append)
+    except HeadcountError as exc:
+        return "failed", exc.one_line()
+    except Exception as exc:  # noqa: BLE001 - anything: the training process says it and goes on
+        return "failed", f"{type(exc).__name__}: {exc}"
+
+
+def serve(inbox: Connection, outbox: Connection) -> None:
+    """The worker's loop: say it is ready, then for each job file received, run it and answer; returns
+    when the training process closes the pipe."""
+    for module in WARM_UP:
+        importlib.import_module(module)
+    outbox.send(("ready", os.getpid()))
+    while True:
+        try:
+            path = inbox.recv()
+        except EOFError:
+            return
+        began = time.process_time()
+        with open(path, "rb") as file:
+            job = pickle.load(file)
+        status, value = _run(job)
+        outbox.send((status, value, time.process_time() - began))
+
+
+def main(argv: list[str]) -> None:
+    """Entry of the worker process (:data:`ENTRY`): the file descriptors of its two pipes, jobs in, answers out."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False))
+
+
+class _Worker:
+    """The worker process and its two pipes, seen from the training process."""
+
+    def __init__(self):
+        job_read, job_write = os.pipe()
+        answer_read, answer_write = os.pipe()
+        # the same modules as here (a package found through sys.path edits too), torch never imported
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        try:
+            self.process = subprocess.Popen([sys.executable, "-c", ENTRY, str(job_read), str(answer_write)],
+                                            pass_fds=(job_read, answer_write), env=env, stdin=subprocess.DEVNULL)
+        finally:
+            os.close(job_read)
+            os.close(answer_write)
+        self.jobs = Connection(job_write, readable=False)
+        self.answers = Connection(answer_read, writable=False)
+
+    def ready(self) -> None:
+        """Wait for the worker to say it is ready.
+
+        Raises:
+            HeadcountError: it ended before (its error is on stderr, above).
+        """
+        try:
+            self.answers.recv()
+        except EOFError:
+            code = self.process.wait()
+            raise HeadcountError(f"the window writer process did not start (exit code {code}); its error is above",
+                                 hint="or pass background=False to write each window in the training loop") from None
+
+    def answer(self, wait: bool) -> tuple[str, object, float | None] | None:
+        """The answer to the job in hand, ``(status, value, CPU seconds)`` (``None``: not yet, when not
+        waiting); ``("died", exit code, None)`` when the process ended without one."""
+        if not wait and not self.answers.poll():
+            return None
+        try:
+            return self.answers.recv()
+        except (EOFError, OSError):
+            return "died", self.process.wait(), None
+
+    def stop(self) -> None:
+        """Close the pipes: the worker ends once its job in hand is done."""
+        self.jobs.close()
+        self.answers.close()
+        self.process.wait()
+
+
+@dataclass
+class _Queued:
+    job: _Job
+    sent: bool = False
 
 
 @dataclass
 class WindowWriter:
     """Writes windows in a worker process, one at a time, never blocking the caller (see the module docstring).
 
+    The worker starts with the writer (about a third of a second of imports, before the training loop).
+
     Attributes:
         capacity: windows that may wait or run at once.
+        target: the function the worker runs for a window, ``module:name``, called as :func:`write_window`
+            (tests stand in one that fails; the worker imports it, from the same ``sys.path`` as here).
         written: steps whose windows were written; failed: ``(step, cause)`` of those that were not.
+        cpu_seconds: CPU time the worker spent on each window it answered for, by step (what the
+            training loop gives up when the machine has no core to spare).
+
+    Raises:
+        HeadcountError: the worker process did not start.
     """
 
     capacity: int = 2
+    target: str = WRITE_WINDOW
     written: list[int] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
-    _queue: list[_Job] = field(default_factory=list)
+    cpu_seconds: dict[int, float] = field(default_factory=dict)
+    _queue: list[_Queued] = field(default_factory=list)
+    _worker: _Worker | None = None
+    _jobs_dir: str | None = None
+
+    def __post_init__(self):
+        self._worker = self._started()
 
     def full(self) -> bool:
         """Whether a new window would exceed :attr:`capacity` (then skip it: :meth:`submit` never waits)."""
@@ -98,71 +208,96 @@ class WindowWriter:
         return len(self._queue) >= self.capacity
 
     def submit(self, step: int, recording: Recording, out: Path, metadata: dict, attention_stats: pd.DataFrame | None,
-               append: bool, done: Callable[[], None] | None = None, target: Callable | None = None) -> None:
-        """Queue a window (the caller checked :meth:`full`); starts it when no other runs. ``done`` is
-        called once it is written or lost (e.g. ``AttentionProfiler.discard_recording``)."""
-        self._queue.append(_Job(step, recording, Path(out), metadata, attention_stats, append, done, target))
+               append: bool) -> None:
+        """Queue a window (the caller checked :meth:`full`); it goes to the worker when the worker is free.
+        The recording's file is the writer's from now on (moved into its folder: the recorder may clean
+        up its own, at the program's exit too, before the window is written); removed once written or lost.
+
+        Raises:
+            HeadcountError: the recording's file cannot be moved.
+        """
+        if self._jobs_dir is None:
+            self._jobs_dir = tempfile.mkdtemp(prefix="headcount-windows-")  # private (0700): recordings and call logs
+        taken = Path(self._jobs_dir) / f"step{step}-{Path(recording.path).name}"
+        try:
+            shutil.move(recording.path, taken)
+        except OSError as exc:
+            raise HeadcountError(f"{recording.path}: cannot hand the recording to the window writer ({exc.strerror or exc})",
+                                 hint="check free space in the temporary directory (TMPDIR)") from exc
+        job = _Job(step, dataclasses.replace(recording, path=taken), Path(out), metadata, attention_stats, append, self.target)
+        self._queue.append(_Queued(job))
         self.poll()
 
     def poll(self) -> list[str]:
-        """Collect a finished worker and start the next; returns the notices of windows written since the last call."""
+        """Collect the answer that is there and send the next window; returns the notices of windows written
+        since the last call. Never waits."""
         said: list[str] = []
         while self._queue:
-            job = self._queue[0]
-            if job.process is None:
-                self._start(job)
+            queued = self._queue[0]
+            if not queued.sent:
+                self._send(queued)
+            answer = self._worker.answer(wait=False)
+            if answer is None:
                 break
-            if job.process.is_alive():
-                break
-            said += self._finish(job)
-            self._queue.pop(0)
+            said += self._finish(self._queue.pop(0), answer)
         return said
 
     def close(self, say: Callable[[str], None] = notice) -> None:
-        """Wait for every queued window, saying each as it is written and each failure with its cause."""
-        total = len(self._queue)
-        done = 0
+        """Wait for every queued window, saying each as it is written and each failure with its cause;
+        then end the worker."""
         for line in self.poll():
             say(line)
-        while self._queue:
-            job = self._queue[0]
-            if job.process is None:
-                self._start(job)
-            job.process.join()
-            lines = self._finish(job)
-            self._queue.pop(0)
-            done += 1
-            for line in lines:
+        total = len(self._queue)
+        for done in range(1, total + 1):
+            queued = self._queue[0]
+            if not queued.sent:
+                self._send(queued)
+            for line in self._finish(self._queue.pop(0), self._worker.answer(wait=True)):
                 say(line)
-            if job.step in self.written:
-                say(f"window of step {job.step} written ({done} of {total} waiting at close)")
+            if queued.job.step in self.written:
+                say(f"window of step {queued.job.step} written ({done} of {total} waiting at close)")
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
         for step, cause in self.failed:
             say(f"the window of step {step} was not written: {cause}")
+        if self._jobs_dir is not None:
+            shutil.rmtree(self._jobs_dir, ignore_errors=True)
+            self._jobs_dir = None
 
-    def _start(self, job: _Job) -> None:
-        ctx = mp.get_context("fork")
-        receive, send = ctx.Pipe(duplex=False)
-        job.conn, job.started = receive, time.perf_counter()
-        job.process = ctx.Process(target=_work, args=(job, send), name=f"headcount-window-{job.step}", daemon=True)
-        job.process.start()
-        send.close()
+    def _started(self) -> _Worker:
+        worker = _Worker()
+        worker.ready()
+        return worker
 
-    def _finish(self, job: _Job) -> list[str]:
-        """A worker that ended: its result, or why it has none; the window's files let go."""
-        job.process.join()
-        try:
-            result = job.conn.recv() if job.conn.poll() else None
-        except EOFError:  # the worker died before it sent anything
-            result = None
-        job.conn.close()
-        if job.done is not None:
-            job.done()
-        if result is None:
-            self.failed.append((job.step, f"its worker process died (exit code {job.process.exitcode})"))
+    def _send(self, queued: _Queued) -> None:
+        if self._worker is None:  # the last one died
+            self._worker = self._started()
+        path = Path(self._jobs_dir) / f"step{queued.job.step}.pickle"
+        with open(path, "wb") as file:
+            pickle.dump(queued.job, file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._worker.jobs.send(str(path))  # a file name: the pipe never fills, the loop never waits on it
+        queued.sent = True
+
+    def _finish(self, queued: _Queued, answer: tuple[str, object, float | None]) -> list[str]:
+        """A window the worker answered for (or died on): its result, or why it has none; its files let go."""
+        step = queued.job.step
+        for path in (Path(self._jobs_dir, f"step{step}.pickle"), queued.job.recording.path):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        status, value, seconds = answer
+        if seconds is not None:
+            self.cpu_seconds[step] = seconds
+        if status == "died":
+            self._worker = None
+            self.failed.append((step, f"its worker process died (exit code {value})"))
             return []
-        status, value = result
         if status == "failed":
-            self.failed.append((job.step, value))
+            self.failed.append((step, value))
             return []
-        self.written.append(job.step)
-        return [f"step {job.step}: {line}" for line in value]
+        self.written.append(step)
+        return [f"step {step}: {line}" for line in value]
+
+

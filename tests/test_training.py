@@ -97,62 +97,56 @@ def _loop(sp, model, steps):
             model(input_ids=ids, labels=ids).loss.backward()
 
 
-def test_a_window_whose_worker_fails_or_dies_is_named_and_the_others_are_written(tmp_path, monkeypatch, capsys):
-    """One window's worker raises, another's process exits: the loop finishes, close() names both
-    windows and their causes, and the third window is in the report."""
-    import os
-
-    from headcount import window_writer
-
-    real = window_writer.write_window
-
-    def flaky(recording, out, metadata, attention_stats, append):
-        if recording.run_id.endswith("step0000002"):
-            raise RuntimeError("disk full (made up)")
-        if recording.run_id.endswith("step0000004"):
-            os._exit(3)  # the worker process dies without a word
-        return real(recording, out, metadata, attention_stats, append)
-
-    monkeypatch.setattr(window_writer, "write_window", flaky)  # the forked worker runs what the module holds
+def test_a_window_whose_worker_fails_or_dies_is_named_and_the_others_are_written(tmp_path, capsys):
+    """One window's job raises, at another's the worker process exits: the loop finishes, close() names
+    both windows and their causes, and the windows before and after (a fresh worker) are in the report."""
     sp = StepProfiler(llama_model("sdpa"), tmp_path / "out", every=2, queue=4)
-    _loop(sp, sp.model, 5)
+    sp.writer.target = "window_faults:fail_at_2_die_at_4"
+    _loop(sp, sp.model, 7)
     sp.close()
-    assert sp.profiled == [0, 2, 4] and sp.writer.written == [0]
+    assert sp.profiled == [0, 2, 4, 6] and sp.writer.written == [0, 6]
     assert dict(sp.writer.failed) == {2: "RuntimeError: disk full (made up)", 4: "its worker process died (exit code 3)"}
     err = capsys.readouterr().err
     assert "the window of step 2 was not written: RuntimeError: disk full (made up)" in err
     assert "the window of step 4 was not written: its worker process died (exit code 3)" in err
     runs = pd.read_parquet(tmp_path / "out" / "runs")
-    assert runs["run_id"].str.endswith("step0000000").tolist() == [True]
+    assert sorted(runs["run_id"].str[-7:]) == ["0000000", "0000006"]
 
 
-def test_the_loop_never_waits_a_full_queue_skips_the_window(tmp_path, monkeypatch, capsys):
-    """The worker of the first window waits until the loop is over (a flag file): with room for one
+def test_the_loop_never_waits_a_full_queue_skips_the_window(tmp_path, capsys):
+    """The worker holds the first window until the loop is over (a flag file): with room for one
     window, the windows due meanwhile are skipped with a notice, and the first is written at close()."""
-    import time
-
-    from headcount import window_writer
-
-    real, flag = window_writer.write_window, tmp_path / "go"
-
-    def slow(*args):
-        while not flag.exists():
-            time.sleep(0.01)
-        return real(*args)
-
-    monkeypatch.setattr(window_writer, "write_window", slow)
     sp = StepProfiler(llama_model("sdpa"), tmp_path / "out", every=2, queue=1)
+    sp.writer.target = "window_faults:wait_for_go"
     _loop(sp, sp.model, 5)
     assert sp.profiled == [0] and sp.skipped == [2, 4]
     assert "step 2 not profiled: 1 earlier windows are still being written" in capsys.readouterr().err
-    flag.touch()
+    (tmp_path / "go").touch()
     sp.close()
     assert sp.writer.written == [0] and not sp.writer.failed
     assert len(pd.read_parquet(tmp_path / "out" / "runs")) == 1
+    assert "window of step 0 written (1 of 1 waiting at close)" in capsys.readouterr().err
+
+
+def test_the_worker_is_a_fresh_process_that_never_imports_torch(tmp_path, capsys):
+    """Not forked from the training process (whose pages a fork would make the loop copy: a forked
+    child holds torch from its parent), and the window's recording unpickles without torch (a
+    TorchVersion in the metadata once imported it)."""
+    sp = StepProfiler(llama_model("sdpa"), tmp_path / "out", every=2, queue=2)
+    sp.writer.target = "window_faults:say_if_torch"
+    worker = sp.writer._worker.process
+    _loop(sp, sp.model, 1)
+    sp.close()
+    assert sp.writer.written == [0]
+    assert "step 0: torch imported in the worker: False" in capsys.readouterr().err
+    assert worker.returncode == 0  # ended by close()
 
 
 def test_a_window_written_in_the_background_equals_the_one_saved_in_the_loop(tmp_path):
     """The same recording, built and written by the worker and by AttentionProfiler.save: the same tables."""
+    import dataclasses
+    import shutil
+
     from headcount import AttentionProfiler
     from headcount.window_writer import WindowWriter
 
@@ -161,11 +155,41 @@ def test_a_window_written_in_the_background_equals_the_one_saved_in_the_loop(tmp
     prof = AttentionProfiler(model, attention_stats={"rows": 8})
     with prof:
         model(input_ids=ids, labels=ids).loss.backward()
+    recording = prof.recording()
+    handed = tmp_path / "handed.json"  # the writer takes the file it is given: a copy, for save() below
+    shutil.copy(recording.path, handed)
     writer = WindowWriter()
-    writer.submit(0, prof.recording(), tmp_path / "bg", prof.run_metadata(), prof.attention_statistics(), False)
+    writer.submit(0, dataclasses.replace(recording, path=handed), tmp_path / "bg", prof.run_metadata(),
+                  prof.attention_statistics(), False)
     writer.close(say=lambda line: None)
     prof.save(tmp_path / "fg")
-    assert writer.written == [0]
+    assert writer.written == [0] and not handed.exists()  # let go once written
     for table in ("kernels", "ranges", "layers", "heads", "steps", "attention_stats"):
         bg, fg = pd.read_parquet(tmp_path / "bg" / table), pd.read_parquet(tmp_path / "fg" / table)
         pd.testing.assert_frame_equal(bg, fg, check_like=True)
+
+
+def test_windows_queued_when_the_program_ends_without_close_are_written(tmp_path):
+    """The documented loop without sp.close(): the program's exit waits for the windows queued."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "from conftest import llama_model\n"
+        "from headcount.training import StepProfiler\n"
+        "model = llama_model('sdpa')\n"
+        "ids = torch.randint(0, 128, (2, 16))\n"
+        f"sp = StepProfiler(model, {str(tmp_path / 'out')!r}, every=2, queue=3)\n"
+        "for step in range(5):\n"
+        "    with sp.step(step):\n"
+        "        model(input_ids=ids, labels=ids).loss.backward()\n"
+    )
+    tests = str(Path(__file__).parent)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tests,
+                          env={**__import__("os").environ, "PYTHONPATH": tests})
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = pd.read_parquet(tmp_path / "out" / "runs")
+    assert sorted(runs["run_id"].str[-7:]) == ["0000000", "0000002", "0000004"]

@@ -56,7 +56,7 @@ class TorchRecorder:
 
     @property
     def version(self) -> str:
-        return torch.__version__
+        return str(torch.__version__)  # torch.__version__ is a TorchVersion: unpickling one imports torch
 
     def start(self) -> None:
         """Start recording.

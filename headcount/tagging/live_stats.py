@@ -50,14 +50,15 @@ class AttentionStatsCollector:
             mask = attention_mask if isinstance(attention_mask, torch.Tensor) else None
             probs, allowed = probabilities(query.detach(), key.detach(), mask, scaling, bool(causal) and mask is None,
                                            kwargs.get("sliding_window"), rows, kwargs.get("position_bias"))
-            stats = {k: v.cpu() for k, v in head_statistics(probs, allowed, self.top_k).items()}
+            stats = head_statistics(probs, allowed, self.top_k)
+            values = torch.stack([stats[s] for s in STATS]).cpu().tolist()  # one copy, read at once: (statistic, head)
         n_q, n_kv = query.shape[1], key.shape[1]
         with self._lock:
             for h in range(n_q):
                 slot = self._sums.setdefault((info.name, info.index, info.model, h, h // max(n_q // max(n_kv, 1), 1)),
                                              {**{s: 0.0 for s in STATS}, "calls": 0, "rows": int(len(rows))})
-                for s in STATS:
-                    slot[s] += float(stats[s][h])
+                for s, per_head in zip(STATS, values):
+                    slot[s] += per_head[h]
                 slot["calls"] += 1
 
     def table(self) -> pd.DataFrame:

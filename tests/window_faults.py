@@ -1,0 +1,36 @@
+"""Stand-ins for the training window writer's job (:func:`headcount.window_writer.write_window`),
+run by name in the real worker process (``WindowWriter.target``): they fail, kill the worker or
+wait, as the tests of ``test_training.py`` need, and otherwise write the window as the worker does.
+Nothing here stands in for the GPU: it stands in for a full disk, a crash and a slow machine."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from headcount.window_writer import write_window
+
+
+def fail_at_2_die_at_4(recording, out, metadata, attention_stats, append):
+    """Step 2's window raises; at step 4's the worker process exits without a word."""
+    if recording.run_id.endswith("step0000002"):
+        raise RuntimeError("disk full (made up)")
+    if recording.run_id.endswith("step0000004"):
+        os._exit(3)
+    return write_window(recording, out, metadata, attention_stats, append)
+
+
+def wait_for_go(recording, out, metadata, attention_stats, append):
+    """Write the window once a file ``go`` beside the report exists (the test creates it)."""
+    flag = Path(out).parent / "go"
+    while not flag.exists():
+        time.sleep(0.01)
+    return write_window(recording, out, metadata, attention_stats, append)
+
+
+def say_if_torch(recording, out, metadata, attention_stats, append):
+    """Write the window, and say whether the worker process has imported torch."""
+    lines = write_window(recording, out, metadata, attention_stats, append)
+    return [*lines, f"torch imported in the worker: {'torch' in sys.modules}"]
