@@ -11,8 +11,14 @@ rounds, medians reported:
 - ``in-loop``: the same with ``background=False`` (what the loop paid before).
 
 The loop's wall time is timed apart from ``close()`` (which waits for the
-windows still being written). Prints the ratios to ``plain`` and how many of
-the 4 windows were written.
+windows still being written) and from making the ``StepProfiler`` (which
+starts the worker process, before the loop). Prints the ratios to ``plain``,
+how many of the 4 windows were written, and the worker's CPU time a window
+(what the loop gives up where, as here, torch keeps every core busy).
+
+First, what one profiled step costs and whose part it is (one process,
+alternating, median of 15 steps each): untouched, under torch.profiler alone,
+under headcount's profiler, and with its attention statistics.
 
 Run: python benchmarks/training_overhead.py [--steps 100] [--every 25] [--rounds 3]
 """
@@ -29,7 +35,8 @@ import time
 from pathlib import Path
 
 
-def one(variant: str, steps: int, every: int, out: Path) -> dict:
+def _loop_model():
+    """The issue's model, optimizer and batch."""
     import torch
     from transformers import BertConfig, BertForMaskedLM
 
@@ -40,11 +47,58 @@ def one(variant: str, steps: int, every: int, out: Path) -> dict:
     model = BertForMaskedLM(cfg)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 1000, (4, 128), generator=torch.Generator().manual_seed(1))
+    return model, opt, ids
+
+
+def step_cost(rounds: int) -> dict:
+    """One step's time untouched, under torch.profiler alone, under headcount's profiler (torch backend)
+    and with its attention statistics: alternating, ``rounds`` each, medians in ms (what a profiled step
+    costs, and whose part it is)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from headcount.api import AttentionProfiler
+
+    model, opt, ids = _loop_model()
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    variants = {
+        "untouched": lambda: None,
+        "torch.profiler": lambda: profile(activities=[ProfilerActivity.CPU]),
+        "headcount": lambda: AttentionProfiler(model, backend="torch"),
+        "headcount + attention_stats": lambda: AttentionProfiler(model, backend="torch", attention_stats={"rows": 32}),
+    }
+    for _ in range(3):
+        step()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, make in variants.items():
+            ctx = make()
+            if ctx is not None:
+                ctx.__enter__()
+            t = time.perf_counter()
+            step()
+            times[name].append((time.perf_counter() - t) * 1000)
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def one(variant: str, steps: int, every: int, out: Path) -> dict:
+    if variant == "step-cost":
+        return step_cost(rounds=steps)
+    model, opt, ids = _loop_model()
     sp = None
+    made_s = 0.0
     if variant != "plain":
         from headcount.training import StepProfiler
 
-        sp = StepProfiler(model, out, every=every, background=variant == "background")
+        t = time.perf_counter()
+        sp = StepProfiler(model, out, every=every, background=variant == "background")  # starts the worker
+        made_s = time.perf_counter() - t
 
     def step() -> None:
         model(input_ids=ids, labels=ids).loss.backward()
@@ -69,7 +123,9 @@ def one(variant: str, steps: int, every: int, out: Path) -> dict:
         import pandas as pd
 
         written = len(pd.read_parquet(out / "runs"))
-    return {"variant": variant, "loop_s": loop_s, "close_s": close_s, "written": written}
+    worker_cpu = sorted(sp.writer.cpu_seconds.values()) if sp is not None and sp.writer is not None else []
+    return {"variant": variant, "loop_s": loop_s, "close_s": close_s, "written": written, "made_s": made_s,
+            "worker_cpu_s": statistics.median(worker_cpu) if worker_cpu else None}
 
 
 def main() -> None:
@@ -83,6 +139,12 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one, args.steps, args.every, Path(args.out))))
         return
+    done = subprocess.run([sys.executable, __file__, "--one", "step-cost", "--steps", "15", "--out", "-"], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        sys.exit(f"step-cost failed: {done.stderr.strip()[-2000:]}")
+    cost = json.loads(done.stdout.strip().splitlines()[-1])
+    print("one step, median of 15 (ms): " + "; ".join(f"{name} {ms:.1f}" for name, ms in cost.items()))
     results: dict[str, list[dict]] = {}
     for _ in range(args.rounds):  # alternating, so that a slow spell of the machine hits every variant alike
         for variant in ("plain", "background", "in-loop"):
@@ -101,8 +163,12 @@ def main() -> None:
         loop = statistics.median(r["loop_s"] for r in rows)
         close = statistics.median(r["close_s"] for r in rows)
         ratios = ", ".join(f"{r['loop_s'] / plain:.3f}" for r in rows)
+        made = statistics.median(r["made_s"] for r in rows)
+        cpu = [r["worker_cpu_s"] for r in rows if r["worker_cpu_s"] is not None]
+        worker = f"; worker CPU {statistics.median(cpu) * 1000:.0f} ms a window" if cpu else ""
         print(f"{variant}: loop {loop:.2f} s = {loop / plain:.3f}× plain (runs {ratios}); "
-              f"close() {close:.2f} s; windows written {[r['written'] for r in rows]} of {windows}")
+              f"close() {close:.2f} s; StepProfiler() {made:.2f} s; windows written {[r['written'] for r in rows]} "
+              f"of {windows}{worker}")
 
 
 if __name__ == "__main__":

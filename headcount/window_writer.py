@@ -51,6 +51,7 @@ from headcount.reports.dataset import write_stats
 WRITE_WINDOW = "headcount.window_writer:write_window"
 # what the build imports on first use, imported before the worker says it is ready (not during the training loop)
 WARM_UP = ("headcount.parsers.kineto", "headcount.parsers.cupti_records", "pyarrow.pandas_compat")
+READY_TIMEOUT_S = 300  # its imports take a third of a second on an idle machine; a loaded one may be far slower
 ENTRY = "import sys; from headcount.window_writer import main; main(sys.argv[1:])"  # not -m: no second copy of this module
 
 
@@ -140,14 +141,20 @@ class _Worker:
         """Wait for the worker to say it is ready.
 
         Raises:
-            HeadcountError: it ended before (its error is on stderr, above).
+            HeadcountError: it ended before (its error is on stderr, above), or said nothing for
+                :data:`READY_TIMEOUT_S`.
         """
+        hint = "or pass background=False to write each window in the training loop"
+        if not self.answers.poll(READY_TIMEOUT_S):
+            self.process.kill()
+            self.process.wait()
+            raise HeadcountError(f"the window writer process did not start within {READY_TIMEOUT_S} s", hint=hint)
         try:
             self.answers.recv()
         except EOFError:
             code = self.process.wait()
             raise HeadcountError(f"the window writer process did not start (exit code {code}); its error is above",
-                                 hint="or pass background=False to write each window in the training loop") from None
+                                 hint=hint) from None
 
     def answer(self, wait: bool) -> tuple[str, object, float | None] | None:
         """The answer to the job in hand, ``(status, value, CPU seconds)`` (``None``: not yet, when not

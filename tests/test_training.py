@@ -193,3 +193,15 @@ def test_windows_queued_when_the_program_ends_without_close_are_written(tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     runs = pd.read_parquet(tmp_path / "out" / "runs")
     assert sorted(runs["run_id"].str[-7:]) == ["0000000", "0000002", "0000004"]
+
+
+def test_a_worker_that_cannot_start_is_said_before_the_loop(tmp_path, monkeypatch):
+    """The worker process exits at once (as a broken environment would make it): StepProfiler()
+    raises, naming the exit code and the way out, before any step runs."""
+    from headcount import window_writer
+    from headcount.errors import HeadcountError
+
+    monkeypatch.setattr(window_writer, "ENTRY", "import sys; sys.exit(7)")
+    with pytest.raises(HeadcountError, match=r"did not start \(exit code 7\)") as caught:
+        StepProfiler(llama_model("sdpa"), tmp_path / "out", every=2)
+    assert "background=False" in caught.value.hint
