@@ -35,9 +35,12 @@ import time
 from pathlib import Path
 
 
-def _loop_model():
-    """The issue's model, optimizer and batch."""
+def _loop_model(threads: int | None = None):
+    """The issue's model, optimizer and batch (``threads``: torch's intra-op threads; default torch's own)."""
     import torch
+
+    if threads:
+        torch.set_num_threads(threads)
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(0)
@@ -87,10 +90,10 @@ def step_cost(rounds: int) -> dict:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def one(variant: str, steps: int, every: int, out: Path) -> dict:
+def one(variant: str, steps: int, every: int, out: Path, threads: int | None) -> dict:
     if variant == "step-cost":
         return step_cost(rounds=steps)
-    model, opt, ids = _loop_model()
+    model, opt, ids = _loop_model(threads)
     sp = None
     made_s = 0.0
     if variant != "plain":
@@ -133,11 +136,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--every", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of the loop (default: torch's, every core); 1 leaves a core free, as a "
+                             "GPU training process whose Python thread drives the GPU does")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.steps, args.every, Path(args.out))))
+        print(json.dumps(one(args.one, args.steps, args.every, Path(args.out), args.threads)))
         return
     done = subprocess.run([sys.executable, __file__, "--one", "step-cost", "--steps", "15", "--out", "-"], capture_output=True,
                           text=True)
@@ -150,7 +156,9 @@ def main() -> None:
         for variant in ("plain", "background", "in-loop"):
             with tempfile.TemporaryDirectory() as tmp:
                 done = subprocess.run([sys.executable, __file__, "--one", variant, "--steps", str(args.steps), "--every",
-                                       str(args.every), "--out", str(Path(tmp) / "out")], capture_output=True, text=True)
+                                       str(args.every), "--out", str(Path(tmp) / "out"),
+                                       *(["--threads", str(args.threads)] if args.threads else [])],
+                                      capture_output=True, text=True)
                 if done.returncode != 0:
                     sys.exit(f"{variant} failed: {done.stderr.strip()[-2000:]}")
                 results.setdefault(variant, []).append(json.loads(done.stdout.strip().splitlines()[-1]))

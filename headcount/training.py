@@ -29,7 +29,7 @@ while two do is skipped with a notice. ``close()`` (``on_train_end``; at
 exit when neither ran) waits for them. Drift warnings need only the
 attention statistics, gathered in the loop: they come at once. The worker
 takes CPU time the loop would have had where no core is idle (a CPU model
-using every core): about 0.1 s a window for a small model on two cores.
+using every core): 0.13 s a window for a 4-layer BERT on two cores.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ soon as torch's profiler has stopped.
 - One worker process, started with the writer (a fresh interpreter that
   imports the build and never torch: :func:`main`), kept for the whole run, fed one window at a time, in order.
   Not forked from the training process: after a fork every page the loop
-  writes is copied while the child lives (measured: a step 6× slower on a CPU
-  model), and a forked CUDA process is no place to work in.
+  writes is copied while the child lives (measured: the next step of a CPU
+  model 3–6× slower), and a forked CUDA process is no place to work in.
 - The loop never blocks: a window goes to the worker as a file name (the job
   is pickled beside it), and :meth:`WindowWriter.poll` only reads answers that
   are there. At most ``capacity`` windows wait or run; :meth:`WindowWriter.full`
@@ -84,9 +84,11 @@ class _Job:
     target: str = WRITE_WINDOW
 
 
-def _run(job: _Job) -> tuple[str, object]:
-    """Run one job; ``("ok", notices)`` or ``("failed", one line)``."""
+def _run(path: str) -> tuple[str, object]:
+    """Run the job pickled at ``path``; ``("ok", notices)`` or ``("failed", one line)``."""
     try:
+        with open(path, "rb") as file:
+            job = pickle.load(file)
         module, name = job.target.split(":")
         target = getattr(importlib.import_module(module), name)
         return "ok", target(job.recording, job.out, job.metadata, job.attention_stats, job.append)
@@ -108,9 +110,7 @@ def serve(inbox: Connection, outbox: Connection) -> None:
         except EOFError:
             return
         began = time.process_time()
-        with open(path, "rb") as file:
-            job = pickle.load(file)
-        status, value = _run(job)
+        status, value = _run(path)
         outbox.send((status, value, time.process_time() - began))
 
 
@@ -283,7 +283,12 @@ class WindowWriter:
         path = Path(self._jobs_dir) / f"step{queued.job.step}.pickle"
         with open(path, "wb") as file:
             pickle.dump(queued.job, file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._worker.jobs.send(str(path))  # a file name: the pipe never fills, the loop never waits on it
+        try:
+            self._worker.jobs.send(str(path))  # a file name: the pipe never fills, the loop never waits on it
+        except OSError:  # it died between windows (e.g. the kernel's OOM killer): a fresh one takes this window
+            self._worker.process.wait()
+            self._worker = self._started()
+            self._worker.jobs.send(str(path))
         queued.sent = True
 
     def _finish(self, queued: _Queued, answer: tuple[str, object, float | None]) -> list[str]:

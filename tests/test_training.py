@@ -205,3 +205,30 @@ def test_a_worker_that_cannot_start_is_said_before_the_loop(tmp_path, monkeypatc
     with pytest.raises(HeadcountError, match=r"did not start \(exit code 7\)") as caught:
         StepProfiler(llama_model("sdpa"), tmp_path / "out", every=2)
     assert "background=False" in caught.value.hint
+
+
+def test_a_worker_killed_between_windows_is_replaced(tmp_path):
+    """The worker is killed while idle (as the kernel's OOM killer would): the next window goes to a
+    fresh worker and is written; the loop sees nothing."""
+    import os
+    import signal
+    import time
+
+    model = llama_model("sdpa")
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    sp = StepProfiler(model, tmp_path / "out", every=2, queue=3)
+    with sp.step(0):
+        model(input_ids=ids, labels=ids).loss.backward()
+    deadline = time.monotonic() + 300  # a bound on a loaded machine, not a timing
+    while not sp.writer.written and time.monotonic() < deadline:
+        sp.writer.poll()
+        time.sleep(0.05)
+    first = sp.writer._worker.process
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    with sp.step(2):
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert sp.writer._worker.process is not first
+    sp.close()
+    assert sp.writer.written == [0, 2] and not sp.writer.failed
+    assert sorted(pd.read_parquet(tmp_path / "out" / "runs")["run_id"].str[-7:]) == ["0000000", "0000002"]
