@@ -120,6 +120,7 @@ class StepProfiler:
         self.base_id = new_run_id()
         self.history = pd.DataFrame()
         self.alerted: set[tuple] = set()
+        self._baseline: tuple[int, dict] | None = None  # (first profiled step, normalized entropy by head)
         self.profiled: list[int] = []  # steps recorded (and, in the background, handed to the writer)
         self.skipped: list[int] = []  # steps due while the writer was full
         self.writer = WindowWriter(capacity=queue) if background else None
@@ -170,19 +171,26 @@ class StepProfiler:
         else:
             prof.save(self.out, append=append)
         self.profiled.append(self._step)
-        self._warn()
+        self._warn(statistics)
 
-    def _warn(self) -> None:
-        if not len(self.history) or self.history["step"].nunique() < 2:
-            return  # one profiled step: nothing to compare with yet
-        table = self.drift()
-        for row in table[table["alert"]].itertuples(index=False):
-            key = (row.layer_name, row.head)
-            if key not in self.alerted:
-                self.alerted.add(key)
-                warnings.warn(f"headcount: {row.layer_name} head {row.head}: normalized attention entropy "
-                              f"{row.baseline_normalized_entropy:.3f} at step {row.baseline_step} → {row.normalized_entropy:.3f} "
-                              f"at step {row.step} (threshold {self.drift_threshold})", HeadDriftWarning, stacklevel=3)
+    def _warn(self, statistics: pd.DataFrame | None) -> None:
+        """Warn once per head whose normalized entropy moved past the threshold since the first profiled
+        step: :func:`drift_table`'s arithmetic on this window's rows, without building the table in the loop."""
+        if statistics is None or not len(statistics):
+            return
+        keys = zip(statistics["layer_name"].tolist(), statistics["layer"].tolist(), statistics["head"].tolist())
+        now = dict(zip(keys, statistics["normalized_entropy"].tolist()))
+        if self._baseline is None:
+            self._baseline = (self._step, now)
+            return
+        first, baseline = self._baseline
+        for (layer_name, layer, head), value in now.items():
+            base = baseline.get((layer_name, layer, head))
+            if base is None or (layer_name, head) in self.alerted or not abs(value - base) > self.drift_threshold:
+                continue
+            self.alerted.add((layer_name, head))
+            warnings.warn(f"headcount: {layer_name} head {head}: normalized attention entropy {base:.3f} at step {first} "
+                          f"→ {value:.3f} at step {self._step} (threshold {self.drift_threshold})", HeadDriftWarning, stacklevel=3)
 
     def drift(self) -> pd.DataFrame:
         """The drift table so far (see :func:`drift_table`)."""
