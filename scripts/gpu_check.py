@@ -6,6 +6,7 @@ Subcommands (each writes JSON into the output folder):
   bandwidth OUT               copy-bandwidth ceiling (device-to-device copy, CUDA events)
   occupancy OUT               headcount's occupancy calculator vs the driver's, on kernels of known resources
   overhead OUT ...            step time without and with the cupti collector (%)
+  training OUT ...            a training loop untagged and under StepProfiler's background worker (training.json)
   workload ...                one tagged training step with NVTX ranges (run under ncu)
   check OUT                   read everything above and the reports, check against physics, write summary.json
 
@@ -200,6 +201,51 @@ def overhead(out: Path, args) -> int:
            "dtype": args.dtype, "steps": args.steps, "median_step_s_without": reference, "median_step_s_with": profiled,
            "overhead_pct": 100.0 * (profiled - reference) / reference}
     _write(out / "overhead.json", doc)
+    return 0
+
+
+def training_windows(out: Path, args) -> int:
+    """A training loop untagged, then under ``StepProfiler`` (a window every ``--every`` steps, built and
+    written by the background worker), then untagged again: the loop's time against the faster untagged
+    loop, the windows written, the worker's CPU a window (training.json; the report in training/)."""
+    from headcount.training import StepProfiler
+
+    model, inputs, torch = _model(args)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+
+    def one_step() -> None:
+        model(**inputs).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def loop(sp=None) -> float:
+        _sync()
+        t0 = time.perf_counter()
+        for i in range(args.steps):
+            with sp.step(i) if sp is not None else nullcontext():
+                one_step()
+        _sync()
+        return time.perf_counter() - t0
+
+    for _ in range(3):
+        one_step()
+    before = loop()
+    t0 = time.perf_counter()
+    sp = StepProfiler(model, out / "training", every=args.every, backend="cupti" if not args.dry_run else "auto")
+    made_s = time.perf_counter() - t0
+    profiled = loop(sp)
+    t0 = time.perf_counter()
+    sp.close()
+    close_s = time.perf_counter() - t0
+    after = loop()
+    plain = min(before, after)
+    doc = {"backend": sp.backend, "model": args.model, "impl": args.impl, "batch": args.batch, "seq": args.seq,
+           "dtype": args.dtype, "steps": args.steps, "every": args.every, "cpu_count": os.cpu_count(),
+           "loop_s_untagged": [before, after], "loop_s_profiled": profiled, "ratio": profiled / plain,
+           "profiler_made_s": made_s, "close_s": close_s, "profiled": sp.profiled, "skipped": sp.skipped,
+           "written": sp.writer.written, "failed": sp.writer.failed,
+           "worker_cpu_s": {str(k): v for k, v in sp.writer.cpu_seconds.items()}}
+    _write(out / "training.json", doc)
     return 0
 
 
@@ -538,9 +584,22 @@ def check_collector_overhead(c: _Checked) -> None:
         c.summary["overhead"] = ov
 
 
+def check_training_windows(c: _Checked) -> None:
+    tr = c.load("training.json")
+    if not tr:
+        return
+    cpu = sorted(tr["worker_cpu_s"].values())
+    said = (f"loop {tr['ratio']:.3f}× untagged ({tr['steps']} steps, a window every {tr['every']}, {tr['cpu_count']} cores); "
+            f"{len(tr['written'])} of {len(tr['profiled'])} windows written, {len(tr['skipped'])} skipped; worker "
+            f"{cpu[len(cpu) // 2] * 1e3:.0f} ms CPU a window" if cpu else "no window answered")
+    ok = not tr["failed"] and sorted(tr["written"]) == sorted(tr["profiled"])
+    c.record("training windows (background worker)", "ok" if ok else "FAIL", said if ok else f"{said}; failed: {tr['failed']}")
+    c.summary["training"] = tr
+
+
 CHECKS = (check_copy_ceiling, check_cupti_probes, check_occupancy_vs_driver, check_profile_report, check_steps,
           check_attention_ranges, check_bandwidth, check_per_implementation, check_heads_explain_layers, check_ncu_slice,
-          check_wrapped_runs, check_compiled, check_cuda_graphs, check_collector_overhead)
+          check_wrapped_runs, check_compiled, check_cuda_graphs, check_collector_overhead, check_training_windows)
 """The checks, in the order they run and print; each reads what the GPU steps left in OUT."""
 
 
@@ -571,10 +630,11 @@ def main(argv=None) -> int:
         s = sub.add_parser(name)
         s.add_argument("out")
         s.add_argument("--dry-run", action="store_true")
-    for name in ("overhead", "workload", "cuda-graph"):
+    for name in ("overhead", "workload", "cuda-graph", "training"):
         s = sub.add_parser(name)
-        if name in ("overhead", "cuda-graph"):
+        if name in ("overhead", "cuda-graph", "training"):
             s.add_argument("out")
+        s.add_argument("--every", type=int, default=10)
         s.add_argument("--tagger-only", action="store_true")
         s.add_argument("--model", default="bert-base")
         s.add_argument("--impl", default="sdpa")
@@ -596,6 +656,8 @@ def main(argv=None) -> int:
         return overhead(Path(args.out), args)
     if args.cmd == "workload":
         return workload(args)
+    if args.cmd == "training":
+        return training_windows(Path(args.out), args)
     if args.cmd == "cuda-graph":
         return cuda_graph(Path(args.out), args)
     return check(Path(args.out))

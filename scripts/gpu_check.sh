@@ -19,6 +19,8 @@
 #      flash-attn imports) in layer and head mode with the cupti source
 #      (report/, raw CUPTI records in records-layer/ and records-head/);
 #   6. measures the collector's overhead on that training step (overhead.json);
+#   6b. times a training loop untagged and under StepProfiler, windows written by its
+#      background worker (training.json, training/);
 #   7. profiles a slice (layers 0 and 1, sdpa, one step) under ncu and parses it
 #      (ncu/slice.ncu-rep, ncu-report/);
 #   8. runs the workload as a plain script under `headcount run` with nsys, cupti and
@@ -67,9 +69,9 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output
 }
 
 if [ "$DRY" = 1 ]; then
-  MODEL=bert-tiny BATCH=2 SEQ=32 DTYPE=float32 STEPS=2 HEAD_STEPS=1 OVERHEAD_STEPS=3 BACKEND=torch DRYFLAG=--dry-run DEVICE=cpu
+  MODEL=bert-tiny BATCH=2 SEQ=32 DTYPE=float32 STEPS=2 HEAD_STEPS=1 OVERHEAD_STEPS=3 TRAINING_STEPS=6 TRAINING_EVERY=3 BACKEND=torch DRYFLAG=--dry-run DEVICE=cpu
 else
-  MODEL=bert-base BATCH=${BATCH:-16} SEQ=${SEQ:-512} DTYPE=bfloat16 STEPS=3 HEAD_STEPS=2 OVERHEAD_STEPS=10 BACKEND=cupti DRYFLAG= DEVICE=cuda
+  MODEL=bert-base BATCH=${BATCH:-16} SEQ=${SEQ:-512} DTYPE=bfloat16 STEPS=3 HEAD_STEPS=2 OVERHEAD_STEPS=10 TRAINING_STEPS=40 TRAINING_EVERY=10 BACKEND=cupti DRYFLAG= DEVICE=cuda
 fi
 
 # 1. wheels and environment -------------------------------------------------
@@ -158,6 +160,10 @@ step html-report 120 $PY -m headcount.cli.main report "$OUT/report"
 # 6. overhead of the collector ------------------------------------------------------
 step overhead 180 $PY scripts/gpu_check.py overhead "$OUT" --model $MODEL --batch $BATCH --seq $SEQ --dtype $DTYPE \
   --impl sdpa --steps $OVERHEAD_STEPS $DRYFLAG
+
+# 6b. training windows written by the background worker ---------------------------------
+step training 150 $PY scripts/gpu_check.py training "$OUT" --model $MODEL --batch $BATCH --seq $SEQ --dtype $DTYPE \
+  --impl sdpa --steps $TRAINING_STEPS --every $TRAINING_EVERY $DRYFLAG
 
 # 7. a slice under ncu ------------------------------------------------------------
 if [ "$DRY" = 0 ] && command -v ncu > /dev/null; then

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -103,6 +104,23 @@ def test_bad_records_files_are_one_line_errors(tmp_path):
     truncated.write_bytes(data[: len(data) // 2])
     with pytest.raises(HeadcountError, match="truncated"):
         cupti_records.read_records(truncated)
+    header, records = cupti_records.read_records(good)
+    assert len(records) == 2000 and records[1999]["correlation_id"] == 1999
+    malformed = tmp_path / "malformed.jsonl.gz"
+    with gzip.open(malformed, "wt") as fh:
+        fh.write(json.dumps({"kind": "header", "format": "headcount-cupti-records", "pid": 1}) + "\n{\"kind\": \n")
+    with pytest.raises(HeadcountError, match="unreadable or truncated"):
+        cupti_records.read_records(malformed)
+
+
+def test_records_files_the_json_module_wrote_are_read_nan_included(tmp_path):
+    """Files written before the records were encoded with msgspec: the json module's NaN (no JSON) is read."""
+    old = tmp_path / "old.jsonl.gz"
+    with gzip.open(old, "wt") as fh:
+        fh.write(json.dumps({"kind": "header", "format": "headcount-cupti-records", "pid": 1}) + "\n")
+        fh.write(json.dumps({"kind": "pm_sample", "start": 1, "end": 2, "values": {"dram": float("nan"), "x": 1.5}}) + "\n")
+    header, records = cupti_records.read_records(old)
+    assert header["pid"] == 1 and math.isnan(records[0]["values"]["dram"]) and records[0]["values"]["x"] == 1.5
 
 
 def test_an_unclosed_range_is_an_error_not_a_guess():

@@ -28,6 +28,9 @@ def test_gpu_check_dry_run(tmp_path):
     assert checks["cupti probe probe-cupti-13.4"]["detail"].startswith("no NVIDIA driver")
     assert {r["implementation"] for r in summary["per_implementation"]} == {"eager", "sdpa"}
     assert summary["overhead"]["model"] == "bert-tiny" and summary["overhead"]["median_step_s_with"] > 0
+    training = checks["training windows (background worker)"]
+    assert training["status"] == "ok", training
+    assert summary["training"]["written"] == [0, 3] and summary["training"]["ratio"] > 0
     env = json.loads((out / "environment.json").read_text())
     assert env["cuda_available"] is False
     doctor = json.loads((out / "doctor.json").read_text())

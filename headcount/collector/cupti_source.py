@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import ctypes
 import gzip
-import json
 import os
 import threading
 import time
 from pathlib import Path
+
+import msgspec
 
 from headcount.collector.cupti_errors import classify
 from headcount.derive.sampling import PM_COUNTERS, PM_PERCENTS
@@ -495,13 +496,14 @@ class CuptiRecorder:
                   "pid": os.getpid(), "stats": self.stats, "notices": self.notices}
         self.records_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.records_path.with_name(self.records_path.name + ".tmp")
-        dumps = json.JSONEncoder(separators=(",", ":")).encode
-        # level 1: the file is written while the user waits; it still shrinks ~10×
-        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=1) as fh:
-            fh.write(dumps(header) + "\n")
+        # msgspec: 5× faster than the json module, the same JSON lines; level 1: the file is written while the
+        # user waits (a training loop's profiled step: stop() runs in the loop); it still shrinks ~7×
+        lines = msgspec.json.Encoder().encode_lines
+        with gzip.open(tmp, "wb", compresslevel=1) as fh:
+            fh.write(lines([header]))
             for rows in (self.range_log.records() if self.range_log else [], self.records):
                 for lo in range(0, len(rows), 50_000):
-                    fh.write("\n".join(dumps(r) for r in rows[lo:lo + 50_000]) + "\n")
+                    fh.write(lines(rows[lo:lo + 50_000]))
         os.replace(tmp, self.records_path)
         return self.records_path
 

@@ -37,6 +37,7 @@ import json
 import zlib
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -44,6 +45,8 @@ from headcount.errors import HeadcountError
 from headcount.parsers.kineto import COLUMNS
 
 FORMAT = "headcount-cupti-records"
+READ_CHUNK_BYTES = 64 << 20  # of decompressed JSON lines, decoded at once (msgspec: 3× faster than the json module)
+_JSON = msgspec.json.Decoder()
 EXTRA = [
     "external_id", "queued_ns", "submitted_ns", "block_threads", "shared_memory_static_bytes",
     "shared_memory_dynamic_bytes", "shared_memory_config_bytes", "local_memory_per_thread_bytes", "graph_id", "launch_type",
@@ -60,18 +63,23 @@ def read_records(path: str | Path) -> tuple[dict, list[dict]]:
     path = Path(path)
     hint = "pass the cupti-records.jsonl.gz that `headcount profile --backend cupti --trace-dir DIR` wrote"
     try:
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
+        with gzip.open(path, "rb") as fh:
             first = fh.readline()
             try:
-                header = json.loads(first) if first else None
-            except json.JSONDecodeError:
+                header = _JSON.decode(first) if first.strip() else None
+            except msgspec.DecodeError:
                 header = None
             if not isinstance(header, dict) or header.get("format") != FORMAT:
                 raise HeadcountError(f"{path}: not a headcount CUPTI records file", hint=hint)
-            records = [json.loads(line) for line in fh if line.strip()]
+            records = []
+            while chunk := fh.readlines(READ_CHUNK_BYTES):  # whole lines, a bounded piece at a time
+                try:
+                    records += _JSON.decode_lines(b"".join(chunk))
+                except msgspec.DecodeError:  # NaN, as files the json module wrote (headcount before 2026-12-05) may hold
+                    records += [json.loads(line) for line in chunk if line.strip()]
     except FileNotFoundError as exc:
         raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
-    except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, zlib.error, msgspec.DecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise HeadcountError(f"{path}: unreadable or truncated CUPTI records file ({type(exc).__name__}: {exc})",
                              hint="record it again; a run that was killed leaves no complete file") from exc
     return header, records
