@@ -233,14 +233,16 @@ class HeadcountCallback(_callback_base()):
         self.options = options
         self.profiler: StepProfiler | None = None
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if self.profiler is None:  # before the first step: the writer's worker starts here
-            self.profiler = StepProfiler(model, self.out, self.every, **self.options)
-
-    def on_step_begin(self, args, state, control, model=None, **kwargs):
+    def _profiler(self, model) -> StepProfiler:
         if self.profiler is None:
             self.profiler = StepProfiler(model, self.out, self.every, **self.options)
-        self.profiler.start(state.global_step)
+        return self.profiler
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._profiler(model)  # before the first step: the writer's worker starts here, not in the loop
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        self._profiler(model).start(state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.profiler is not None:

@@ -8,7 +8,8 @@ the same staged commit: a report is never half-written). The loop goes on as
 soon as torch's profiler has stopped.
 
 - One worker process, started with the writer (a fresh interpreter that
-  imports the build and never torch: :func:`main`), kept for the whole run, fed one window at a time, in order.
+  imports the build and never torch: :func:`main`), kept for the whole run,
+  fed one window at a time, in order.
   Not forked from the training process: after a fork every page the loop
   writes is copied while the child lives (measured: the next step of a CPU
   model 3–6× slower), and a forked CUDA process is no place to work in.
@@ -219,9 +220,8 @@ class WindowWriter:
         """Queue a window (the caller checked :meth:`full`); it goes to the worker when the worker is free.
         The recording's file is the writer's from now on (moved into its folder: the recorder may clean
         up its own, at the program's exit too, before the window is written); removed once written or lost.
-
-        Raises:
-            HeadcountError: the recording's file cannot be moved.
+        A file that cannot be moved loses its window (in :attr:`failed`, said at :meth:`close`): a training
+        run never stops for its profile.
         """
         if self._jobs_dir is None:
             self._jobs_dir = tempfile.mkdtemp(prefix="headcount-windows-")  # private (0700): recordings and call logs
@@ -229,8 +229,9 @@ class WindowWriter:
         try:
             shutil.move(recording.path, taken)
         except OSError as exc:
-            raise HeadcountError(f"{recording.path}: cannot hand the recording to the window writer ({exc.strerror or exc})",
-                                 hint="check free space in the temporary directory (TMPDIR)") from exc
+            self.failed.append((step, f"{recording.path}: cannot hand the recording to the window writer "
+                                      f"({exc.strerror or exc}); check free space in the temporary directory (TMPDIR)"))
+            return
         job = _Job(step, dataclasses.replace(recording, path=taken), Path(out), metadata, attention_stats, append, self.target)
         self._queue.append(_Queued(job))
         self.poll()

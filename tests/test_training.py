@@ -232,3 +232,16 @@ def test_a_worker_killed_between_windows_is_replaced(tmp_path):
     sp.close()
     assert sp.writer.written == [0, 2] and not sp.writer.failed
     assert sorted(pd.read_parquet(tmp_path / "out" / "runs")["run_id"].str[-7:]) == ["0000000", "0000002"]
+
+
+def test_a_recording_that_cannot_be_handed_over_loses_its_window_not_the_run(tmp_path, capsys):
+    """The recording's file is gone (a cleaner of /tmp, a full disk): submit() does not raise into the
+    training loop; the window is named with its cause at close()."""
+    from headcount.build import Recording
+    from headcount.window_writer import WindowWriter
+
+    writer = WindowWriter()
+    writer.submit(7, Recording("kineto", tmp_path / "gone.json", [], "r", "sdpa", None, None), tmp_path / "out", {}, None, False)
+    writer.close()
+    assert writer.written == [] and [step for step, _ in writer.failed] == [7]
+    assert "gone.json: cannot hand the recording to the window writer" in capsys.readouterr().err
