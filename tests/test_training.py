@@ -142,21 +142,28 @@ def test_the_worker_is_a_fresh_process_that_never_imports_torch(tmp_path, capsys
     assert worker.returncode == 0  # ended by close()
 
 
-def test_a_window_written_in_the_background_equals_the_one_saved_in_the_loop(tmp_path):
-    """The same recording, built and written by the worker and by AttentionProfiler.save: the same tables."""
+@pytest.mark.parametrize("source", ["torch", "cupti-head"])
+def test_a_window_written_in_the_background_equals_the_one_saved_in_the_loop(tmp_path, source):
+    """The same recording, built and written by the worker and by AttentionProfiler.save: the same tables
+    (torch.profiler's trace; CUPTI records of the replay fed with records of a real H100, in head mode)."""
     import dataclasses
     import shutil
+
+    from cupti_replay import profile_replayed
 
     from headcount import AttentionProfiler
     from headcount.window_writer import WindowWriter
 
-    model = llama_model("sdpa")
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
-    prof = AttentionProfiler(model, attention_stats={"rows": 8})
-    with prof:
-        model(input_ids=ids, labels=ids).loss.backward()
+    if source == "torch":
+        model = llama_model("sdpa")
+        prof = AttentionProfiler(model, attention_stats={"rows": 8})
+        with prof:
+            model(input_ids=ids, labels=ids).loss.backward()
+    else:
+        prof, _ = profile_replayed(llama_model("eager"), {"input_ids": ids, "labels": ids}, mode="head", tmp_path=tmp_path / "rec")
     recording = prof.recording()
-    handed = tmp_path / "handed.json"  # the writer takes the file it is given: a copy, for save() below
+    handed = tmp_path / f"handed{''.join(recording.path.suffixes)}"  # the writer takes the file it is given: a copy, for save()
     shutil.copy(recording.path, handed)
     writer = WindowWriter()
     writer.submit(0, dataclasses.replace(recording, path=handed), tmp_path / "bg", prof.run_metadata(),
@@ -164,9 +171,12 @@ def test_a_window_written_in_the_background_equals_the_one_saved_in_the_loop(tmp
     writer.close(say=lambda line: None)
     prof.save(tmp_path / "fg")
     assert writer.written == [0] and not handed.exists()  # let go once written
-    for table in ("kernels", "ranges", "layers", "heads", "steps", "attention_stats"):
+    tables = ("kernels", "ranges", "layers", "heads", "steps", "findings", *(("attention_stats",) if source == "torch" else ()))
+    for table in tables:
         bg, fg = pd.read_parquet(tmp_path / "bg" / table), pd.read_parquet(tmp_path / "fg" / table)
         pd.testing.assert_frame_equal(bg, fg, check_like=True)
+    if source != "torch":
+        assert len(pd.read_parquet(tmp_path / "bg" / "heads")) and (pd.read_parquet(tmp_path / "bg" / "kernels")["kind"] == "kernel").any()
 
 
 def test_windows_queued_when_the_program_ends_without_close_are_written(tmp_path):
