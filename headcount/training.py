@@ -211,6 +211,7 @@ class StepProfiler:
         self.stop()
         if self._at_exit is not None:
             self._at_exit()  # the writer's close(), once
+            self._at_exit = weakref.finalize(self, self.writer.close)  # for windows of steps profiled after this
         if len(self.history):  # even when no window could be written: the statistics were gathered in the loop
             self.out.mkdir(parents=True, exist_ok=True)
             self.drift().to_parquet(self.out / "drift.parquet", index=False)

@@ -179,8 +179,10 @@ def test_a_window_written_in_the_background_equals_the_one_saved_in_the_loop(tmp
         assert len(pd.read_parquet(tmp_path / "bg" / "heads")) and (pd.read_parquet(tmp_path / "bg" / "kernels")["kind"] == "kernel").any()
 
 
-def test_windows_queued_when_the_program_ends_without_close_are_written(tmp_path):
-    """The documented loop without sp.close(): the program's exit waits for the windows queued."""
+@pytest.mark.parametrize("closed_midway", [False, True])
+def test_windows_queued_when_the_program_ends_without_close_are_written(tmp_path, closed_midway):
+    """The documented loop without sp.close() (or a window profiled after close()): the program's exit
+    waits for the windows queued."""
     import subprocess
     import sys
     from pathlib import Path
@@ -192,17 +194,21 @@ def test_windows_queued_when_the_program_ends_without_close_are_written(tmp_path
         "from headcount.training import StepProfiler\n"
         "model = llama_model('sdpa')\n"
         "ids = torch.randint(0, 128, (2, 16))\n"
-        f"sp = StepProfiler(model, {str(tmp_path / 'out')!r}, every=2, queue=3)\n"
-        "for step in range(5):\n"
+        f"sp = StepProfiler(model, {str(tmp_path / 'out')!r}, every=2, queue=4)\n"  # room for every window: none skipped
+        "for step in range(7):\n"
+        f"    if step == 2 and {closed_midway}:\n"
+        "        sp.close()\n"
+        "        sp.writer.target = 'window_faults:wait_for_go'  # windows 4 and 6 still queued at the end\n"
         "    with sp.step(step):\n"
         "        model(input_ids=ids, labels=ids).loss.backward()\n"
+        f"open({str(tmp_path / 'go')!r}, 'w').close()\n"
     )
     tests = str(Path(__file__).parent)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tests,
                           env={**__import__("os").environ, "PYTHONPATH": tests})
     assert done.returncode == 0, done.stderr[-2000:]
     runs = pd.read_parquet(tmp_path / "out" / "runs")
-    assert sorted(runs["run_id"].str[-7:]) == ["0000000", "0000002", "0000004"]
+    assert sorted(runs["run_id"].str[-7:]) == ["0000000", "0000002", "0000004", "0000006"]
 
 
 def test_a_worker_that_cannot_start_is_said_before_the_loop(tmp_path, monkeypatch):
