@@ -206,6 +206,7 @@ class WindowWriter:
     _queue: list[_Queued] = field(default_factory=list)
     _worker: _Worker | None = None
     _jobs_dir: str | None = None
+    _failures_said: int = 0  # close() says each failure once
 
     def __post_init__(self):
         self._worker = self._started()
@@ -241,10 +242,7 @@ class WindowWriter:
         since the last call. Never waits."""
         said: list[str] = []
         while self._queue:
-            queued = self._queue[0]
-            if not queued.sent:
-                self._send(queued)
-            answer = self._worker.answer(wait=False)
+            answer = self._answer(self._queue[0], wait=False)
             if answer is None:
                 break
             said += self._finish(self._queue.pop(0), answer)
@@ -258,17 +256,16 @@ class WindowWriter:
         total = len(self._queue)
         for done in range(1, total + 1):
             queued = self._queue[0]
-            if not queued.sent:
-                self._send(queued)
-            for line in self._finish(self._queue.pop(0), self._worker.answer(wait=True)):
+            for line in self._finish(self._queue.pop(0), self._answer(queued, wait=True)):
                 say(line)
             if queued.job.step in self.written:
                 say(f"window of step {queued.job.step} written ({done} of {total} waiting at close)")
         if self._worker is not None:
             self._worker.stop()
             self._worker = None
-        for step, cause in self.failed:
+        for step, cause in self.failed[self._failures_said:]:
             say(f"the window of step {step} was not written: {cause}")
+        self._failures_said = len(self.failed)
         if self._jobs_dir is not None:
             shutil.rmtree(self._jobs_dir, ignore_errors=True)
             self._jobs_dir = None
@@ -278,19 +275,34 @@ class WindowWriter:
         worker.ready()
         return worker
 
-    def _send(self, queued: _Queued) -> None:
-        if self._worker is None:  # the last one died
-            self._worker = self._started()
+    def _answer(self, queued: _Queued, wait: bool) -> tuple[str, object, float | None] | None:
+        """The answer for the window first in line, sending it first when it was not (``None``: not yet)."""
+        if not queued.sent:
+            refused = self._send(queued)
+            if refused is not None:
+                return refused
+        return self._worker.answer(wait)
+
+    def _send(self, queued: _Queued) -> tuple[str, str, None] | None:
+        """Hand the window to the worker (a fresh one where the last died); ``("failed", why, None)`` when
+        no worker starts (the window is lost, the training loop goes on)."""
         path = Path(self._jobs_dir) / f"step{queued.job.step}.pickle"
         with open(path, "wb") as file:
             pickle.dump(queued.job, file, protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self._worker.jobs.send(str(path))  # a file name: the pipe never fills, the loop never waits on it
-        except OSError:  # it died between windows (e.g. the kernel's OOM killer): a fresh one takes this window
-            self._worker.process.wait()
-            self._worker = self._started()
-            self._worker.jobs.send(str(path))
+            if self._worker is None:  # the last one died on its window
+                self._worker = self._started()
+            try:
+                self._worker.jobs.send(str(path))  # a file name: the pipe never fills, the loop never waits on it
+            except OSError:  # it died between windows (e.g. the kernel's OOM killer): a fresh one takes this window
+                self._worker.process.wait()
+                self._worker = self._started()
+                self._worker.jobs.send(str(path))
+        except HeadcountError as exc:
+            self._worker = None
+            return "failed", exc.one_line(), None
         queued.sent = True
+        return None
 
     def _finish(self, queued: _Queued, answer: tuple[str, object, float | None]) -> list[str]:
         """A window the worker answered for (or died on): its result, or why it has none; its files let go."""

@@ -261,3 +261,27 @@ def test_a_recording_that_cannot_be_handed_over_loses_its_window_not_the_run(tmp
     writer.close()
     assert writer.written == [] and [step for step, _ in writer.failed] == [7]
     assert "gone.json: cannot hand the recording to the window writer" in capsys.readouterr().err
+
+
+def test_a_worker_that_cannot_be_replaced_loses_the_window_not_the_run(tmp_path, monkeypatch, capsys):
+    """The worker is killed between windows and no fresh one starts (made to exit at once): the next
+    window is lost with the cause, the loop goes on, close() says it once."""
+    import os
+    import signal
+
+    from headcount import window_writer
+
+    model = llama_model("sdpa")
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    sp = StepProfiler(model, tmp_path / "out", every=2, queue=3)
+    first = sp.writer._worker.process
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    monkeypatch.setattr(window_writer, "ENTRY", "import sys; sys.exit(7)")
+    with sp.step(0):
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert sp.writer.failed and sp.writer.failed[0][0] == 0 and "exit code 7" in sp.writer.failed[0][1]
+    sp.close()
+    sp.close()
+    err = capsys.readouterr().err
+    assert err.count("the window of step 0 was not written") == 1
