@@ -2,19 +2,26 @@
 
 The loop of the issue: a 4-layer BERT (hidden 256, 4 heads, intermediate 1024),
 batch 4, sequence 128, on the CPU, forward + backward + SGD step, 100 steps.
-Three variants, each its own process (what a user runs), alternating, three
-rounds, medians reported:
+Variants, each its own process (what a user runs), alternating, three
+rounds; each round starts and ends with the untagged loop, whose mean is that
+round's baseline (this machine's speed drifts by several per cent within
+minutes); the median of each variant's ratios is reported:
 
 - ``plain``: the loop, untagged;
 - ``background``: ``StepProfiler(model, out, every=25)``, windows built and
-  written by a worker process (the default);
+  written by worker processes (the default: at idle priority first, at
+  normal priority when the queue is full and at ``close()``);
+- ``normal``: the same with ``writer_priority="normal"`` (one worker that
+  shares the CPU with the loop);
 - ``in-loop``: the same with ``background=False`` (what the loop paid before).
 
 The loop's wall time is timed apart from ``close()`` (which waits for the
 windows still being written) and from making the ``StepProfiler`` (which
-starts the worker process, before the loop). Prints the ratios to ``plain``,
-how many of the 4 windows were written, and the worker's CPU time a window
-(what the loop gives up where, as here, torch keeps every core busy).
+starts the workers, before the loop). Prints the ratios to ``plain``,
+how many of the 4 windows were written and by which worker during the loop
+(``idle``, ``normal``; the rest at ``close()``), and the workers' CPU time a
+window (what the loop gives up where, as here, torch keeps every core busy,
+unless the worker runs at idle priority).
 
 First, what one profiled step costs and whose part it is (one process,
 alternating, median of 15 steps each): untouched, under torch.profiler alone,
@@ -100,7 +107,8 @@ def one(variant: str, steps: int, every: int, out: Path, threads: int | None) ->
         from headcount.training import StepProfiler
 
         t = time.perf_counter()
-        sp = StepProfiler(model, out, every=every, background=variant == "background")  # starts the worker
+        sp = StepProfiler(model, out, every=every, background=variant != "in-loop",
+                          writer_priority="normal" if variant == "normal" else "idle")  # starts the workers
         made_s = time.perf_counter() - t
 
     def step() -> None:
@@ -117,6 +125,7 @@ def one(variant: str, steps: int, every: int, out: Path, threads: int | None) ->
             with sp.step(i):
                 step()
     loop_s = time.perf_counter() - t0
+    in_loop = dict(sp.writer.written_by) if sp is not None and sp.writer is not None else {}
     t1 = time.perf_counter()
     if sp is not None:
         sp.close()
@@ -127,7 +136,8 @@ def one(variant: str, steps: int, every: int, out: Path, threads: int | None) ->
 
         written = len(pd.read_parquet(out / "runs"))
     worker_cpu = sorted(sp.writer.cpu_seconds.values()) if sp is not None and sp.writer is not None else []
-    return {"variant": variant, "loop_s": loop_s, "close_s": close_s, "written": written, "made_s": made_s,
+    by = {kind: sum(k == kind for k in in_loop.values()) for kind in ("idle", "normal")}
+    return {"variant": variant, "loop_s": loop_s, "close_s": close_s, "written": written, "made_s": made_s, "in_loop": by,
             "worker_cpu_s": statistics.median(worker_cpu) if worker_cpu else None}
 
 
@@ -152,8 +162,10 @@ def main() -> None:
     cost = json.loads(done.stdout.strip().splitlines()[-1])
     print("one step, median of 15 (ms): " + "; ".join(f"{name} {ms:.1f}" for name, ms in cost.items()))
     results: dict[str, list[dict]] = {}
-    for _ in range(args.rounds):  # alternating, so that a slow spell of the machine hits every variant alike
-        for variant in ("plain", "background", "in-loop"):
+    variants = ("background", "normal", "in-loop")
+    for _ in range(args.rounds):  # alternating, the untagged loop first and last: each ratio is to its own round's
+        plains = []
+        for variant in ("plain", *variants, "plain"):
             with tempfile.TemporaryDirectory() as tmp:
                 done = subprocess.run([sys.executable, __file__, "--one", variant, "--steps", str(args.steps), "--every",
                                        str(args.every), "--out", str(Path(tmp) / "out"),
@@ -161,23 +173,29 @@ def main() -> None:
                                       capture_output=True, text=True)
                 if done.returncode != 0:
                     sys.exit(f"{variant} failed: {done.stderr.strip()[-2000:]}")
-                results.setdefault(variant, []).append(json.loads(done.stdout.strip().splitlines()[-1]))
-    plain = statistics.median(r["loop_s"] for r in results["plain"])
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+                (plains if variant == "plain" else results.setdefault(variant, [])).append(row)
+        plain = statistics.mean(r["loop_s"] for r in plains)  # the machine's speed drifts: a round's own baseline
+        results.setdefault("plain", []).append({"loop_s": plain})
+        for variant in variants:
+            results[variant][-1]["ratio"] = results[variant][-1]["loop_s"] / plain
     windows = len(range(0, args.steps, args.every))
     runs = ", ".join(f"{r['loop_s']:.2f}" for r in results["plain"])
-    print(f"plain loop: {plain:.2f} s for {args.steps} steps (median of {runs})")
-    for variant in ("background", "in-loop"):
+    print(f"plain loop: {args.steps} steps in {runs} s (each round's, the mean of its first and last run)")
+    for variant in variants:
         rows = results[variant]
-        loop = statistics.median(r["loop_s"] for r in rows)
+        ratio = statistics.median(r["ratio"] for r in rows)
         close = statistics.median(r["close_s"] for r in rows)
-        ratios = ", ".join(f"{r['loop_s'] / plain:.3f}" for r in rows)
+        ratios = ", ".join(f"{r['ratio']:.3f}" for r in rows)
         made = statistics.median(r["made_s"] for r in rows)
         cpu = [r["worker_cpu_s"] for r in rows if r["worker_cpu_s"] is not None]
         worker = f"; worker CPU {statistics.median(cpu) * 1000:.0f} ms a window" if cpu else ""
-        print(f"{variant}: loop {loop:.2f} s = {loop / plain:.3f}× plain (runs {ratios}); "
+        if variant != "in-loop":
+            during = ", ".join(f"{r['in_loop']['idle']}+{r['in_loop']['normal']}" for r in rows)
+            worker += f"; written during the loop by the idle+normal worker: {during}"
+        print(f"{variant}: loop {ratio:.3f}× plain, median of its rounds ({ratios}); "
               f"close() {close:.2f} s; StepProfiler() {made:.2f} s; windows written {[r['written'] for r in rows]} "
               f"of {windows}{worker}")
-
 
 if __name__ == "__main__":
     main()

@@ -92,19 +92,25 @@ class StepProfiler:
         drift_threshold: change of normalized entropy that raises a :class:`HeadDriftWarning`.
         background: build and write each window in a worker process (the loop does not wait);
             ``False``: in the loop, as :meth:`AttentionProfiler.save` does.
-        queue: windows that may wait or be written at once in the background (a window due
-            while that many are is skipped, with a notice).
+        queue: windows that may wait in the background besides those being written (a window due
+            while that many wait is skipped, with a notice).
+        writer_priority: ``"idle"`` (Linux; elsewhere ``"normal"``): windows are written by a worker at
+            idle priority, on CPU time the loop leaves idle (it never slows the loop), and by a second
+            worker at normal priority only when the queue is full (see :class:`~headcount.window_writer.WindowWriter`);
+            ``"normal"``: by one worker that shares the CPU with the loop.
 
     Raises:
-        ValueError: ``every`` below 1, a ``schedule`` that is not callable.
+        ValueError: ``every`` below 1, a ``schedule`` that is not callable, an unknown ``writer_priority``.
         HeadcountError: an unknown backend; the background writer's process did not start.
     """
 
     def __init__(self, model, out: str | Path, every: int = 100, mode: str = "layer", backend: str = "auto",
                  attention_stats: bool | dict = True, drift_threshold: float = 0.15, schedule=None, background: bool = True,
-                 queue: int = 2):
+                 queue: int = 2, writer_priority: str = "idle"):
         if every < 1:
             raise ValueError("every must be at least 1")
+        if writer_priority not in ("idle", "normal"):
+            raise ValueError(f"writer_priority={writer_priority!r}: pass 'idle' (the default) or 'normal'")
         if schedule is not None and not callable(schedule):
             raise ValueError(f"schedule={schedule!r} is not callable: pass torch.profiler.schedule(wait=…, warmup=…, active=…)")
         self.schedule = schedule
@@ -123,7 +129,7 @@ class StepProfiler:
         self._baseline: tuple[int, dict] | None = None  # (first profiled step, normalized entropy by head)
         self.profiled: list[int] = []  # steps recorded (and, in the background, handed to the writer)
         self.skipped: list[int] = []  # steps due while the writer was full
-        self.writer = WindowWriter(capacity=queue) if background else None
+        self.writer = WindowWriter(capacity=queue, idle=writer_priority == "idle") if background else None
         # windows queued when the program ends without close() are written all the same
         self._at_exit = weakref.finalize(self, self.writer.close) if self.writer is not None else None
         self._prof: AttentionProfiler | None = None
@@ -137,13 +143,16 @@ class StepProfiler:
         return step % self.every == 0
 
     def start(self, step: int) -> None:
-        """Begin profiling ``step`` (when it is due)."""
+        """Begin profiling ``step`` (when it is due); hand the writer its next window when it is free."""
+        if self.writer is not None and self.writer.pending:
+            for line in self.writer.poll():  # every step: an idle-priority worker may finish a window at any time
+                notice(line)
         if self._prof is not None or not self.due(step):
             return
         if self.writer is not None and self.writer.full():
             self.skipped.append(step)
-            notice(f"step {step} not profiled: {self.writer.capacity} earlier windows are still being written "
-                   "(the loop does not wait for them)")
+            notice(f"step {step} not profiled: {self.writer.capacity} earlier windows are waiting to be written "
+                   f"(the loop does not wait for them; queue= gives more room)")
             return
         self._step = step
         self._prof = AttentionProfiler(self.model, mode=self.mode, backend=self.backend, run_id=f"{self.base_id}-step{step:07d}",
@@ -158,18 +167,18 @@ class StepProfiler:
         prof.__exit__(None, None, None)
         if prof.failure is not None:
             return
-        append = bool(self.profiled) or (self.out / "headcount.json").exists()
         statistics = prof.attention_statistics()
         if statistics is not None:
             statistics["step"] = self._step
             self.history = pd.concat([self.history, statistics], ignore_index=True)
         if self.writer is not None:
-            self.writer.submit(self._step, prof.recording(), self.out, prof.run_metadata(), statistics, append)
+            # append: two workers may write windows out of order (an existing report is appended to in any case)
+            self.writer.submit(self._step, prof.recording(), self.out, prof.run_metadata(), statistics, True)
             prof.discard_recording()  # the rest of the recorder's folder: the writer has the recording
             for line in self.writer.poll():
                 notice(line)
         else:
-            prof.save(self.out, append=append)
+            prof.save(self.out, append=bool(self.profiled) or (self.out / "headcount.json").exists())
         self.profiled.append(self._step)
         self._warn(statistics)
 

@@ -7,21 +7,30 @@ and appends them to the dataset (:func:`~headcount.reports.dataset.write_stats`,
 the same staged commit: a report is never half-written). The loop goes on as
 soon as torch's profiler has stopped.
 
-- One worker process, started with the writer (a fresh interpreter that
-  imports the build and never torch: :func:`main`), kept for the whole run,
-  fed one window at a time, in order.
-  Not forked from the training process: after a fork every page the loop
-  writes is copied while the child lives (measured: the next step of a CPU
-  model 3–6× slower), and a forked CUDA process is no place to work in.
+- Worker processes started with the writer (fresh interpreters that import
+  the build and never torch: :func:`main`), kept for the whole run, each fed
+  one window at a time, oldest first.
+- Where the platform has an idle priority (Linux ``SCHED_IDLE``), windows go
+  first to a worker at that priority: it takes only CPU time nothing else
+  wants, so a loop that keeps every core busy is not slowed by it (measured on
+  2 cores: a window's 0.14 s of build taken from the loop made it 1.12×; at
+  idle priority it was within the noise of the untagged loop). Where no core
+  is ever idle it gets nothing, and windows wait. A second worker, at normal
+  priority, takes the oldest waiting window only when a window is due and the
+  queue is full (the loop then gives up CPU time for a window that would
+  otherwise be lost), and the windows left at :meth:`WindowWriter.close`
+  (the loop is over; on a machine busy with other work the idle one would
+  barely run, and an unprivileged process cannot raise its priority back).
 - The loop never blocks: a window goes to the worker as a file name (the job
   is pickled beside it), and :meth:`WindowWriter.poll` only reads answers that
-  are there. At most ``capacity`` windows wait or run; :meth:`WindowWriter.full`
-  tells the caller to skip the next one (with a notice) rather than wait.
+  are there. At most ``capacity`` windows wait besides those being written;
+  :meth:`WindowWriter.full` tells the caller to skip the next one (with a
+  notice) rather than wait.
 - A window that fails, or whose worker dies, is lost alone:
   :meth:`WindowWriter.close` names it and the cause; a fresh worker takes the
   next window.
-- The worker ignores Ctrl-C (the terminal sends it to the whole process
-  group): the window in hand is finished, and the worker ends when the
+- The workers ignore Ctrl-C (the terminal sends it to the whole process
+  group): the window in hand is finished, and a worker ends when the
   training process closes its pipe or exits.
 - :meth:`WindowWriter.close` waits, saying each window as it is written.
 """
@@ -39,7 +48,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Callable
 
@@ -47,11 +56,13 @@ import pandas as pd
 
 from headcount.build import Recording, tables_from_recording
 from headcount.errors import HeadcountError, notice
-from headcount.reports.dataset import write_stats
+from headcount.reports.dataset import listed_runs, recover, write_stats
 
 WRITE_WINDOW = "headcount.window_writer:write_window"
 # what the build imports on first use, imported before the worker says it is ready (not during the training loop)
 WARM_UP = ("headcount.parsers.kineto", "headcount.parsers.cupti_records", "pyarrow.pandas_compat")
+STARVED_CHECK_S = 0.5  # at close(): how often the idle worker's progress is checked
+STARVED_SHARE = 0.25  # of a core, below which it is deemed starved (its window then goes to the other worker)
 READY_TIMEOUT_S = 300  # its imports take a third of a second on an idle machine; a loaded one may be far slower
 ENTRY = "import sys; from headcount.window_writer import main; main(sys.argv[1:])"  # not -m: no second copy of this module
 
@@ -99,12 +110,27 @@ def _run(path: str) -> tuple[str, object]:
         return "failed", f"{type(exc).__name__}: {exc}"
 
 
-def serve(inbox: Connection, outbox: Connection) -> None:
-    """The worker's loop: say it is ready, then for each job file received, run it and answer; returns
-    when the training process closes the pipe."""
+def idle_priority() -> bool:
+    """Put every thread of this process at the kernel's idle priority (Linux ``SCHED_IDLE``; threads made
+    later inherit it): it then runs only on CPU time nothing else wants. Irreversible for an unprivileged
+    process. Returns whether it could (False where the platform has no such class, e.g. macOS)."""
+    if not hasattr(os, "SCHED_IDLE") or not os.path.isdir("/proc/self/task"):
+        return False
+    try:
+        for thread in os.listdir("/proc/self/task"):
+            os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
+    except OSError:
+        return False
+    return True
+
+
+def serve(inbox: Connection, outbox: Connection, idle: bool = False) -> None:
+    """The worker's loop: warm up (at normal priority: the training process waits for it), move to idle
+    priority when ``idle``, say it is ready (and whether it runs at idle priority), then for each job
+    file received, run it and answer; returns when the training process closes the pipe."""
     for module in WARM_UP:
         importlib.import_module(module)
-    outbox.send(("ready", os.getpid()))
+    outbox.send(("ready", os.getpid(), idle and idle_priority()))
     while True:
         try:
             path = inbox.recv()
@@ -116,21 +142,24 @@ def serve(inbox: Connection, outbox: Connection) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Entry of the worker process (:data:`ENTRY`): the file descriptors of its two pipes, jobs in, answers out."""
+    """Entry of the worker process (:data:`ENTRY`): the file descriptors of its two pipes, jobs in, answers
+    out, and ``idle`` or ``normal`` (its priority)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    serve(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False))
+    serve(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False), idle=argv[2] == "idle")
 
 
 class _Worker:
     """The worker process and its two pipes, seen from the training process."""
 
-    def __init__(self):
+    def __init__(self, idle: bool):
+        self.idle = False  # whether it runs at idle priority: it says so when ready
         job_read, job_write = os.pipe()
         answer_read, answer_write = os.pipe()
         # the same modules as here (a package found through sys.path edits too), torch never imported
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         try:
-            self.process = subprocess.Popen([sys.executable, "-c", ENTRY, str(job_read), str(answer_write)],
+            self.process = subprocess.Popen([sys.executable, "-c", ENTRY, str(job_read), str(answer_write),
+                                             "idle" if idle else "normal"],
                                             pass_fds=(job_read, answer_write), env=env, stdin=subprocess.DEVNULL)
         finally:
             os.close(job_read)
@@ -151,7 +180,7 @@ class _Worker:
             self.process.wait()
             raise HeadcountError(f"the window writer process did not start within {READY_TIMEOUT_S} s", hint=hint)
         try:
-            self.answers.recv()
+            self.idle = self.answers.recv()[2]
         except EOFError:
             code = self.process.wait()
             raise HeadcountError(f"the window writer process did not start (exit code {code}); its error is above",
@@ -167,6 +196,11 @@ class _Worker:
         except (EOFError, OSError):
             return "died", self.process.wait(), None
 
+    def kill(self) -> None:
+        """End it now, its job in hand unfinished (its staging is left to :func:`~headcount.reports.dataset.recover`)."""
+        self.process.kill()
+        self.process.wait()
+
     def stop(self) -> None:
         """Close the pipes: the worker ends once its job in hand is done."""
         self.jobs.close()
@@ -177,48 +211,84 @@ class _Worker:
 @dataclass
 class _Queued:
     job: _Job
-    sent: bool = False
+    kind: str | None = None  # the worker writing it ("idle", "normal"); None while it waits
 
 
 @dataclass
 class WindowWriter:
-    """Writes windows in a worker process, one at a time, never blocking the caller (see the module docstring).
+    """Writes windows in worker processes, never blocking the caller (see the module docstring).
 
-    The worker starts with the writer (about a third of a second of imports, before the training loop).
+    Two workers where the platform has an idle priority (Linux): one at idle priority writes the
+    windows; one at normal priority takes the oldest waiting window when a new one is due and the queue
+    is full (the loop gives up CPU time only for a window that would otherwise be lost), and the windows
+    left at :meth:`close`. Elsewhere, or with ``idle=False``, one worker at normal priority. They start
+    with the writer (about a third of a second of imports each, at once, before the training loop).
 
     Attributes:
-        capacity: windows that may wait or run at once.
-        target: the function the worker runs for a window, ``module:name``, called as :func:`write_window`
+        capacity: windows that may wait besides those being written.
+        idle: write windows at idle priority first (see above); ``False``: one worker, at the loop's priority.
+        target: the function a worker runs for a window, ``module:name``, called as :func:`write_window`
             (tests stand in one that fails; the worker imports it, from the same ``sys.path`` as here).
         written: steps whose windows were written; failed: ``(step, cause)`` of those that were not.
-        cpu_seconds: CPU time the worker spent on each window it answered for, by step (what the
-            training loop gives up when the machine has no core to spare).
+        cpu_seconds: CPU time a worker spent on each window it answered for, by step.
+        written_by: the kind of worker (``idle``, ``normal``) that wrote each window, by step.
 
     Raises:
-        HeadcountError: the worker process did not start.
+        HeadcountError: a worker process did not start.
     """
 
     capacity: int = 2
+    idle: bool = True
     target: str = WRITE_WINDOW
     written: list[int] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
     cpu_seconds: dict[int, float] = field(default_factory=dict)
+    written_by: dict[int, str] = field(default_factory=dict)
     _queue: list[_Queued] = field(default_factory=list)
-    _worker: _Worker | None = None
+    _workers: dict[str, _Worker | None] = field(default_factory=dict)  # by kind; None: to be started when needed
     _jobs_dir: str | None = None
     _failures_said: int = 0  # close() says each failure once
 
     def __post_init__(self):
-        self._worker = self._started()
+        kinds = ("idle", "normal") if self.idle else ("normal",)
+        starting = {kind: _Worker(idle=kind == "idle") for kind in kinds}  # both import at once
+        try:
+            for worker in starting.values():
+                worker.ready()
+        except HeadcountError:
+            for worker in starting.values():
+                worker.kill()
+                worker.stop()
+            raise
+        if "idle" in starting and not starting["idle"].idle:  # no idle priority here: one worker is enough
+            starting.pop("idle").stop()
+        self._workers = starting
+
+    @property
+    def pending(self) -> int:
+        """Windows submitted and not yet answered for (being written or waiting)."""
+        return len(self._queue)
+
+    @property
+    def processes(self) -> dict[str, subprocess.Popen]:
+        """The worker processes running, by kind (``idle``, ``normal``)."""
+        return {kind: worker.process for kind, worker in self._workers.items() if worker is not None}
+
+    @property
+    def waiting(self) -> int:
+        """Windows submitted and not yet handed to a worker."""
+        return sum(queued.kind is None for queued in self._queue)
 
     def full(self) -> bool:
-        """Whether a new window would exceed :attr:`capacity` (then skip it: :meth:`submit` never waits)."""
-        self.poll()
-        return len(self._queue) >= self.capacity
+        """Whether a new window would exceed :attr:`capacity` (then skip it: :meth:`submit` never waits).
+        When it would, the oldest waiting window first goes to the worker at normal priority, if it is free."""
+        if self.waiting >= self.capacity and "idle" in self._workers and self._holding("normal") is None:
+            self._hand(self._waiting_first(), "normal")
+        return self.waiting >= self.capacity
 
     def submit(self, step: int, recording: Recording, out: Path, metadata: dict, attention_stats: pd.DataFrame | None,
                append: bool) -> None:
-        """Queue a window (the caller checked :meth:`full`); it goes to the worker when the worker is free.
+        """Queue a window (the caller checked :meth:`full`); it goes to a worker when one is free.
         The recording's file is the writer's from now on (moved into its folder: the recorder may clean
         up its own, at the program's exit too, before the window is written); removed once written or lost.
         A file that cannot be moved loses its window (in :attr:`failed`, said at :meth:`close`): a training
@@ -238,31 +308,45 @@ class WindowWriter:
         self.poll()
 
     def poll(self) -> list[str]:
-        """Collect the answer that is there and send the next window; returns the notices of windows written
-        since the last call. Never waits."""
-        said: list[str] = []
-        while self._queue:
-            answer = self._answer(self._queue[0], wait=False)
-            if answer is None:
-                break
-            said += self._finish(self._queue.pop(0), answer)
+        """Collect the answers that are there and hand the first worker that is free the oldest waiting
+        window; returns the notices of windows written since the last call. Never waits."""
+        said = self._collect(timeout=0)
+        first = "idle" if "idle" in self._workers else "normal"
+        if self._holding(first) is None and self.waiting:
+            self._hand(self._waiting_first(), first)
         return said
 
     def close(self, say: Callable[[str], None] = notice) -> None:
         """Wait for every queued window, saying each as it is written and each failure with its cause;
-        then end the worker."""
+        then end the workers. The loop is over: waiting windows go to the worker at normal priority; the
+        idle one finishes the window it holds where it gets CPU time, else (a machine busy with other
+        work) that window is taken from it (:meth:`_take_back`) and written by the other."""
         for line in self.poll():
             say(line)
         total = len(self._queue)
-        for done in range(1, total + 1):
-            queued = self._queue[0]
-            for line in self._finish(self._queue.pop(0), self._answer(queued, wait=True)):
+        while self._queue:
+            for kind in ("normal", "idle"):  # the idle one only while it lives: one taken back is not restarted
+                if self.waiting and kind in self._workers and self._holding(kind) is None and \
+                        (kind == "normal" or self._workers[kind] is not None):
+                    self._hand(self._waiting_first(), kind)
+            idle = self._workers.get("idle") if self._holding("idle") is not None else None
+            began, before = time.monotonic(), _cpu_seconds(idle.process.pid) if idle is not None else None
+            done = len(self.written)
+            for line in self._collect(timeout=STARVED_CHECK_S if idle is not None else None):
                 say(line)
-            if queued.job.step in self.written:
-                say(f"window of step {queued.job.step} written ({done} of {total} waiting at close)")
-        if self._worker is not None:
-            self._worker.stop()
-            self._worker = None
+            for step in self.written[done:]:
+                say(f"window of step {step} written ({total - len(self._queue)} of {total} waiting at close)")
+            if idle is not None and self._holding("idle") is not None and time.monotonic() - began >= STARVED_CHECK_S:
+                after = _cpu_seconds(idle.process.pid)
+                if before is None or after is None or after - before < STARVED_SHARE * (time.monotonic() - began):
+                    for line in self._take_back():
+                        say(line)
+        for kind, worker in self._workers.items():
+            if worker is not None and worker.idle:
+                worker.kill()  # it holds nothing; at idle priority, on a busy machine, even its exit would take long
+            if worker is not None:
+                worker.stop()
+            self._workers[kind] = None
         for step, cause in self.failed[self._failures_said:]:
             say(f"the window of step {step} was not written: {cause}")
         self._failures_said = len(self.failed)
@@ -270,59 +354,106 @@ class WindowWriter:
             shutil.rmtree(self._jobs_dir, ignore_errors=True)
             self._jobs_dir = None
 
-    def _started(self) -> _Worker:
-        worker = _Worker()
-        worker.ready()
-        return worker
+    def _holding(self, kind: str) -> _Queued | None:
+        return next((queued for queued in self._queue if queued.kind == kind), None)
 
-    def _answer(self, queued: _Queued, wait: bool) -> tuple[str, object, float | None] | None:
-        """The answer for the window first in line, sending it first when it was not (``None``: not yet)."""
-        if not queued.sent:
-            refused = self._send(queued)
-            if refused is not None:
-                return refused
-        return self._worker.answer(wait)
+    def _waiting_first(self) -> _Queued:
+        return next(queued for queued in self._queue if queued.kind is None)
 
-    def _send(self, queued: _Queued) -> tuple[str, str, None] | None:
-        """Hand the window to the worker (a fresh one where the last died); ``("failed", why, None)`` when
-        no worker starts (the window is lost, the training loop goes on)."""
+    def _hand(self, queued: _Queued, kind: str) -> None:
+        """Give a window to the worker of that kind (a fresh one where the last died). Where no worker
+        starts, the window is lost with the cause (the training loop goes on)."""
         path = Path(self._jobs_dir) / f"step{queued.job.step}.pickle"
         with open(path, "wb") as file:
             pickle.dump(queued.job, file, protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            if self._worker is None:  # the last one died on its window
-                self._worker = self._started()
+            if self._workers.get(kind) is None:  # the last one died on its window, or close() ended it
+                self._workers[kind] = self._started(kind)
             try:
-                self._worker.jobs.send(str(path))  # a file name: the pipe never fills, the loop never waits on it
+                self._workers[kind].jobs.send(str(path))  # a file name: the pipe never fills, the loop never waits on it
             except OSError:  # it died between windows (e.g. the kernel's OOM killer): a fresh one takes this window
-                self._worker.process.wait()
-                self._worker = self._started()
-                self._worker.jobs.send(str(path))
+                self._workers[kind].process.wait()
+                self._workers[kind] = self._started(kind)
+                self._workers[kind].jobs.send(str(path))
         except HeadcountError as exc:
-            self._worker = None
-            return "failed", exc.one_line(), None
-        queued.sent = True
-        return None
+            self._workers[kind] = None
+            self._queue.remove(queued)
+            self._let_go(queued)
+            self.failed.append((queued.job.step, exc.one_line()))
+            return
+        queued.kind = kind
 
-    def _finish(self, queued: _Queued, answer: tuple[str, object, float | None]) -> list[str]:
-        """A window the worker answered for (or died on): its result, or why it has none; its files let go."""
-        step = queued.job.step
-        for path in (Path(self._jobs_dir, f"step{step}.pickle"), queued.job.recording.path):
+    def _started(self, kind: str) -> _Worker:
+        worker = _Worker(idle=kind == "idle")
+        worker.ready()
+        return worker
+
+    def _collect(self, timeout: float | None) -> list[str]:
+        """Finish the windows whose workers answered, waiting up to ``timeout`` seconds for one (``None``:
+        until one answers); returns their notices."""
+        holding = {kind: queued for kind in self._workers if (queued := self._holding(kind)) is not None}
+        if not holding:
+            return []
+        if timeout != 0:
+            wait([self._workers[kind].answers for kind in holding], timeout)
+        said: list[str] = []
+        for kind, queued in holding.items():
+            answer = self._workers[kind].answer(wait=False)
+            if answer is not None:
+                said += self._finish(queued, answer)
+        return said
+
+    def _take_back(self) -> list[str]:
+        """Take its window from the idle worker, which gets no CPU time: end it, and put the window back
+        first in line, unless it was written (its answer came in the meantime, or its commit went through:
+        completed by :func:`~headcount.reports.dataset.recover` where the kill interrupted it)."""
+        queued, worker = self._holding("idle"), self._workers["idle"]
+        worker.kill()
+        self._workers["idle"] = None
+        answer = worker.answer(wait=False)  # sent just before the kill, or ("died", …)
+        worker.stop()
+        if answer[0] != "died":
+            return self._finish(queued, answer)
+        recover(queued.job.out)
+        if queued.job.recording.run_id in listed_runs(queued.job.out):
+            return self._finish(queued, ("ok", [], None))
+        self._queue.remove(queued)
+        queued.kind = None
+        self._queue.insert(0, queued)
+        return []
+
+    def _let_go(self, queued: _Queued) -> None:
+        """Remove a window's files (its job and its recording)."""
+        for path in (Path(self._jobs_dir, f"step{queued.job.step}.pickle"), queued.job.recording.path):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
+
+    def _finish(self, queued: _Queued, answer: tuple[str, object, float | None]) -> list[str]:
+        """A window a worker answered for (or died on): its result, or why it has none; its files let go."""
+        self._queue.remove(queued)
+        self._let_go(queued)
+        step = queued.job.step
         status, value, seconds = answer
         if seconds is not None:
             self.cpu_seconds[step] = seconds
         if status == "died":
-            self._worker = None
+            self._workers[queued.kind] = None
             self.failed.append((step, f"its worker process died (exit code {value})"))
             return []
         if status == "failed":
             self.failed.append((step, value))
             return []
         self.written.append(step)
+        self.written_by[step] = queued.kind
         return [f"step {step}: {line}" for line in value]
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a process has had, in seconds, from ``/proc`` (``None``: gone or unreadable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None

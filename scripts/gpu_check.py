@@ -243,7 +243,7 @@ def training_windows(out: Path, args) -> int:
            "dtype": args.dtype, "steps": args.steps, "every": args.every, "cpu_count": os.cpu_count(),
            "loop_s_untagged": [before, after], "loop_s_profiled": profiled, "ratio": profiled / plain,
            "profiler_made_s": made_s, "close_s": close_s, "profiled": sp.profiled, "skipped": sp.skipped,
-           "written": sp.writer.written, "failed": sp.writer.failed,
+           "written": sp.writer.written, "failed": sp.writer.failed, "written_by": {str(k): v for k, v in sp.writer.written_by.items()},
            "worker_cpu_s": {str(k): v for k, v in sp.writer.cpu_seconds.items()}}
     _write(out / "training.json", doc)
     return 0

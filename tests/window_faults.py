@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from headcount.reports.dataset import write_stats
 from headcount.window_writer import write_window
 
 
@@ -34,3 +35,26 @@ def say_if_torch(recording, out, metadata, attention_stats, append):
     """Write the window, and say whether the worker process has imported torch."""
     lines = write_window(recording, out, metadata, attention_stats, append)
     return [*lines, f"torch imported in the worker: {'torch' in sys.modules}"]
+
+
+def _at_idle_priority() -> bool:
+    return hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE
+
+
+def hold_while_idle(recording, out, metadata, attention_stats, append):
+    """Never finish in a worker at idle priority (as on a machine whose cores are all busy); write the
+    window in one at normal priority."""
+    while _at_idle_priority():
+        time.sleep(0.01)
+    return write_window(recording, out, metadata, attention_stats, append)
+
+
+def commit_then_hold_while_idle(recording, out, metadata, attention_stats, append):
+    """Commit the window (its ``runs`` row only: little CPU time for a worker at idle priority on a busy
+    machine), then never answer in a worker at idle priority (killed between its commit and its answer);
+    a worker at normal priority writes the whole window, a second time if it is given it."""
+    if not _at_idle_priority():
+        return [*write_window(recording, out, metadata, attention_stats, append), "written by a worker at normal priority"]
+    write_stats(out, recording.run_id, {}, metadata, append=append)
+    while True:
+        time.sleep(0.01)
