@@ -323,7 +323,7 @@ class WindowWriter:
         work) that window is taken from it (:meth:`_take_back`) and written by the other."""
         for line in self.poll():
             say(line)
-        total = len(self._queue)
+        total, said_done = len(self._queue), 0
         while self._queue:
             for kind in ("normal", "idle"):  # the idle one only while it lives: one taken back is not restarted
                 if self.waiting and kind in self._workers and self._holding(kind) is None and \
@@ -335,7 +335,8 @@ class WindowWriter:
             for line in self._collect(timeout=STARVED_CHECK_S if idle is not None else None):
                 say(line)
             for step in self.written[done:]:
-                say(f"window of step {step} written ({total - len(self._queue)} of {total} waiting at close)")
+                said_done += 1
+                say(f"window of step {step} written ({said_done} of {total} waiting at close)")
             if idle is not None and self._holding("idle") is not None and time.monotonic() - began >= STARVED_CHECK_S:
                 after = _cpu_seconds(idle.process.pid)
                 if before is None or after is None or after - before < STARVED_SHARE * (time.monotonic() - began):

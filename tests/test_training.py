@@ -31,10 +31,11 @@ def test_trainer_callback_profiles_every_n_steps(tmp_path):
     model = llama_model("sdpa")
     args = TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=24, per_device_train_batch_size=4, learning_rate=5e-3,
                              report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True)
-    callback = HeadcountCallback(tmp_path / "out", every=8, drift_threshold=0.0, queue=3)  # room for every window: none skipped
+    callback = HeadcountCallback(tmp_path / "out", every=8, drift_threshold=0.0)  # the default queue holds 2 besides the one in hand
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         Trainer(model=model, args=args, train_dataset=_Data(), callbacks=[callback]).train()
+    assert callback.profiler.profiled == [0, 8, 16] and not callback.profiler.skipped
     out = tmp_path / "out"
     runs = pd.read_parquet(out / "runs")
     assert len(runs) == 3 and runs["run_id"].str.endswith(("step0000000", "step0000008", "step0000016")).all()
