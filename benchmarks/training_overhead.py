@@ -27,7 +27,7 @@ First, what one profiled step costs and whose part it is (one process,
 alternating, median of 15 steps each): untouched, under torch.profiler alone,
 under headcount's profiler, and with its attention statistics.
 
-Run: python benchmarks/training_overhead.py [--steps 100] [--every 25] [--rounds 3]
+Run: python benchmarks/training_overhead.py [--steps 100] [--every 25] [--rounds 3] [--threads N] [--queue N]
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def step_cost(rounds: int) -> dict:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def one(variant: str, steps: int, every: int, out: Path, threads: int | None) -> dict:
+def one(variant: str, steps: int, every: int, out: Path, threads: int | None, queue: int = 2) -> dict:
     if variant == "step-cost":
         return step_cost(rounds=steps)
     model, opt, ids = _loop_model(threads)
@@ -107,7 +107,7 @@ def one(variant: str, steps: int, every: int, out: Path, threads: int | None) ->
         from headcount.training import StepProfiler
 
         t = time.perf_counter()
-        sp = StepProfiler(model, out, every=every, background=variant != "in-loop",
+        sp = StepProfiler(model, out, every=every, background=variant != "in-loop", queue=queue,
                           writer_priority="normal" if variant == "normal" else "idle")  # starts the workers
         made_s = time.perf_counter() - t
 
@@ -149,11 +149,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of the loop (default: torch's, every core); 1 leaves a core free, as a "
                              "GPU training process whose Python thread drives the GPU does")
+    parser.add_argument("--queue", type=int, default=2, help="StepProfiler's queue (windows that may wait)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.steps, args.every, Path(args.out), args.threads)))
+        print(json.dumps(one(args.one, args.steps, args.every, Path(args.out), args.threads, args.queue)))
         return
     done = subprocess.run([sys.executable, __file__, "--one", "step-cost", "--steps", "15", "--out", "-"], capture_output=True,
                           text=True)
@@ -168,7 +169,7 @@ def main() -> None:
         for variant in ("plain", *variants, "plain"):
             with tempfile.TemporaryDirectory() as tmp:
                 done = subprocess.run([sys.executable, __file__, "--one", variant, "--steps", str(args.steps), "--every",
-                                       str(args.every), "--out", str(Path(tmp) / "out"),
+                                       str(args.every), "--out", str(Path(tmp) / "out"), "--queue", str(args.queue),
                                        *(["--threads", str(args.threads)] if args.threads else [])],
                                       capture_output=True, text=True)
                 if done.returncode != 0:
