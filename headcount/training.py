@@ -24,12 +24,12 @@ turning uniform, or collapsing onto one token) is warned about once.
 The loop does not wait for a window's tables: once torch's profiler has
 stopped, the recording goes to a worker process that builds and appends it
 (:mod:`headcount.window_writer`, started with the profiler, before the
-loop); at most two windows wait or are written at once, and a window due
-while two do is skipped with a notice. ``close()`` (``on_train_end``; at
-exit when neither ran) waits for them. Drift warnings need only the
-attention statistics, gathered in the loop: they come at once. The worker
-takes CPU time the loop would have had where no core is idle (a CPU model
-using every core): 0.13 s a window for a 4-layer BERT on two cores.
+loop): on Linux at idle priority, so that it takes no CPU time the loop
+wants, and by a second worker at normal priority when ``queue`` windows
+wait and another is due (then at the loop's expense); a window due while
+both are busy and the queue is full is skipped with a notice. ``close()``
+(``on_train_end``; at exit when neither ran) waits for them. Drift warnings
+need only the attention statistics, gathered in the loop: they come at once.
 """
 
 from __future__ import annotations

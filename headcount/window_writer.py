@@ -186,10 +186,10 @@ class _Worker:
             raise HeadcountError(f"the window writer process did not start (exit code {code}); its error is above",
                                  hint=hint) from None
 
-    def answer(self, wait: bool) -> tuple[str, object, float | None] | None:
-        """The answer to the job in hand, ``(status, value, CPU seconds)`` (``None``: not yet, when not
-        waiting); ``("died", exit code, None)`` when the process ended without one."""
-        if not wait and not self.answers.poll():
+    def answer(self) -> tuple[str, object, float | None] | None:
+        """The answer to the job in hand, ``(status, value, CPU seconds)`` (``None``: not yet; never waits);
+        ``("died", exit code, None)`` when the process ended without one."""
+        if not self.answers.poll():
             return None
         try:
             return self.answers.recv()
@@ -229,9 +229,9 @@ class WindowWriter:
         idle: write windows at idle priority first (see above); ``False``: one worker, at the loop's priority.
         target: the function a worker runs for a window, ``module:name``, called as :func:`write_window`
             (tests stand in one that fails; the worker imports it, from the same ``sys.path`` as here).
-        written: steps whose windows were written; failed: ``(step, cause)`` of those that were not.
+        written_by: the kind of worker (``idle``, ``normal``) that wrote each window, by step, in the order
+            written (:attr:`written`: the steps); failed: ``(step, cause)`` of those that were not.
         cpu_seconds: CPU time a worker spent on each window it answered for, by step.
-        written_by: the kind of worker (``idle``, ``normal``) that wrote each window, by step.
 
     Raises:
         HeadcountError: a worker process did not start.
@@ -240,7 +240,6 @@ class WindowWriter:
     capacity: int = 2
     idle: bool = True
     target: str = WRITE_WINDOW
-    written: list[int] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
     cpu_seconds: dict[int, float] = field(default_factory=dict)
     written_by: dict[int, str] = field(default_factory=dict)
@@ -263,6 +262,11 @@ class WindowWriter:
         if "idle" in starting and not starting["idle"].idle:  # no idle priority here: one worker is enough
             starting.pop("idle").stop()
         self._workers = starting
+
+    @property
+    def written(self) -> list[int]:
+        """Steps whose windows were written, in the order they were."""
+        return list(self.written_by)
 
     @property
     def pending(self) -> int:
@@ -288,7 +292,7 @@ class WindowWriter:
 
     def submit(self, step: int, recording: Recording, out: Path, metadata: dict, attention_stats: pd.DataFrame | None,
                append: bool) -> None:
-        """Queue a window (the caller checked :meth:`full`); it goes to a worker when one is free.
+        """Queue a window (the caller checked :meth:`full`); :meth:`poll` hands it to a worker when one is free.
         The recording's file is the writer's from now on (moved into its folder: the recorder may clean
         up its own, at the program's exit too, before the window is written); removed once written or lost.
         A file that cannot be moved loses its window (in :attr:`failed`, said at :meth:`close`): a training
@@ -304,8 +308,7 @@ class WindowWriter:
                                       f"({exc.strerror or exc}); check free space in the temporary directory (TMPDIR)"))
             return
         job = _Job(step, dataclasses.replace(recording, path=taken), Path(out), metadata, attention_stats, append, self.target)
-        self._queue.append(_Queued(job))
-        self.poll()
+        self._queue.append(_Queued(job))  # handed to a worker by the next poll()
 
     def poll(self) -> list[str]:
         """Collect the answers that are there and hand the first worker that is free the oldest waiting
@@ -399,7 +402,7 @@ class WindowWriter:
             wait([self._workers[kind].answers for kind in holding], timeout)
         said: list[str] = []
         for kind, queued in holding.items():
-            answer = self._workers[kind].answer(wait=False)
+            answer = self._workers[kind].answer()
             if answer is not None:
                 said += self._finish(queued, answer)
         return said
@@ -411,7 +414,7 @@ class WindowWriter:
         queued, worker = self._holding("idle"), self._workers["idle"]
         worker.kill()
         self._workers["idle"] = None
-        answer = worker.answer(wait=False)  # sent just before the kill, or ("died", …)
+        answer = worker.answer()  # sent just before the kill, or ("died", …)
         worker.stop()
         if answer[0] != "died":
             return self._finish(queued, answer)
@@ -446,7 +449,6 @@ class WindowWriter:
         if status == "failed":
             self.failed.append((step, value))
             return []
-        self.written.append(step)
         self.written_by[step] = queued.kind
         return [f"step {step}: {line}" for line in value]
 
