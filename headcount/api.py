@@ -466,10 +466,7 @@ class AttentionProfiler:
         window = self._window
         if window.stats_collector is None:
             return None
-        table = window.stats_collector.table()
-        table.insert(0, "implementation", self.implementation)
-        table.insert(0, "run_id", window.run_id)
-        return table
+        return window.stats_collector.table(run_id=window.run_id, implementation=self.implementation)
 
     def discard_recording(self) -> None:
         """Remove this window's recording files (once its tables are built, here or elsewhere)."""

@@ -98,3 +98,31 @@ def test_statistics_are_off_by_default_and_saved_when_on(tmp_path):
     assert set(stats["kv_head"]) == {0, 1}
     out = prof.save(tmp_path / "r")
     assert len(pd.read_parquet(out / "attention_stats")) == len(stats)
+
+
+def test_statistics_leave_no_operator_in_the_trace():
+    """The statistics' operators run with record_function off: the window's torch.profiler trace holds
+    none of them (topk is theirs alone in BERT), and every operator after them is recorded as before."""
+    import gzip
+    import json
+
+    model = bert_model("sdpa")
+    ids = torch.randint(0, 64, (2, 12))
+
+    def operators(attention_stats):
+        model.zero_grad(set_to_none=True)  # the same backward both times (no gradient to accumulate into)
+        prof = AttentionProfiler(model, backend="torch", attention_stats=attention_stats)
+        with prof:
+            model(input_ids=ids, labels=ids).loss.backward()
+        path = prof.recording().path
+        opener = gzip.open if str(path).endswith(".gz") else open
+        with opener(path, "rt") as file:
+            names = [e["name"] for e in json.load(file)["traceEvents"] if e.get("cat") == "cpu_op"]
+        return prof, sorted(names)
+
+    without, plain = operators(False)
+    with_stats, observed = operators({"rows": 4})
+    assert len(with_stats.get_stats()["attention_stats"]) == 2 * 4  # the statistics were computed: 2 layers × 4 heads
+    assert "aten::topk" not in observed
+    assert observed == plain  # the same operators, none lost after the statistics turned record_function back on
+    assert torch.autograd._profiler_enabled() is False
