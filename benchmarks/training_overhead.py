@@ -2,10 +2,11 @@
 
 The loop of the issue: a 4-layer BERT (hidden 256, 4 heads, intermediate 1024),
 batch 4, sequence 128, on the CPU, forward + backward + SGD step, 100 steps.
-Variants, each its own process (what a user runs), alternating, three
-rounds; each round starts and ends with the untagged loop, whose mean is that
-round's baseline (this machine's speed drifts by several per cent within
-minutes); the median of each variant's ratios is reported:
+Variants, each its own process (what a user runs), alternating, five
+rounds; each run of a variant comes between two runs of the untagged loop,
+whose mean is its baseline (this machine's speed drifts by several per cent
+within a minute), and the variants' order turns from round to round; the
+median of each variant's ratios is reported:
 
 - ``plain``: the loop, untagged;
 - ``background``: ``StepProfiler(model, out, every=25)``, windows built and
@@ -27,7 +28,7 @@ First, what one profiled step costs and whose part it is (one process,
 alternating, median of 15 steps each): untouched, under torch.profiler alone,
 under headcount's profiler, and with its attention statistics.
 
-Run: python benchmarks/training_overhead.py [--steps 100] [--every 25] [--rounds 3] [--threads N] [--queue N]
+Run: python benchmarks/training_overhead.py [--steps 100] [--every 25] [--rounds 5] [--threads N] [--queue N]
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--every", type=int, default=25)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of the loop (default: torch's, every core); 1 leaves a core free, as a "
                              "GPU training process whose Python thread drives the GPU does")
@@ -164,25 +165,33 @@ def main() -> None:
     print("one step, median of 15 (ms): " + "; ".join(f"{name} {ms:.1f}" for name, ms in cost.items()))
     results: dict[str, list[dict]] = {}
     variants = ("background", "normal", "in-loop")
-    for _ in range(args.rounds):  # alternating, the untagged loop first and last: each ratio is to its own round's
-        plains = []
-        for variant in ("plain", *variants, "plain"):
-            with tempfile.TemporaryDirectory() as tmp:
-                done = subprocess.run([sys.executable, __file__, "--one", variant, "--steps", str(args.steps), "--every",
-                                       str(args.every), "--out", str(Path(tmp) / "out"), "--queue", str(args.queue),
-                                       *(["--threads", str(args.threads)] if args.threads else [])],
-                                      capture_output=True, text=True)
-                if done.returncode != 0:
-                    sys.exit(f"{variant} failed: {done.stderr.strip()[-2000:]}")
-                row = json.loads(done.stdout.strip().splitlines()[-1])
-                (plains if variant == "plain" else results.setdefault(variant, [])).append(row)
-        plain = statistics.mean(r["loop_s"] for r in plains)  # the machine's speed drifts: a round's own baseline
-        results.setdefault("plain", []).append({"loop_s": plain})
-        for variant in variants:
-            results[variant][-1]["ratio"] = results[variant][-1]["loop_s"] / plain
+
+    def run(variant: str) -> dict:
+        with tempfile.TemporaryDirectory() as tmp:
+            done = subprocess.run([sys.executable, __file__, "--one", variant, "--steps", str(args.steps), "--every",
+                                   str(args.every), "--out", str(Path(tmp) / "out"), "--queue", str(args.queue),
+                                   *(["--threads", str(args.threads)] if args.threads else [])],
+                                  capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{variant} failed: {done.stderr.strip()[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    for r in range(args.rounds):
+        # each variant between two untagged runs, its ratio to their mean (this machine's speed drifts within a
+        # minute); the variants' order turns from round to round, so that none always follows another
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        before = run("plain")
+        results.setdefault("plain", []).append(before)
+        for variant in order:
+            row, after = run(variant), run("plain")
+            row["ratio"] = row["loop_s"] / statistics.mean([before["loop_s"], after["loop_s"]])
+            results.setdefault(variant, []).append(row)
+            results["plain"].append(after)
+            before = after
     windows = len(range(0, args.steps, args.every))
-    runs = ", ".join(f"{r['loop_s']:.2f}" for r in results["plain"])
-    print(f"plain loop: {args.steps} steps in {runs} s (each round's, the mean of its first and last run)")
+    plain = sorted(r["loop_s"] for r in results["plain"])
+    print(f"plain loop: {args.steps} steps in {statistics.median(plain):.2f} s (median of {len(plain)} runs, "
+          f"{plain[0]:.2f} to {plain[-1]:.2f})")
     for variant in variants:
         rows = results[variant]
         ratio = statistics.median(r["ratio"] for r in rows)
