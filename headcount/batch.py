@@ -62,7 +62,7 @@ def stage_file(path: str, out: str, run_id: str, options: ReadOptions) -> FileRe
     try:
         source = sources.for_path(Path(path))
         result = source.parse(Path(path), run_id, options)
-        meta = _metadata(path, run_id, source.name, result.version, result.device, result.notices)
+        meta = _metadata(path, run_id, source.name, result.version, result.device, result.notices, result.run)
         with dataset.StagedRun(out, run_id, meta) as staged:
             for name, frame in result.pieces():
                 if name in WRITTEN:
@@ -139,11 +139,13 @@ def _shards(path: str, jobs: int):
     return jobs, plan
 
 
-def _metadata(path: str, run_id: str, source: str, version, device, notices: list[str]) -> dict:
-    """The run metadata of a parsed file: the device and versions the recording names, never this machine's."""
+def _metadata(path: str, run_id: str, source: str, version, device, notices: list[str], run: dict | None = None) -> dict:
+    """The run metadata of a parsed file: the device and versions the recording names, never this machine's
+    (``run``: what else the file says of its run, e.g. its rank)."""
     from headcount.reports.metadata import run_metadata
 
-    return run_metadata(run_id, source, version, "parse", {"input": str(path), "implementation": "unknown", "notices": notices},
+    return run_metadata(run_id, source, version, "parse",
+                        {"input": str(path), "implementation": "unknown", "notices": notices, **(run or {})},
                         device=device or Device("cuda"), program={})
 
 

@@ -49,6 +49,7 @@ class Parsed:
         version: the recording tool's version, where the file says.
         lines: one-line facts for the progress output (complete once :meth:`pieces` is consumed).
         notices: what the reader should know (printed as notices, kept in the metadata).
+        run: run metadata the file states (``rank``, ``world_size`` of a distributed trace).
         stream: instead of ``tables``, the tables in pieces (``(name, DataFrame)``),
             built while they are consumed (large recordings, one process at a time).
     """
@@ -59,6 +60,7 @@ class Parsed:
     lines: list[str] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
     stream: Iterator[tuple[str, pd.DataFrame]] | None = None
+    run: dict = field(default_factory=dict)
 
     def pieces(self) -> Iterator[tuple[str, pd.DataFrame]]:
         """``(table name, rows)`` to write, in order; consumed once."""
@@ -137,7 +139,9 @@ def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     layers = tables["layers"]
     found = signals.kinds_in(layers["signal"]) if "signal" in layers else []
     how = f"found by {'/'.join(found)} names" if found else "from headcount's ranges"
+    rank = trace["distributed"].get("rank")
     return Parsed(tables, device, None, [f"{path}: {int((tables['kernels']['kind'] == 'kernel').sum())} kernels, "
-                                         f"{len(layers)} layer rows {how}"], notices)
+                                         f"{len(layers)} layer rows {how}" + (f" (rank {rank})" if rank is not None else "")],
+                  notices, run=trace["distributed"])
 
 

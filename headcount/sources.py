@@ -9,6 +9,7 @@ entry here (see ``docs/adding-a-source.md``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -58,13 +59,42 @@ FILE_SOURCES: list[FileSource] = [
     FileSource("nsys", ".nsys-rep report (exported by the nsys on PATH)", (".nsys-rep",), parse_file.from_nsys_rep),
     FileSource("ncu", "ncu CSV export (raw or details page)", (".csv",), parse_file.from_ncu_csv),
     FileSource("ncu", ".ncu-rep report (read with ncu_report)", (".ncu-rep",), parse_file.from_ncu_rep),
-    FileSource("torch", "torch.profiler trace (Chrome JSON, plain or gzip)", (".json", ".json.gz"), parse_file.from_torch_trace),
+    FileSource("torch", "torch.profiler trace (Chrome JSON, plain or gzip; a directory of them: one run each)", (".json", ".json.gz"), parse_file.from_torch_trace),
 ]
 
 
 def supported() -> str:
     """The formats ``headcount parse`` reads, for help texts and errors."""
     return ", ".join(f"{s.label} ({'a directory' if s.directory else ', '.join(s.suffixes)})" for s in FILE_SOURCES)
+
+
+TRACE_SUFFIXES = (".json", ".json.gz")  # torch.profiler traces in a directory of ranks (HTA's trace_dir)
+
+
+def _natural(path: Path) -> list:
+    """Sort key: digits as numbers (rank2 before rank10)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+def expand(path: Path) -> list[Path]:
+    """The inputs that ``path`` names: a directory of torch.profiler traces (one per rank, as Holistic
+    Trace Analysis's ``trace_dir``; no ``.parquet`` file in it) is its trace files, in natural order;
+    anything else is itself.
+
+    Raises:
+        HeadcountError: a directory that holds neither traces nor an nsys parquetdir export.
+    """
+    if not path.is_dir():
+        return [path]
+    files = [f for f in path.iterdir() if f.is_file()]
+    if any(f.name.lower().endswith(".parquet") for f in files):
+        return [path]  # an nsys parquetdir export
+    traces = sorted((f for f in files if f.name.lower().endswith(TRACE_SUFFIXES)), key=_natural)
+    if not traces:
+        raise HeadcountError(f"{path}: a directory with no torch.profiler trace (*.json, *.json.gz) and no nsys parquetdir "
+                             "export (*.parquet) in it",
+                             hint="export nsys with `nsys export --type parquetdir`, or pass the files themselves")
+    return traces
 
 
 def for_path(path: Path) -> FileSource:

@@ -117,4 +117,5 @@ def test_bad_inputs_write_nothing(tmp_path, capsys, name, content, message):
 def test_directory_that_is_not_a_parquetdir_export(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("x")
     assert main(["parse", str(tmp_path), "-o", str(tmp_path / "r")]) == 2
-    assert "not an nsys parquetdir export" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no torch.profiler trace (*.json, *.json.gz) and no nsys parquetdir export" in err and str(tmp_path) in err

@@ -133,3 +133,51 @@ def test_graph_replayed_kernels_in_a_trace_are_named_and_said(tmp_path, capsys):
     kernels = pd.read_parquet(out / "kernels")
     marked = kernels[kernels["graph_node_id"].notna()]
     assert sorted(marked["graph_node_id"]) == [40, 41, 42] and marked["name"].str.contains("flash_fwd_kernel").all()
+
+
+def _rank_trace(path: Path, rank: int | None) -> None:
+    """The real H100 BERT trace, saying it is ``rank`` of 2 (as torch.distributed's traces do), gzip."""
+    import json
+
+    with gzip.open(KINETO / "h100_bert-small_sdpa_kineto.json.gz", "rt") as file:
+        trace = json.load(file)
+    if rank is not None:
+        trace["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 2}
+    with gzip.open(path, "wt") as file:
+        json.dump(trace, file)
+
+
+def test_a_directory_of_rank_traces_is_a_run_per_file(tmp_path, capsys):
+    """HTA's trace_dir habit: ``headcount parse traces/`` reads each trace in it as its own run, with the
+    rank its distributedInfo states; in parallel the same tables."""
+    import json
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for rank in (0, 1, 10):
+        _rank_trace(traces / f"rank{rank}.json.gz", rank if rank < 2 else None)
+    (traces / "README.txt").write_text("not a trace: left alone")
+    tables = {}
+    for jobs in ("1", "2"):
+        out = tmp_path / f"r{jobs}"
+        assert main(["parse", str(traces), "-o", str(out), "--jobs", jobs]) == 0
+        err = capsys.readouterr().err
+        assert "(rank 1)" in err
+        runs = pd.read_parquet(out / "runs")
+        inputs = {path.parent.name.removeprefix("run_id="): json.loads(path.read_text())["input"]
+                  for path in (out / "manifests").glob("run_id=*/run.json")}
+        runs["input"] = runs["run_id"].astype(str).map(inputs)
+        runs = runs.sort_values("input").reset_index(drop=True)
+        assert [Path(p).name for p in runs["input"]] == ["rank0.json.gz", "rank1.json.gz", "rank10.json.gz"]
+        assert runs["rank"].tolist()[:2] == [0, 1] and pd.isna(runs["rank"].iloc[2])  # rank10's trace names none
+        assert runs["world_size"].tolist()[:2] == [2, 2]
+        layers = pd.read_parquet(out / "layers").merge(runs[["run_id", "input"]], on="run_id")
+        tables[jobs] = layers.drop(columns=["run_id"]).sort_values(["input", "phase", "layer_name"]).reset_index(drop=True)
+    assert tables["1"].groupby("input").size().nunique() == 1 and len(tables["1"]) > 0  # the same trace thrice
+    pd.testing.assert_frame_equal(tables["1"], tables["2"])
+    assert sources.expand(traces / "rank1.json.gz") == [traces / "rank1.json.gz"]  # a file is itself
+    names = tmp_path / "names"
+    names.mkdir()
+    for name in ("rank10.json", "rank2.json.gz", "rank1.json"):
+        (names / name).write_text("{}")
+    assert [f.name for f in sources.expand(names)] == ["rank1.json", "rank2.json.gz", "rank10.json"]  # natural order

@@ -30,6 +30,7 @@ examples:
   headcount parse rank*.sqlite -o report/ --jobs 4        one run per rank, four files at a time
   headcount parse /shared/rank*.sqlite -o /shared/report --executor ray   one Ray task per file ($RAY_ADDRESS)
   headcount parse trace.json.gz -o report/       a torch.profiler trace (headcount's ranges, or nn.Module ranges + SDPA shapes)
+  headcount parse traces/ -o report/ --jobs 4     a directory of torch.profiler traces, one per rank: a run each
 """
 
 
@@ -63,14 +64,17 @@ def run(args) -> int:
         raise HeadcountError(f"--jobs {args.jobs}: must be 1 or more", hint="e.g. --jobs 4")
     out = dataset.check_output(args.out, append=args.append, force=args.force)
     created = not out.exists()
+    names = []
     for name in args.files:  # every input is checked before any work starts
         path = Path(name)
         if not path.exists():
             raise HeadcountError(f"{path}: no such file", hint="check the path")
         if not (path.is_file() or path.is_dir()):  # a FIFO or a device would block or never end
             raise HeadcountError(f"{path}: not a regular file (a FIFO, socket or device)", hint="pass the exported file itself")
-        sources.for_path(path)
-    files = [(name, new_run_id()) for name in args.files]
+        for each in sources.expand(path):  # a directory of rank traces: each file
+            sources.for_path(each)
+            names.append(str(each))
+    files = [(name, new_run_id()) for name in names]
     jobs = args.jobs or batch.default_jobs()
     finished = []
 
@@ -85,7 +89,7 @@ def run(args) -> int:
             console.print(f"[{len(finished)}/{len(files)}] {result.path}: {state}", soft_wrap=True, highlight=False)
 
     plan = batch.split(files, jobs) if args.executor == "local" else None
-    what = args.files[0] if len(files) == 1 else f"{len(files)} files"
+    what = files[0][0] if len(files) == 1 else f"{len(files)} files"
     how = f"{what} on Ray" if plan is None else f"{what}, {plan.workers} worker processes" if plan.workers > 1 else what
     # a spinner is a thread: none while worker processes may be forked (a fork would inherit its locks)
     parallel = plan is None or plan.workers > 1

@@ -112,11 +112,13 @@ class _ExactEvent(_Event, gc=False):
 class _Trace(msgspec.Struct):
     traceEvents: list[_Event]
     deviceProperties: Any = None
+    distributedInfo: Any = None  # {"rank", "world_size", "backend", …} where torch.distributed ran
 
 
 class _ExactTrace(msgspec.Struct):
     traceEvents: list[_ExactEvent]
     deviceProperties: Any = None
+    distributedInfo: Any = None
 
 
 _EXACT_BELOW_US = 2.0**43
@@ -190,14 +192,18 @@ def load_trace(path: str | Path) -> pd.DataFrame:
 
 def read_trace(path: str | Path) -> dict:
     """A trace file as ``{"events": events table, "devices": deviceProperties
-    (list of dicts, empty for a CPU trace)}``.
+    (list of dicts, empty for a CPU trace), "distributed": {"rank", "world_size"}
+    from its ``distributedInfo``, those that are whole numbers (empty for one process)}``.
 
     Raises:
         HeadcountError: the file is missing, not JSON, or not a Chrome trace.
     """
     events, trace = _frame_of(Path(path))
     devices = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
-    return {"events": events, "devices": [d for d in devices if isinstance(d, dict)]}
+    info = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
+    distributed = {key: info[key] for key in ("rank", "world_size")
+                   if isinstance(info.get(key), int) and not isinstance(info[key], bool) and 0 <= info[key] < 2**31}
+    return {"events": events, "devices": [d for d in devices if isinstance(d, dict)], "distributed": distributed}
 
 
 def run_device(devices: list[dict]) -> Device | None:
