@@ -181,3 +181,31 @@ def test_a_directory_of_rank_traces_is_a_run_per_file(tmp_path, capsys):
     for name in ("rank10.json", "rank2.json.gz", "rank1.json"):
         (names / name).write_text("{}")
     assert [f.name for f in sources.expand(names)] == ["rank1.json", "rank2.json.gz", "rank10.json"]  # natural order
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in KINETO.glob("*.json*")))
+def test_events_decoded_in_batches_give_the_tables_of_the_whole_file(monkeypatch, name):
+    """The reader decodes a few events at a time (memory follows a batch, not the file): every table of
+    each real trace is what decoding the whole file at once gives."""
+    from headcount import parse_file
+    from headcount.parsers import kineto
+
+    monkeypatch.setattr(kineto, "EVENT_BATCH", 10**9)
+    whole = parse_file.from_torch_trace(KINETO / name, "r", ReadOptions())
+    monkeypatch.setattr(kineto, "EVENT_BATCH", 997)  # batches end mid-step, mid-range, between a launch and its kernel
+    pieces = parse_file.from_torch_trace(KINETO / name, "r", ReadOptions())
+    assert whole.tables.keys() == pieces.tables.keys() and len(whole.tables["kernels"]) > 0
+    for table, frame in whole.tables.items():
+        pd.testing.assert_frame_equal(frame, pieces.tables[table], obj=table)
+    assert whole.notices == pieces.notices
+
+
+def test_a_damaged_event_is_named_by_its_place_in_the_file(tmp_path, monkeypatch):
+    from headcount.parsers import kineto
+
+    monkeypatch.setattr(kineto, "EVENT_BATCH", 2)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [' + ", ".join(['{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2}'] * 4)
+                   + ', {"ph": "X", "cat": "cpu_op", "name": "y", "ts": "soon", "dur": 2}]}')
+    with pytest.raises(HeadcountError, match=r"bad.json: an event has no valid ts/dur .*\$\.traceEvents\[4\]\.ts"):
+        kineto.load_trace(bad)

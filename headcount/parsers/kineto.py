@@ -2,10 +2,11 @@
 
 The trace is the file ``torch.profiler.profile.export_chrome_trace`` writes,
 the same one Holistic Trace Analysis reads. Timestamps are microseconds with
-three decimals relative to ``baseTimeNanoseconds``; they are decoded from the
-number's own digits (msgspec, as ``Decimal``) and converted to integer
-nanoseconds exactly (a float64 of ~5e12 µs with three decimals is already at
-the edge of its precision). Only the fields the table needs are decoded.
+three decimals relative to ``baseTimeNanoseconds``; they become integer
+nanoseconds exactly: from their float64 parse where that pins one nanosecond
+(:func:`_nanoseconds`), else from the number's own digits (msgspec, as
+``Decimal``; a float64 of ~5e12 µs with three decimals is at the edge of its
+precision). Only the fields the table needs are decoded.
 
 Output columns (one row per complete ``"ph": "X"`` event):
 
@@ -33,12 +34,16 @@ Output columns (one row per complete ``"ph": "X"`` event):
 
 ``kind`` ``module`` marks an ``nn.Module: <Class>_<k>`` range of a trace
 recorded ``with_modules=True``. Files may be gzip-compressed (``.json.gz``).
-:func:`read_trace` also returns the trace's ``deviceProperties``.
+:func:`read_trace` also returns the trace's ``deviceProperties`` and its
+``distributedInfo``'s rank. The events are decoded and tabulated
+:data:`EVENT_BATCH` at a time (the whole file's decoded events took three
+times the memory of its bytes).
 """
 
 from __future__ import annotations
 
 import gzip
+import re
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -109,18 +114,6 @@ class _ExactEvent(_Event, gc=False):
     dur: Decimal | None = None
 
 
-class _Trace(msgspec.Struct):
-    traceEvents: list[_Event]
-    deviceProperties: Any = None
-    distributedInfo: Any = None  # {"rank", "world_size", "backend", …} where torch.distributed ran
-
-
-class _ExactTrace(msgspec.Struct):
-    traceEvents: list[_ExactEvent]
-    deviceProperties: Any = None
-    distributedInfo: Any = None
-
-
 _EXACT_BELOW_US = 2.0**43
 
 
@@ -148,37 +141,79 @@ def _raw(path: Path) -> bytes:
         raise HeadcountError(f"{path}: not a torch.profiler trace ({exc})", hint=_NOT_A_TRACE) from exc
 
 
-def _decode(path: Path, exact: bool = False) -> _Trace:
-    """The trace's events (typed, only the fields used) and its ``deviceProperties``;
-    ``exact``: times as ``Decimal`` digits rather than float64.
+EVENT_BATCH = 100_000  # events decoded at a time: only one batch's decoded events are held, never the file's
+
+
+class _Pieces(msgspec.Struct):
+    """A trace with its events still JSON text (views of the file's bytes), decoded a batch at a time."""
+
+    traceEvents: list[msgspec.Raw]
+    deviceProperties: Any = None
+    distributedInfo: Any = None  # {"rank", "world_size", "backend", …} where torch.distributed ran
+
+
+_DECODERS = {False: msgspec.json.Decoder(list[_Event]), True: msgspec.json.Decoder(list[_ExactEvent])}
+_AT = re.compile(r"`\$\[(\d+)\]")
+
+
+def _invalid(path: Path, exc: msgspec.ValidationError, offset: int = 0) -> HeadcountError:
+    """The error for a trace that does not fit (``offset``: the first event of the batch that failed)."""
+    where = _AT.sub(lambda m: f"`$.traceEvents[{int(m.group(1)) + offset}]", str(exc))  # msgspec names the place
+    if where.endswith((".ts`", ".dur`")):
+        return HeadcountError(f"{path}: an event has no valid ts/dur ({where})", hint="the trace is damaged; record it again")
+    if "`traceEvents`" in where or where.endswith("at `$.traceEvents`"):
+        return HeadcountError(f"{path}: not a torch.profiler trace (no traceEvents list)", hint=_NOT_A_TRACE)
+    return HeadcountError(f"{path}: not a torch.profiler trace ({where})", hint=_NOT_A_TRACE)
+
+
+def _pieces(path: Path) -> _Pieces:
+    """The trace's JSON checked whole, its events kept as text.
 
     Raises:
-        HeadcountError: missing file, invalid JSON, no ``traceEvents`` list, a
-            malformed ``ts``/``dur``.
+        HeadcountError: missing file, invalid JSON, no ``traceEvents`` list.
     """
     raw = _raw(path)
     try:
-        return msgspec.json.decode(raw, type=_ExactTrace if exact else _Trace)
+        return msgspec.json.decode(raw, type=_Pieces)
     except msgspec.ValidationError as exc:
-        where = str(exc)  # msgspec names the place: "… - at `$.traceEvents[12].ts`"
-        if where.endswith((".ts`", ".dur`")):
-            raise HeadcountError(f"{path}: an event has no valid ts/dur ({exc})", hint="the trace is damaged; record it again") from exc
-        if "`traceEvents`" in where or where.endswith("at `$.traceEvents`"):
-            raise HeadcountError(f"{path}: not a torch.profiler trace (no traceEvents list)", hint=_NOT_A_TRACE) from exc
-        raise HeadcountError(f"{path}: not a torch.profiler trace ({exc})", hint=_NOT_A_TRACE) from exc
+        raise _invalid(path, exc) from exc
     except msgspec.DecodeError as exc:
         raise HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: {exc})", hint=_NOT_A_TRACE) from exc
 
 
-def _frame_of(path: Path) -> tuple[pd.DataFrame, _Trace]:
-    """The events table of a trace file and its decoded trace: decoded with
-    float times, and once more from the digits where they are not exact."""
-    trace = _decode(path)
-    try:
-        return events_frame(trace.traceEvents, source=str(path)), trace
-    except _Inexact:
-        trace = _decode(path, exact=True)
-        return events_frame(trace.traceEvents, source=str(path)), trace
+def _batch_frame(path: Path, events: list[msgspec.Raw], offset: int) -> pd.DataFrame:
+    """The events table of ``events`` (the file's from ``offset`` on): decoded with float times, and once
+    more from the digits where they are not exact.
+
+    Raises:
+        HeadcountError: an event that does not fit (a malformed ``ts``/``dur``), invalid text in it.
+    """
+    text = b"[" + b",".join(events) + b"]"
+    for exact in (False, True):
+        try:
+            decoded = _DECODERS[exact].decode(text)
+        except msgspec.ValidationError as exc:
+            raise _invalid(path, exc, offset) from exc
+        except msgspec.DecodeError as exc:  # what the first pass does not look into: e.g. invalid UTF-8 in a name
+            raise HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: {exc})", hint=_NOT_A_TRACE) from exc
+        try:
+            return events_frame(decoded, source=str(path))
+        except _Inexact:
+            continue  # times with more than three decimals: as their decimal digits say
+    raise AssertionError("unreachable: exact times are never _Inexact")
+
+
+def _frame_of(path: Path) -> tuple[pd.DataFrame, _Pieces]:
+    """The events table of a trace file, built :data:`EVENT_BATCH` events at a time (the decoded events of
+    the whole file took three times the memory of its bytes), and the trace's other fields."""
+    trace = _pieces(path)
+    events = trace.traceEvents
+    frames = [frame for lo in range(0, len(events), EVENT_BATCH)
+              if len(frame := _batch_frame(path, events[lo:lo + EVENT_BATCH], lo))]
+    trace.traceEvents = []  # the text views: the file's bytes can go
+    if not frames:
+        return events_frame([], source=str(path)), trace
+    return (frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)), trace
 
 
 def load_trace(path: str | Path) -> pd.DataFrame:

@@ -16,7 +16,9 @@ Writes (docs/report-format.md § Writing safely):
 
 - every file of a run is written under ``OUT/.staging-<id>/`` (hidden, so no
   reader globs it), held by the committing process's claim
-  (:class:`Claim`: a lock on ``.staging-<id>/.claim``);
+  (:class:`Claim`: a lock on ``.staging-<id>/.claim``, taken before the
+  directory gets that name, so that another writer's :func:`recover` never
+  sees it unclaimed);
 - the commit runs under an exclusive lock on ``OUT/.headcount.lock``
   (:func:`report_lock`): one writer at a time, the others wait (and say by
   whom), and the "already holds a report" check is made under it;
@@ -64,12 +66,14 @@ MARKER = "headcount.json"
 LOCK = ".headcount.lock"  # flock'ed by the process committing to the report
 JOURNAL = ".headcount-commit.json"  # the steps of a commit under way (recover() finishes them)
 CLAIM = ".claim"  # in a staging directory: flock'ed by the process that will commit it
+CLAIMING = ".claiming-"  # a staging directory being claimed, renamed to .staging-<id> once its claim is held
+CLAIMING_STALE_S = 600.0  # one left older than this (a writer died while claiming) is removed by recover()
 LOCK_WAIT_S = 600.0  # how long a writer waits for another one's commit
 
 
 def _ours(name: str) -> bool:
     """headcount's own entries of an output directory besides the report (hidden, or raw/)."""
-    return name.startswith((".staging-", ".trash-", ".headcount")) or name == "raw"
+    return name.startswith((".staging-", CLAIMING, ".trash-", ".headcount")) or name == "raw"
 
 
 CHUNK_BYTES = 48 << 20  # Arrow bytes converted and written at a time (one Parquet row group): bounds the copy
@@ -307,17 +311,39 @@ class Claim:
 
     def __enter__(self) -> "Claim":
         try:
+            self.out.mkdir(parents=True, exist_ok=True)
             for run_id in self.run_ids:
-                staging = self.out / f".staging-{run_id}"
-                staging.mkdir(parents=True, exist_ok=True)
-                fd = os.open(staging / CLAIM, os.O_RDWR | os.O_CREAT, 0o644)
-                self._fds.append(fd)
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh run id: nobody else holds it
+                self._claim(run_id)
         except OSError as exc:
             self.__exit__(None, None, None)
             raise HeadcountError(f"{self.out}: cannot write the report ({exc.strerror or exc})",
                                  hint="check free space and permissions") from exc
         return self
+
+    def _claim(self, run_id: str) -> None:
+        """Make ``.staging-<run_id>`` claimed from its first moment: the directory is made under a name
+        :func:`recover` leaves alone, its claim locked, then renamed (a staging directory that existed
+        for a moment before its claim was another writer's recover() to remove, files and all).
+
+        Raises:
+            OSError: the directory cannot be made; a live process claims this run id already.
+        """
+        staging = self.out / f".staging-{run_id}"
+        ready = Path(tempfile.mkdtemp(prefix=CLAIMING, dir=self.out))
+        fd = os.open(ready / CLAIM, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fds.append(fd)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a directory nobody else knows: never held
+        try:
+            os.rename(ready, staging)
+        except OSError:
+            if not staging.is_dir():
+                shutil.rmtree(ready, ignore_errors=True)
+                raise
+            if _claimed(staging):  # run ids are fresh: only a second claim of one in a process would meet this
+                shutil.rmtree(ready, ignore_errors=True)
+                raise BlockingIOError(f"{staging} is claimed by a live process") from None
+            shutil.rmtree(staging)  # a dead writer's staging of this run (a window taken back): begun again
+            os.rename(ready, staging)
 
     def __exit__(self, *exc) -> None:
         """Release the claim and remove what is still staged for these runs
@@ -519,7 +545,8 @@ def recover(out: str | Path) -> bool:
     out = Path(out)
     if not out.is_dir() or not os.access(out, os.W_OK | os.X_OK):
         return False
-    stale = [e for e in out.iterdir() if e.name.startswith((".staging-", ".trash-", f".headcount-{MARKER}.", f".headcount-{JOURNAL}."))]
+    stale = [e for e in out.iterdir() if e.name.startswith((".staging-", CLAIMING, ".trash-", f".headcount-{MARKER}.",
+                                                            f".headcount-{JOURNAL}."))]
     if not (out / JOURNAL).exists() and not stale:
         return False
     with report_lock(out):  # re-entrant: a commit that holds it recovers first
@@ -535,11 +562,20 @@ def recover(out: str | Path) -> bool:
         for entry in out.iterdir():
             if entry.name.startswith(".staging-") and not _claimed(entry):
                 shutil.rmtree(entry, ignore_errors=True)
+            elif entry.name.startswith(CLAIMING) and not _claimed(entry) and _age_s(entry) > CLAIMING_STALE_S:
+                shutil.rmtree(entry, ignore_errors=True)  # a young one is being claimed right now
             elif entry.name.startswith(".trash-"):
                 shutil.rmtree(entry, ignore_errors=True)
             elif entry.name.startswith((f".headcount-{MARKER}.", f".headcount-{JOURNAL}.")):
                 entry.unlink(missing_ok=True)
         return completed
+
+
+def _age_s(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def discard(out: str | Path, run_ids: list[str]) -> None:
