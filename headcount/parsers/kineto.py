@@ -210,7 +210,7 @@ def _frame_of(path: Path) -> tuple[pd.DataFrame, _Pieces]:
     events = trace.traceEvents
     frames = [frame for lo in range(0, len(events), EVENT_BATCH)
               if len(frame := _batch_frame(path, events[lo:lo + EVENT_BATCH], lo))]
-    trace.traceEvents = []  # the text views: the file's bytes can go
+    trace.traceEvents = events = []  # the text views: the file's bytes go before the pieces are joined
     if not frames:
         return events_frame([], source=str(path)), trace
     return (frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)), trace
