@@ -160,8 +160,10 @@ def main() -> None:
         print("Holistic Trace Analysis is not installed (pip install HolisticTraceAnalysis==0.5.0 --no-deps): "
               "headcount only")
     expected_calls = fixture_layer_calls()
-    with tempfile.TemporaryDirectory(dir=args.keep) as tmp:
-        work = Path(args.keep or tmp)
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.keep or tmp)  # --keep: the traces and reports stay there
         for copies in args.copies or [100]:
             trace_dir = work / f"trace-{copies}x"
             trace_dir.mkdir(parents=True, exist_ok=True)
