@@ -393,10 +393,14 @@ def tables_from_kineto(trace: dict, run_id: str) -> Built:
     A trace with neither gives kernels, steps and findings, and a notice
     (:data:`NO_ATTENTION`). torch.profiler's ``ProfilerStep#N`` annotations
     are its steps (where headcount's own step ranges are absent).
+
+    ``trace["events"]`` is taken out of ``trace``: the events table is freed as
+    soon as the build is done with it (a large trace's is a quarter of its
+    bytes, and a copy of it is made once calls are found).
     """
     from headcount.parsers import kineto
 
-    events = trace["events"]
+    events = trace.pop("events")
     notices: list[str] = []
     if not len(events):
         raise HeadcountError("the trace holds no complete event (ph \"X\")", hint="record with torch.profiler.profile() around some work")
@@ -462,7 +466,7 @@ def _profiler_steps(events: pd.DataFrame) -> pd.DataFrame:
     number = names.str.extract(r"^ProfilerStep#(\d+)$", expand=False).dropna()
     if not len(number):
         return events
-    events = events.copy()
+    events = events.copy(deep=False)  # copy-on-write: only the renamed column is copied, not the whole table
     events.loc[number.index, "name"] = STEP_DOMAIN + "@step#" + number
     return events
 
