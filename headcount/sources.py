@@ -68,9 +68,6 @@ def supported() -> str:
     return ", ".join(f"{s.label} ({'a directory' if s.directory else ', '.join(s.suffixes)})" for s in FILE_SOURCES)
 
 
-TRACE_SUFFIXES = (".json", ".json.gz")  # torch.profiler traces in a directory of ranks (HTA's trace_dir)
-
-
 def _natural(path: Path) -> list:
     """Sort key: digits as numbers (rank2 before rank10)."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
@@ -89,10 +86,11 @@ def expand(path: Path) -> list[Path]:
     files = [f for f in path.iterdir() if f.is_file()]
     if any(f.name.lower().endswith(".parquet") for f in files):
         return [path]  # an nsys parquetdir export
-    traces = sorted((f for f in files if f.name.lower().endswith(TRACE_SUFFIXES)), key=_natural)
+    torch = next(s for s in FILE_SOURCES if s.name == "torch")
+    traces = sorted((f for f in files if f.name.lower().endswith(torch.suffixes)), key=_natural)
     if not traces:
-        raise HeadcountError(f"{path}: a directory with no torch.profiler trace (*.json, *.json.gz) and no nsys parquetdir "
-                             "export (*.parquet) in it",
+        raise HeadcountError(f"{path}: a directory with no torch.profiler trace ({', '.join('*' + x for x in torch.suffixes)}) "
+                             "and no nsys parquetdir export (*.parquet) in it",
                              hint="export nsys with `nsys export --type parquetdir`, or pass the files themselves")
     return traces
 

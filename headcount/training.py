@@ -95,7 +95,7 @@ class StepProfiler:
         queue: windows that may wait in the background besides those being written (a window due
             while that many wait is skipped, with a notice).
         writer_priority: ``"idle"`` (Linux; elsewhere ``"normal"``): windows are written by a worker at
-            idle priority, on CPU time the loop leaves idle (it never slows the loop), and by a second
+            idle priority, on CPU time the loop leaves idle (it does not compete with the loop), and by a second
             worker at normal priority only when the queue is full (see :class:`~headcount.window_writer.WindowWriter`);
             ``"normal"``: by one worker that shares the CPU with the loop.
 

@@ -12,10 +12,11 @@ soon as torch's profiler has stopped.
   one window at a time, oldest first.
 - Where the platform has an idle priority (Linux ``SCHED_IDLE``), windows go
   first to a worker at that priority: it takes only CPU time nothing else
-  wants, so a loop that keeps every core busy is not slowed by it (measured on
-  2 cores: a window's 0.14 s of build taken from the loop made it 1.12×; at
-  idle priority it was within the noise of the untagged loop). Where no core
-  is ever idle it gets nothing, and windows wait. A second worker, at normal
+  wants, so it does not compete with a loop that keeps every core busy
+  (benchmarks/training_overhead.py, 2 cores, 4 windows: 1.044–1.061× the
+  untagged loop, against 1.066–1.087× with one worker at normal priority; the
+  profiled steps themselves are about 1.027×). Where no core is ever idle it
+  gets next to nothing, and windows wait. A second worker, at normal
   priority, takes the oldest waiting window only when a window is due and the
   queue is full (the loop then gives up CPU time for a window that would
   otherwise be lost), and the windows left at :meth:`WindowWriter.close`

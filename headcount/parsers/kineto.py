@@ -189,18 +189,19 @@ def _batch_frame(path: Path, events: list[msgspec.Raw], offset: int) -> pd.DataF
         HeadcountError: an event that does not fit (a malformed ``ts``/``dur``), invalid text in it.
     """
     text = b"[" + b",".join(events) + b"]"
-    for exact in (False, True):
+
+    def decoded(exact: bool) -> list:
         try:
-            decoded = _DECODERS[exact].decode(text)
+            return _DECODERS[exact].decode(text)
         except msgspec.ValidationError as exc:
             raise _invalid(path, exc, offset) from exc
         except msgspec.DecodeError as exc:  # what the first pass does not look into: e.g. invalid UTF-8 in a name
             raise HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: {exc})", hint=_NOT_A_TRACE) from exc
-        try:
-            return events_frame(decoded, source=str(path))
-        except _Inexact:
-            continue  # times with more than three decimals: as their decimal digits say
-    raise AssertionError("unreachable: exact times are never _Inexact")
+
+    try:
+        return events_frame(decoded(False), source=str(path))
+    except _Inexact:  # times with more than three decimals: as their decimal digits say
+        return events_frame(decoded(True), source=str(path))
 
 
 def _frame_of(path: Path) -> tuple[pd.DataFrame, _Pieces]:
