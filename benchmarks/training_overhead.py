@@ -10,8 +10,9 @@ median of each variant's ratios is reported:
 
 - ``plain``: the loop, untagged;
 - ``background``: ``StepProfiler(model, out, every=25)``, windows built and
-  written by worker processes (the default: at idle priority first, at
-  normal priority when the queue is full and at ``close()``);
+  written by worker processes (the default: at idle priority first, at low
+  priority (nice 19) when the queue is full, at normal priority at
+  ``close()`` for what they cannot finish);
 - ``normal``: the same with ``writer_priority="normal"`` (one worker that
   shares the CPU with the loop);
 - ``in-loop``: the same with ``background=False`` (what the loop paid before).
@@ -20,7 +21,8 @@ The loop's wall time is timed apart from ``close()`` (which waits for the
 windows still being written) and from making the ``StepProfiler`` (which
 starts the workers, before the loop). Prints the ratios to ``plain``,
 how many of the 4 windows were written and by which worker during the loop
-(``idle``, ``normal``; the rest at ``close()``), and the workers' CPU time a
+(``idle``, ``low``, ``normal``; the rest at ``close()``), the workers' CPU
+time during the loop, and their CPU time a
 window (what the loop gives up where, as here, torch keeps every core busy,
 unless the worker runs at idle priority).
 
@@ -29,6 +31,7 @@ alternating, median of 15 steps each): untouched, under torch.profiler alone,
 under headcount's profiler, and with its attention statistics.
 
 Run: python benchmarks/training_overhead.py [--steps 100] [--every 25] [--rounds 5] [--threads N] [--queue N]
+     [--variants background,normal,in-loop]
 """
 
 from __future__ import annotations
@@ -118,6 +121,10 @@ def one(variant: str, steps: int, every: int, out: Path, threads: int | None, qu
         opt.zero_grad()
 
     step()  # one warm-up step, untimed, in every variant
+    if sp is not None and sp.writer is not None:
+        from headcount.window_writer import _cpu_seconds
+
+        workers_cpu_before = {kind: _cpu_seconds(p.pid) or 0.0 for kind, p in sp.writer.processes.items()}  # their start-up
     t0 = time.perf_counter()
     for i in range(steps):
         if sp is None:
@@ -127,6 +134,10 @@ def one(variant: str, steps: int, every: int, out: Path, threads: int | None, qu
                 step()
     loop_s = time.perf_counter() - t0
     in_loop = dict(sp.writer.written_by) if sp is not None and sp.writer is not None else {}
+    from headcount.window_writer import _cpu_seconds
+
+    workers_cpu_s = {kind: (_cpu_seconds(p.pid) or 0.0) - workers_cpu_before.get(kind, 0.0)
+                     for kind, p in sp.writer.processes.items()} if sp is not None and sp.writer is not None else None
     t1 = time.perf_counter()
     if sp is not None:
         sp.close()
@@ -137,9 +148,9 @@ def one(variant: str, steps: int, every: int, out: Path, threads: int | None, qu
 
         written = len(pd.read_parquet(out / "runs"))
     worker_cpu = sorted(sp.writer.cpu_seconds.values()) if sp is not None and sp.writer is not None else []
-    by = {kind: sum(k == kind for k in in_loop.values()) for kind in ("idle", "normal")}
+    by = {kind: sum(k == kind for k in in_loop.values()) for kind in ("idle", "low", "normal")}
     return {"variant": variant, "loop_s": loop_s, "close_s": close_s, "written": written, "made_s": made_s, "in_loop": by,
-            "worker_cpu_s": statistics.median(worker_cpu) if worker_cpu else None}
+            "worker_cpu_s": statistics.median(worker_cpu) if worker_cpu else None, "workers_cpu_in_loop_s": workers_cpu_s}
 
 
 def main() -> None:
@@ -151,6 +162,8 @@ def main() -> None:
                         help="torch threads of the loop (default: torch's, every core); 1 leaves a core free, as a "
                              "GPU training process whose Python thread drives the GPU does")
     parser.add_argument("--queue", type=int, default=2, help="StepProfiler's queue (windows that may wait)")
+    parser.add_argument("--variants", default="background,normal,in-loop",
+                        help="which variants to run, comma-separated (default: all three)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -164,7 +177,9 @@ def main() -> None:
     cost = json.loads(done.stdout.strip().splitlines()[-1])
     print("one step, median of 15 (ms): " + "; ".join(f"{name} {ms:.1f}" for name, ms in cost.items()))
     results: dict[str, list[dict]] = {}
-    variants = ("background", "normal", "in-loop")
+    variants = tuple(v for v in args.variants.split(",") if v)
+    if unknown := set(variants) - {"background", "normal", "in-loop"}:
+        parser.error(f"--variants: unknown {', '.join(sorted(unknown))} (background, normal, in-loop)")
 
     def run(variant: str) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
@@ -201,8 +216,13 @@ def main() -> None:
         cpu = [r["worker_cpu_s"] for r in rows if r["worker_cpu_s"] is not None]
         worker = f"; worker CPU {statistics.median(cpu) * 1000:.0f} ms a window" if cpu else ""
         if variant != "in-loop":
-            during = ", ".join(f"{r['in_loop']['idle']}+{r['in_loop']['normal']}" for r in rows)
-            worker += f"; written during the loop by the idle+normal worker: {during}"
+            during = ", ".join("+".join(str(r["in_loop"][kind]) for kind in ("idle", "low", "normal")) for r in rows)
+            worker += f"; written during the loop by the idle+low+normal-priority worker: {during}"
+            kinds = sorted({kind for r in rows for kind in (r["workers_cpu_in_loop_s"] or {})})
+            in_loop_cpu = ", ".join(f"{kind} {statistics.median(r['workers_cpu_in_loop_s'].get(kind, 0.0) for r in rows) * 1000:.0f}"
+                                    for kind in kinds)
+            if in_loop_cpu:
+                worker += f"; the workers' CPU during the loop (ms, median): {in_loop_cpu}"
         print(f"{variant}: loop {ratio:.3f}× plain, median of its rounds ({ratios}); "
               f"close() {close:.2f} s; StepProfiler() {made:.2f} s; windows written {[r['written'] for r in rows]} "
               f"of {windows}{worker}")

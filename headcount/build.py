@@ -246,12 +246,14 @@ def _with_shapes(ranges_table: pd.DataFrame, calls, implementation: str) -> pd.D
         instances = instances.merge(logged.astype({"replay_of": "Int64"}), on="replay_of", how="left")
         attention = pd.concat([attention, instances], ignore_index=True)
     # the analytic model needs every size (a call found untagged may lack lengths or causality): else null
+    inputs = [c for c in attention.columns if c in analytic.MODEL_INPUTS]  # not all ~60 columns: astype copies each
     for column, needs, model in (("flop", analytic.FLOP_NEEDS, analytic.flop), ("analytic_min_bytes", analytic.BYTES_NEEDS, analytic.min_bytes)):
-        attention[column] = np.nan
+        values = np.full(len(attention), np.nan)
         complete = attention[needs].notna().all(axis=1).to_numpy() if len(attention) else np.zeros(0, dtype=bool)
         if complete.any():
-            known = attention[complete].astype({c: "float64" for c in needs if c != "causal"})
-            attention.loc[complete, column] = model(known, known["phase"])
+            known = attention.loc[complete, inputs].astype({c: "float64" for c in needs if c != "causal"})
+            values[complete] = model(known, known["phase"])
+        attention[column] = values
     attention["implementation"] = attention["implementation"].fillna(implementation)
     extra = [c for c in attention.columns if c not in ranges_table.columns]
     ranges_table = ranges_table.merge(attention[["range_id", *extra]], on="range_id", how="left")

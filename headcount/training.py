@@ -24,11 +24,12 @@ turning uniform, or collapsing onto one token) is warned about once.
 The loop does not wait for a window's tables: once torch's profiler has
 stopped, the recording goes to a worker process that builds and appends it
 (:mod:`headcount.window_writer`, started with the profiler, before the
-loop): on Linux at idle priority, so that it takes no CPU time the loop
-wants, and by a second worker at normal priority when ``queue`` windows
-wait and another is due (then at the loop's expense); a window due while
-both are busy and the queue is full is skipped with a notice. ``close()``
-(``on_train_end``; at exit when neither ran) waits for them. Drift warnings
+loop): on Linux at idle priority, so that it takes only CPU time the loop
+leaves, and by a second worker at low priority (nice 19: a small share of
+a busy core) when ``queue`` windows wait and another is due; a window due
+while both are busy and the queue is full is skipped with a notice.
+``close()`` (``on_train_end``; at exit when neither ran) waits for them,
+with a worker at normal priority for what they cannot finish. Drift warnings
 need only the attention statistics, gathered in the loop: they come at once.
 """
 
@@ -95,9 +96,9 @@ class StepProfiler:
         queue: windows that may wait in the background besides those being written (a window due
             while that many wait is skipped, with a notice).
         writer_priority: ``"idle"`` (Linux; elsewhere ``"normal"``): windows are written by a worker at
-            idle priority, on CPU time the loop leaves idle (it does not compete with the loop), and by a second
-            worker at normal priority only when the queue is full (see :class:`~headcount.window_writer.WindowWriter`);
-            ``"normal"``: by one worker that shares the CPU with the loop.
+            idle priority, on CPU time the loop leaves idle, and by a second worker at low priority (nice 19)
+            only when the queue is full (see :class:`~headcount.window_writer.WindowWriter`); ``"normal"``: by
+            one worker that shares the CPU with the loop as an equal (every window written as it comes).
 
     Raises:
         ValueError: ``every`` below 1, a ``schedule`` that is not callable, an unknown ``writer_priority``.
@@ -151,8 +152,10 @@ class StepProfiler:
             return
         if self.writer is not None and self.writer.full():
             self.skipped.append(step)
+            lowered = any(kind != "normal" for kind in self.writer.processes)
             notice(f"step {step} not profiled: {self.writer.capacity} earlier windows are waiting to be written "
-                   f"(the loop does not wait for them; queue= gives more room)")
+                   f"(the loop does not wait for them; queue= gives more room"
+                   + (", writer_priority='normal' writes every window at the loop's expense" if lowered else "") + ")")
             return
         self._step = step
         self._prof = AttentionProfiler(self.model, mode=self.mode, backend=self.backend, run_id=f"{self.base_id}-step{step:07d}",

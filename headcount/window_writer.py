@@ -12,16 +12,19 @@ soon as torch's profiler has stopped.
   one window at a time, oldest first.
 - Where the platform has an idle priority (Linux ``SCHED_IDLE``), windows go
   first to a worker at that priority: it takes only CPU time nothing else
-  wants, so it does not compete with a loop that keeps every core busy
-  (benchmarks/training_overhead.py, 2 cores, 4 windows: 1.044–1.061× the
-  untagged loop, against 1.066–1.087× with one worker at normal priority; the
-  profiled steps themselves are about 1.027×). Where no core is ever idle it
-  gets next to nothing, and windows wait. A second worker, at normal
-  priority, takes the oldest waiting window only when a window is due and the
-  queue is full (the loop then gives up CPU time for a window that would
-  otherwise be lost), and the windows left at :meth:`WindowWriter.close`
-  (the loop is over; on a machine busy with other work the idle one would
-  barely run, and an unprivileged process cannot raise its priority back).
+  wants, so it does not compete with a loop that keeps every core busy.
+  Where no core is ever idle it gets next to nothing, and windows wait. When
+  a window is due and the queue is full, the oldest waiting one goes to a
+  second worker, at the lowest ordinary priority (nice 19): it gets a small
+  share of a busy core (a few per cent beside a loop thread), so the window
+  moves on without the loop paying a whole build for it (a worker at the
+  loop's own priority cost it about 0.15 s of CPU a window; figures in
+  docs/reading-a-report.md). A full queue whose low-priority worker is busy
+  skips the window with a notice. At :meth:`WindowWriter.close` (the loop
+  is over) the windows left go to these two while they are free, and to a
+  worker at normal priority, started then; a window whose worker gets no CPU
+  time (a machine busy with other work) is taken from it and given to that
+  one (an unprivileged process cannot raise its priority back).
 - The loop never blocks: a window goes to the worker as a file name (the job
   is pickled beside it), and :meth:`WindowWriter.poll` only reads answers that
   are there. At most ``capacity`` windows wait besides those being written;
@@ -62,8 +65,9 @@ from headcount.reports.dataset import listed_runs, recover, write_stats
 WRITE_WINDOW = "headcount.window_writer:write_window"
 # what the build imports on first use, imported before the worker says it is ready (not during the training loop)
 WARM_UP = ("headcount.parsers.kineto", "headcount.parsers.cupti_records", "pyarrow.pandas_compat")
-STARVED_CHECK_S = 0.5  # at close(): how often the idle worker's progress is checked
-STARVED_SHARE = 0.25  # of a core, below which it is deemed starved (its window then goes to the other worker)
+STARVED_CHECK_S = 0.5  # at close(): how often the progress of the workers at lowered priority is checked
+STARVED_SHARE = 0.25  # of a core, below which one is deemed starved (its window then goes to one at normal priority)
+LOW_NICE = 19  # the low-priority worker's nice value: the lowest share an ordinary process gets
 READY_TIMEOUT_S = 300  # its imports take a third of a second on an idle machine; a loaded one may be far slower
 ENTRY = "import sys; from headcount.window_writer import main; main(sys.argv[1:])"  # not -m: no second copy of this module
 
@@ -125,13 +129,30 @@ def idle_priority() -> bool:
     return True
 
 
-def serve(inbox: Connection, outbox: Connection, idle: bool = False) -> None:
-    """The worker's loop: warm up (at normal priority: the training process waits for it), move to idle
-    priority when ``idle``, say it is ready (and whether it runs at idle priority), then for each job
-    file received, run it and answer; returns when the training process closes the pipe."""
+def low_priority() -> bool:
+    """Put every thread of this process at the lowest ordinary priority (nice 19; threads made later
+    inherit it): it gets a small share of a core that other processes keep busy. Irreversible for an
+    unprivileged process. Returns whether it could."""
+    threads = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else [0]  # Linux: nice is per thread
+    try:
+        for thread in threads:
+            os.setpriority(os.PRIO_PROCESS, int(thread), LOW_NICE)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+LOWER = {"idle": idle_priority, "low": low_priority}  # how a worker of each kind lowers its priority
+
+
+def serve(inbox: Connection, outbox: Connection, priority: str = "normal") -> None:
+    """The worker's loop: warm up (at normal priority: the training process waits for it), move to
+    ``priority`` (``idle``, ``low`` or ``normal``: :data:`LOWER`), say it is ready (and whether its
+    priority was lowered), then for each job file received, run it and answer; returns when the
+    training process closes the pipe."""
     for module in WARM_UP:
         importlib.import_module(module)
-    outbox.send(("ready", os.getpid(), idle and idle_priority()))
+    outbox.send(("ready", os.getpid(), priority in LOWER and LOWER[priority]()))
     while True:
         try:
             path = inbox.recv()
@@ -144,23 +165,23 @@ def serve(inbox: Connection, outbox: Connection, idle: bool = False) -> None:
 
 def main(argv: list[str]) -> None:
     """Entry of the worker process (:data:`ENTRY`): the file descriptors of its two pipes, jobs in, answers
-    out, and ``idle`` or ``normal`` (its priority)."""
+    out, and its priority (``idle``, ``low`` or ``normal``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    serve(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False), idle=argv[2] == "idle")
+    serve(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False), priority=argv[2])
 
 
 class _Worker:
     """The worker process and its two pipes, seen from the training process."""
 
-    def __init__(self, idle: bool):
-        self.idle = False  # whether it runs at idle priority: it says so when ready
+    def __init__(self, priority: str):
+        self.lowered = False  # whether it runs at the lower priority it was started for: it says so when ready
         job_read, job_write = os.pipe()
         answer_read, answer_write = os.pipe()
         # the same modules as here (a package found through sys.path edits too), torch never imported
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         try:
             self.process = subprocess.Popen([sys.executable, "-c", ENTRY, str(job_read), str(answer_write),
-                                             "idle" if idle else "normal"],
+                                             priority],
                                             pass_fds=(job_read, answer_write), env=env, stdin=subprocess.DEVNULL)
         finally:
             os.close(job_read)
@@ -181,7 +202,7 @@ class _Worker:
             self.process.wait()
             raise HeadcountError(f"the window writer process did not start within {READY_TIMEOUT_S} s", hint=hint)
         try:
-            self.idle = self.answers.recv()[2]
+            self.lowered = self.answers.recv()[2]
         except EOFError:
             code = self.process.wait()
             raise HeadcountError(f"the window writer process did not start (exit code {code}); its error is above",
@@ -212,25 +233,25 @@ class _Worker:
 @dataclass
 class _Queued:
     job: _Job
-    kind: str | None = None  # the worker writing it ("idle", "normal"); None while it waits
+    kind: str | None = None  # the worker writing it ("idle", "low", "normal"); None while it waits
 
 
 @dataclass
 class WindowWriter:
     """Writes windows in worker processes, never blocking the caller (see the module docstring).
 
-    Two workers where the platform has an idle priority (Linux): one at idle priority writes the
-    windows; one at normal priority takes the oldest waiting window when a new one is due and the queue
-    is full (the loop gives up CPU time only for a window that would otherwise be lost), and the windows
-    left at :meth:`close`. Elsewhere, or with ``idle=False``, one worker at normal priority. They start
-    with the writer (about a third of a second of imports each, at once, before the training loop).
+    Where the platform has an idle priority (Linux): a worker at idle priority writes the windows; one
+    at low priority (nice 19) takes the oldest waiting window when a new one is due and the queue is
+    full; they start with the writer (about a third of a second of imports each, at once, before the
+    training loop). :meth:`close` adds a worker at normal priority where they cannot write what is left.
+    Elsewhere, or with ``idle=False``, one worker at normal priority, started with the writer.
 
     Attributes:
         capacity: windows that may wait besides those being written.
         idle: write windows at idle priority first (see above); ``False``: one worker, at the loop's priority.
         target: the function a worker runs for a window, ``module:name``, called as :func:`write_window`
             (tests stand in one that fails; the worker imports it, from the same ``sys.path`` as here).
-        written_by: the kind of worker (``idle``, ``normal``) that wrote each window, by step, in the order
+        written_by: the kind of worker (``idle``, ``low``, ``normal``) that wrote each window, by step, in the order
             written (:attr:`written`: the steps); failed: ``(step, cause)`` of those that were not.
         cpu_seconds: CPU time a worker spent on each window it answered for, by step.
 
@@ -250,8 +271,16 @@ class WindowWriter:
     _failures_said: int = 0  # close() says each failure once
 
     def __post_init__(self):
-        kinds = ("idle", "normal") if self.idle else ("normal",)
-        starting = {kind: _Worker(idle=kind == "idle") for kind in kinds}  # both import at once
+        lowered = self.idle and hasattr(os, "SCHED_IDLE")
+        self._workers = self._start(("idle", "low") if lowered else ("normal",))
+        if lowered and not all(worker.lowered for worker in self._workers.values()):
+            for worker in self._workers.values():  # refused here (a restricted container): one at normal priority
+                worker.stop()
+            self._workers = self._start(("normal",))
+
+    @staticmethod
+    def _start(kinds: tuple[str, ...]) -> dict[str, "_Worker"]:
+        starting = {kind: _Worker(kind) for kind in kinds}  # they import at once
         try:
             for worker in starting.values():
                 worker.ready()
@@ -260,9 +289,7 @@ class WindowWriter:
                 worker.kill()
                 worker.stop()
             raise
-        if "idle" in starting and not starting["idle"].idle:  # no idle priority here: one worker is enough
-            starting.pop("idle").stop()
-        self._workers = starting
+        return starting
 
     @property
     def written(self) -> list[int]:
@@ -276,8 +303,13 @@ class WindowWriter:
 
     @property
     def processes(self) -> dict[str, subprocess.Popen]:
-        """The worker processes running, by kind (``idle``, ``normal``)."""
+        """The worker processes running, by kind (``idle``, ``low``, ``normal``)."""
         return {kind: worker.process for kind, worker in self._workers.items() if worker is not None}
+
+    @property
+    def in_hand(self) -> dict[str, int]:
+        """The step of the window each worker is writing, by its kind."""
+        return {queued.kind: queued.job.step for queued in self._queue if queued.kind is not None}
 
     @property
     def waiting(self) -> int:
@@ -286,9 +318,9 @@ class WindowWriter:
 
     def full(self) -> bool:
         """Whether a new window would exceed :attr:`capacity` (then skip it: :meth:`submit` never waits).
-        When it would, the oldest waiting window first goes to the worker at normal priority, if it is free."""
-        if self.waiting >= self.capacity and "idle" in self._workers and self._holding("normal") is None:
-            self._hand(self._waiting_first(), "normal")
+        When it would, the oldest waiting window first goes to the worker at low priority, if it is free."""
+        if self.waiting >= self.capacity and "low" in self._workers and self._holding("low") is None:
+            self._hand(self._waiting_first(), "low")
         return self.waiting >= self.capacity
 
     def submit(self, step: int, recording: Recording, out: Path, metadata: dict, attention_stats: pd.DataFrame | None,
@@ -322,33 +354,39 @@ class WindowWriter:
 
     def close(self, say: Callable[[str], None] = notice) -> None:
         """Wait for every queued window, saying each as it is written and each failure with its cause;
-        then end the workers. The loop is over: waiting windows go to the worker at normal priority; the
-        idle one finishes the window it holds where it gets CPU time, else (a machine busy with other
-        work) that window is taken from it (:meth:`_take_back`) and written by the other."""
+        then end the workers. The loop is over: waiting windows go to the workers at lowered priority
+        while they are free, the rest to one at normal priority (started now); a worker at lowered
+        priority finishes the window it holds where it gets CPU time, else (a machine busy with other
+        work) that window is taken from it (:meth:`_take_back`) and written at normal priority."""
         for line in self.poll():
             say(line)
         total, said_done = len(self._queue), 0
         while self._queue:
-            for kind in ("normal", "idle"):  # the idle one only while it lives: one taken back is not restarted
-                if self.waiting and kind in self._workers and self._holding(kind) is None and \
-                        (kind == "normal" or self._workers[kind] is not None):
+            # the lowered ones first (on a machine left idle they run as fast, with no start), while they live:
+            # one taken back is not restarted; a worker at normal priority for the rest
+            for kind in (*LOWER, "normal"):
+                if self.waiting and self._holding(kind) is None and (kind == "normal" or self._workers.get(kind) is not None):
                     self._hand(self._waiting_first(), kind)
-            idle = self._workers.get("idle") if self._holding("idle") is not None else None
-            began, before = time.monotonic(), _cpu_seconds(idle.process.pid) if idle is not None else None
+            lowered = {kind: self._workers[kind] for kind in LOWER if self._holding(kind) is not None}
+            began = time.monotonic()
+            before = {kind: _cpu_seconds(worker.process.pid) for kind, worker in lowered.items()}
             done = len(self.written)
-            for line in self._collect(timeout=STARVED_CHECK_S if idle is not None else None):
+            for line in self._collect(timeout=STARVED_CHECK_S if lowered else None):
                 say(line)
             for step in self.written[done:]:
                 said_done += 1
                 say(f"window of step {step} written ({said_done} of {total} waiting at close)")
-            if idle is not None and self._holding("idle") is not None and time.monotonic() - began >= STARVED_CHECK_S:
-                after = _cpu_seconds(idle.process.pid)
-                if before is None or after is None or after - before < STARVED_SHARE * (time.monotonic() - began):
-                    for line in self._take_back():
+            elapsed = time.monotonic() - began
+            for kind, worker in lowered.items():
+                if self._holding(kind) is None or elapsed < STARVED_CHECK_S:
+                    continue
+                after = _cpu_seconds(worker.process.pid)
+                if before[kind] is None or after is None or after - before[kind] < STARVED_SHARE * elapsed:
+                    for line in self._take_back(kind):
                         say(line)
         for kind, worker in self._workers.items():
-            if worker is not None and worker.idle:
-                worker.kill()  # it holds nothing; at idle priority, on a busy machine, even its exit would take long
+            if worker is not None and worker.lowered:
+                worker.kill()  # it holds nothing; at lowered priority, on a busy machine, even its exit would take long
             if worker is not None:
                 worker.stop()
             self._workers[kind] = None
@@ -389,7 +427,7 @@ class WindowWriter:
         queued.kind = kind
 
     def _started(self, kind: str) -> _Worker:
-        worker = _Worker(idle=kind == "idle")
+        worker = _Worker(kind)
         worker.ready()
         return worker
 
@@ -408,13 +446,14 @@ class WindowWriter:
                 said += self._finish(queued, answer)
         return said
 
-    def _take_back(self) -> list[str]:
-        """Take its window from the idle worker, which gets no CPU time: end it, and put the window back
-        first in line, unless it was written (its answer came in the meantime, or its commit went through:
-        completed by :func:`~headcount.reports.dataset.recover` where the kill interrupted it)."""
-        queued, worker = self._holding("idle"), self._workers["idle"]
+    def _take_back(self, kind: str) -> list[str]:
+        """Take its window from a worker at lowered priority (``kind``) that gets no CPU time: end it, and
+        put the window back first in line, unless it was written (its answer came in the meantime, or its
+        commit went through: completed by :func:`~headcount.reports.dataset.recover` where the kill
+        interrupted it)."""
+        queued, worker = self._holding(kind), self._workers[kind]
         worker.kill()
-        self._workers["idle"] = None
+        self._workers[kind] = None
         answer = worker.answer()  # sent just before the kill, or ("died", …)
         worker.stop()
         if answer[0] != "died":

@@ -157,3 +157,28 @@ def test_graph_node_clones_follow_back_to_the_range_that_made_them():
     made = {1: 10, 2: None}
     origin = {11: 1, 21: 11, 12: 2, 30: 31, 31: 30}  # a clone of a clone; a node made outside; a cycle never made
     assert follow_clones(made, origin) == {1: 10, 2: NO_RANGE, 11: 10, 21: 10, 12: NO_RANGE}
+
+
+def test_calls_pair_with_range_instances_in_time_order_per_layer_and_head():
+    """The k-th instance of (phase, layer, head) in time order takes the k-th logged call of that key,
+    whatever the rows' order; an instance with no logged call keeps null shapes; rows come back in
+    range_id order, and a range column the log also has keeps the range's value."""
+    from headcount.attribute.calls import attach_calls, calls_frame
+    from headcount.call_log import CallLog, CallShape
+
+    def shape(q_len):
+        return CallShape("sdpa", 2, 4, 4, q_len, q_len, 16, 16, "float32", 4, True)
+
+    calls = [CallLog(1, "fwd", "layer.0", 0, None, None, shape(10), "M"), CallLog(1, "fwd", "layer.1", 1, None, None, shape(20), "M"),
+             CallLog(1, "fwd", "layer.0", 0, None, None, shape(30), "M"), CallLog(1, "bwd", "layer.0", 0, None, None, shape(40), "M")]
+    ranges = pd.DataFrame({  # range_id order differs from time order; layer.0 fwd runs 3 times, logged twice
+        "range_id": [5, 3, 9, 7, 1], "phase": pd.Categorical(["fwd", "fwd", "bwd", "fwd", "fwd"]),
+        "layer_name": ["layer.0", "layer.0", "layer.0", "layer.1", "layer.0"],
+        "head": pd.array([pd.NA] * 5, dtype="Int64"), "start_ns": [200, 100, 500, 150, 900],
+        "implementation": ["kept"] * 5,
+    })
+    out = attach_calls(ranges, calls_frame(calls))
+    assert out["range_id"].tolist() == [1, 3, 5, 7, 9]
+    assert out["q_len"].tolist()[:4] == [pytest.approx(float("nan"), nan_ok=True), 10, 30, 20]  # 1 started last: no third call
+    assert out["q_len"].iloc[4] == 40 and out["implementation"].tolist() == ["kept"] * 5
+    assert out["implementation_call"].tolist()[1:] == ["sdpa"] * 4 and pd.isna(out["implementation_call"].iloc[0])

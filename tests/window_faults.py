@@ -37,23 +37,24 @@ def say_if_torch(recording, out, metadata, attention_stats, append):
     return [*lines, f"torch imported in the worker: {'torch' in sys.modules}"]
 
 
-def _at_idle_priority() -> bool:
-    return hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE
+def _lowered() -> bool:
+    """Whether this worker runs at a lowered priority (idle, or nice above 0)."""
+    return (hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE) or os.getpriority(os.PRIO_PROCESS, 0) > 0
 
 
-def hold_while_idle(recording, out, metadata, attention_stats, append):
-    """Never finish in a worker at idle priority (as on a machine whose cores are all busy); write the
+def hold_while_lowered(recording, out, metadata, attention_stats, append):
+    """Never finish in a worker at lowered priority (as on a machine whose cores are all busy); write the
     window in one at normal priority."""
-    while _at_idle_priority():
+    while _lowered():
         time.sleep(0.01)
     return write_window(recording, out, metadata, attention_stats, append)
 
 
-def commit_then_hold_while_idle(recording, out, metadata, attention_stats, append):
-    """Commit the window (its ``runs`` row only: little CPU time for a worker at idle priority on a busy
-    machine), then never answer in a worker at idle priority (killed between its commit and its answer);
+def commit_then_hold_while_lowered(recording, out, metadata, attention_stats, append):
+    """Commit the window (its ``runs`` row only: little CPU time for a worker at lowered priority on a busy
+    machine), then never answer in a worker at lowered priority (killed between its commit and its answer);
     a worker at normal priority writes the whole window, a second time if it is given it."""
-    if not _at_idle_priority():
+    if not _lowered():
         return [*write_window(recording, out, metadata, attention_stats, append), "written by a worker at normal priority"]
     write_stats(out, recording.run_id, {}, metadata, append=append)
     while True:

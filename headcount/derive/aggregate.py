@@ -170,7 +170,7 @@ def _apportion(layer_ranges: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame
     if "q_heads" not in layer_ranges or layer_ranges["q_heads"].isna().all():
         # no call shapes (e.g. a parsed nsys capture): nothing to split by
         return pd.DataFrame(columns=[*GROUP_HEAD, *layers.columns.difference([*GROUP_HEAD, "provenance"]), "provenance"])
-    heads = layer_ranges.groupby(GROUP_LAYER, dropna=False).agg(q_heads=("q_heads", "max"), kv_heads=("kv_heads", "max")).reset_index()
+    heads = layer_ranges.groupby(GROUP_LAYER, dropna=False)[["q_heads", "kv_heads"]].max().reset_index()
     heads = heads.dropna(subset=["q_heads"])
     rows = []
     for rec in heads.itertuples(index=False):

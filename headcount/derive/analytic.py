@@ -39,6 +39,8 @@ FUSED = {"sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4", 
 FLOP_NEEDS = ["batch", "q_heads", "q_len", "kv_len", "head_dim", "v_head_dim", "causal"]
 BYTES_NEEDS = [*FLOP_NEEDS, "kv_heads", "dtype_bytes"]
 """The shape columns :func:`flop` and :func:`min_bytes` need, every one known (else their figure is null)."""
+MODEL_INPUTS = {*BYTES_NEEDS, "sliding_window", "mask_elements", "mask_dtype_bytes", "implementation", "phase"}
+"""Every column :func:`flop` and :func:`min_bytes` read (with the phase they are given)."""
 
 BACKWARD_FLOP_FACTOR = 2.5
 LSE_BYTES = 4  # fp32 log-sum-exp per query row, saved by fused kernels
