@@ -184,15 +184,15 @@ def test_a_directory_of_rank_traces_is_a_run_per_file(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in KINETO.glob("*.json*")))
-def test_events_decoded_in_batches_give_the_tables_of_the_whole_file(monkeypatch, name):
-    """The reader decodes a few events at a time (memory follows a batch, not the file): every table of
-    each real trace is what decoding the whole file at once gives."""
+def test_events_read_in_pieces_give_the_tables_of_the_whole_file(monkeypatch, name):
+    """The reader reads, decodes and tabulates a piece of the file at a time (memory follows a piece, not
+    the file): every table of each real trace is what reading the whole file at once gives."""
     from headcount import parse_file
     from headcount.parsers import kineto
 
-    monkeypatch.setattr(kineto, "EVENT_BATCH", 10**9)
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 10**12)
     whole = parse_file.from_torch_trace(KINETO / name, "r", ReadOptions())
-    monkeypatch.setattr(kineto, "EVENT_BATCH", 997)  # batches end mid-step, mid-range, between a launch and its kernel
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 20_000)  # pieces end mid-step, mid-range, between a launch and its kernel
     pieces = parse_file.from_torch_trace(KINETO / name, "r", ReadOptions())
     assert whole.tables.keys() == pieces.tables.keys() and len(whole.tables["kernels"]) > 0
     for table, frame in whole.tables.items():
@@ -203,9 +203,62 @@ def test_events_decoded_in_batches_give_the_tables_of_the_whole_file(monkeypatch
 def test_a_damaged_event_is_named_by_its_place_in_the_file(tmp_path, monkeypatch):
     from headcount.parsers import kineto
 
-    monkeypatch.setattr(kineto, "EVENT_BATCH", 2)
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 100)  # about two events a piece
     bad = tmp_path / "bad.json"
     bad.write_text('{"traceEvents": [' + ", ".join(['{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2}'] * 4)
                    + ', {"ph": "X", "cat": "cpu_op", "name": "y", "ts": "soon", "dur": 2}]}')
     with pytest.raises(HeadcountError, match=r"bad.json: an event has no valid ts/dur .*\$\.traceEvents\[4\]\.ts"):
         kineto.load_trace(bad)
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+@pytest.mark.parametrize("gz", [False, True])
+def test_pieces_end_only_between_events_whatever_the_text_holds(tmp_path, monkeypatch, indent, gz):
+    """Event names holding ``},{``, arguments holding lists of objects, the document's other fields after
+    the events (a list of objects among them), compact or indented, plain or gzip: read in pieces of a
+    few hundred bytes, the events table is the whole file's, and the device and rank are read."""
+    import gzip
+    import json
+
+    from headcount.parsers import kineto
+
+    events = []
+    for i in range(60):
+        name = f'aten::odd}},{{"name": "{i}"' if i % 7 == 0 else f"aten::mm_{i}"
+        args = {"Input Dims": [[4, 8], [8, 4]], "Concrete Inputs": ["", "[{}, {}]"], "Sequence number": i}
+        if i % 5 == 0:
+            args["extra"] = [{"a": 1}, {"b": [{"c": "},{"}]}]
+        events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 2, "ts": 1000.5 + 10 * i, "dur": 4.25, "args": args})
+    document = {"schemaVersion": 1, "traceEvents": events, "distributedInfo": {"rank": 3, "world_size": 4},
+                "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132}, {"id": 1, "name": "x"}],
+                "traceName": "t.json"}
+    text = json.dumps(document, indent=indent).encode()
+    path = tmp_path / ("t.json.gz" if gz else "t.json")
+    path.write_bytes(gzip.compress(text) if gz else text)
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 10**12)
+    whole = kineto.read_trace(path)
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 300)
+    pieces = kineto.read_trace(path)
+    assert len(whole["events"]) == 60 and whole["events"]["name"].iloc[0] == 'aten::odd},{"name": "0"'
+    pd.testing.assert_frame_equal(whole["events"], pieces["events"])
+    assert pieces["distributed"] == {"rank": 3, "world_size": 4} and pieces["devices"][0]["numSms"] == 132
+
+
+@pytest.mark.parametrize("cut", [0.3, 0.999])
+def test_a_trace_cut_short_is_refused_in_one_line(tmp_path, monkeypatch, cut):
+    """A file that ends inside its events (a copy interrupted) is refused, naming the file, however it is read."""
+    from headcount.parsers import kineto
+
+    source = gzip_text(KINETO / "h100_bert-small_sdpa_kineto.json.gz")
+    path = tmp_path / "cut.json"
+    path.write_bytes(source[: int(len(source) * cut)])
+    for chunk in (10**12, 20_000):
+        monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+        with pytest.raises(HeadcountError, match=r"cut.json: not a torch.profiler trace \(invalid JSON"):
+            kineto.load_trace(path)
+
+
+def gzip_text(path):
+    import gzip
+
+    return gzip.decompress(path.read_bytes())

@@ -35,9 +35,9 @@ Output columns (one row per complete ``"ph": "X"`` event):
 ``kind`` ``module`` marks an ``nn.Module: <Class>_<k>`` range of a trace
 recorded ``with_modules=True``. Files may be gzip-compressed (``.json.gz``).
 :func:`read_trace` also returns the trace's ``deviceProperties`` and its
-``distributedInfo``'s rank. The events are decoded and tabulated
-:data:`EVENT_BATCH` at a time (the whole file's decoded events took three
-times the memory of its bytes).
+``distributedInfo``'s rank. The file is read, decoded and tabulated
+:data:`CHUNK_BYTES` at a time (its whole text and decoded events took four
+times the memory of its bytes): the events table is built as it is read.
 """
 
 from __future__ import annotations
@@ -128,24 +128,32 @@ def _launch_dims(value) -> str | None:
 _NOT_A_TRACE = "pass the file written by torch.profiler's export_chrome_trace"
 
 
-def _raw(path: Path) -> bytes:
+def _open(path: Path):
+    """The trace file as a binary stream (gzip's decompressed on the fly).
+
+    Raises:
+        HeadcountError: missing or unreadable file.
+    """
     try:
-        with path.open("rb") as fh:
-            raw = fh.read()
-        return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+        fh = path.open("rb")
+        gzipped = fh.read(2) == b"\x1f\x8b"
+        fh.seek(0)
     except FileNotFoundError as exc:
         raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
     except PermissionError as exc:
         raise HeadcountError(f"{path}: permission denied", hint="make the file readable, or copy it somewhere you can read") from exc
-    except (EOFError, OSError) as exc:  # gzip.BadGzipFile is an OSError
-        raise HeadcountError(f"{path}: not a torch.profiler trace ({exc})", hint=_NOT_A_TRACE) from exc
+    except OSError as exc:
+        raise HeadcountError(f"{path}: cannot be read ({exc.strerror or exc})", hint="check the path") from exc
+    return gzip.GzipFile(fileobj=fh) if gzipped else fh
 
 
-EVENT_BATCH = 100_000  # events decoded at a time: only one batch's decoded events are held, never the file's
+EVENT_BATCH = 100_000  # events decoded at a time where the events array is not found by its key (:func:`_whole`)
+CHUNK_BYTES = 8 << 20  # of the trace's text read, decoded and tabulated at a time: the file is never held whole
+BOUNDARY_TRIES = 64  # candidate ends of an event tried, from a chunk's end back, before the chunk is deemed damaged
 
 
-class _Pieces(msgspec.Struct):
-    """A trace with its events still JSON text (views of the file's bytes), decoded a batch at a time."""
+class _Document(msgspec.Struct):
+    """A trace's fields besides its events (the events array read apart, :func:`_event_pieces`)."""
 
     traceEvents: list[msgspec.Raw]
     deviceProperties: Any = None
@@ -153,11 +161,15 @@ class _Pieces(msgspec.Struct):
 
 
 _DECODERS = {False: msgspec.json.Decoder(list[_Event]), True: msgspec.json.Decoder(list[_ExactEvent])}
+_SYNTAX = msgspec.json.Decoder(list[msgspec.Raw])  # a piece's JSON checked, not decoded
+_ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
+_EVENT_END = re.compile(rb"\}\s*,\s*\{")  # where one event may end and the next begin (checked by decoding)
 _AT = re.compile(r"`\$\[(\d+)\]")
+_TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")  # msgspec: where the text after a closed array begins
 
 
 def _invalid(path: Path, exc: msgspec.ValidationError, offset: int = 0) -> HeadcountError:
-    """The error for a trace that does not fit (``offset``: the first event of the batch that failed)."""
+    """The error for a trace that does not fit (``offset``: the first event of the piece that failed)."""
     where = _AT.sub(lambda m: f"`$.traceEvents[{int(m.group(1)) + offset}]", str(exc))  # msgspec names the place
     if where.endswith((".ts`", ".dur`")):
         return HeadcountError(f"{path}: an event has no valid ts/dur ({where})", hint="the trace is damaged; record it again")
@@ -166,52 +178,175 @@ def _invalid(path: Path, exc: msgspec.ValidationError, offset: int = 0) -> Headc
     return HeadcountError(f"{path}: not a torch.profiler trace ({where})", hint=_NOT_A_TRACE)
 
 
-def _pieces(path: Path) -> _Pieces:
-    """The trace's JSON checked whole, its events kept as text.
+def _not_json(path: Path, exc: Exception) -> HeadcountError:
+    return HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: {exc})", hint=_NOT_A_TRACE)
+
+
+def _whole(path: Path, text: bytes) -> _Document:
+    """The trace's JSON decoded whole (its events kept as text).
 
     Raises:
-        HeadcountError: missing file, invalid JSON, no ``traceEvents`` list.
+        HeadcountError: invalid JSON, no ``traceEvents`` list.
     """
-    raw = _raw(path)
     try:
-        return msgspec.json.decode(raw, type=_Pieces)
+        return msgspec.json.decode(text, type=_Document)
     except msgspec.ValidationError as exc:
         raise _invalid(path, exc) from exc
     except msgspec.DecodeError as exc:
-        raise HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: {exc})", hint=_NOT_A_TRACE) from exc
+        raise _not_json(path, exc) from exc
 
 
-def _batch_frame(path: Path, events: list[msgspec.Raw], offset: int) -> pd.DataFrame:
-    """The events table of ``events`` (the file's from ``offset`` on): decoded with float times, and once
-    more from the digits where they are not exact.
+class _NotAnEnd(Exception):
+    """A piece of the events array cut where no event ends: inside an event, or past the array's end."""
+
+
+def _decode_events(path: Path, text, first: int, exact: bool = False) -> list:
+    """The events of ``text`` (a JSON array of the file's events from index ``first`` on).
 
     Raises:
-        HeadcountError: an event that does not fit (a malformed ``ts``/``dur``), invalid text in it.
+        HeadcountError: an event that does not fit (a malformed ``ts``/``dur``), invalid JSON.
+        _NotAnEnd: ``text`` is cut inside an event, or past the events array's end.
     """
-    text = b"[" + b",".join(events) + b"]"
-
-    def decoded(exact: bool) -> list:
-        try:
-            return _DECODERS[exact].decode(text)
-        except msgspec.ValidationError as exc:
-            raise _invalid(path, exc, offset) from exc
-        except msgspec.DecodeError as exc:  # what the first pass does not look into: e.g. invalid UTF-8 in a name
-            raise HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: {exc})", hint=_NOT_A_TRACE) from exc
-
     try:
-        return events_frame(decoded(False), source=str(path))
+        return _DECODERS[exact].decode(text)
+    except msgspec.ValidationError as exc:
+        try:
+            _SYNTAX.decode(text)
+        except msgspec.DecodeError:
+            raise _NotAnEnd from None  # a place inside an event: the error may be of the cut, not the file
+        raise _invalid(path, exc, first) from exc
+    except msgspec.DecodeError as exc:
+        if "truncated" in str(exc) or "trailing characters" in str(exc):  # cut inside an event, or past the array
+            raise _NotAnEnd from None
+        raise _not_json(path, exc) from exc  # e.g. invalid UTF-8 in a name
+
+
+def _last_events(path: Path, text: bytearray, first: int) -> tuple[int, list] | None:
+    """Where the last whole event of ``text`` (``[`` then events, comma-separated) ends, and the events
+    before it, decoded: the last place that reads as an event's end (``},{``) and leaves valid JSON
+    before it (one inside a string or a nested value does not). ``None``: none among the last
+    :data:`BOUNDARY_TRIES`.
+
+    Raises:
+        HeadcountError: as :func:`_decode_events`.
+    """
+    ends = [m.start() + 1 for m in _EVENT_END.finditer(text, max(0, len(text) - (1 << 20)))]
+    if len(ends) < BOUNDARY_TRIES and len(text) > 1 << 20:
+        ends = [m.start() + 1 for m in _EVENT_END.finditer(text)]
+    for end in reversed(ends[-BOUNDARY_TRIES:]):
+        kept = text[end]
+        text[end] = ord("]")  # the character after the event's "}": the piece is read in place, not copied
+        try:
+            with memoryview(text) as view, view[:end + 1] as piece:
+                return end, _decode_events(path, piece, first)
+        except _NotAnEnd:
+            continue
+        finally:
+            text[end] = kept
+    return None
+
+
+def _event_pieces(path: Path, into: dict):
+    """The ``traceEvents`` array of a trace, read :data:`CHUNK_BYTES` at a time: yields ``(events, text,
+    first)`` — the decoded events of a piece, its text (a JSON array) and the index of its first event
+    in the file — then puts the trace's other fields in ``into["document"]`` (:class:`_Document`, no
+    events).
+
+    Raises:
+        HeadcountError: unreadable, truncated or invalid JSON; no ``traceEvents`` list; an event that
+            does not fit.
+    """
+    with _open(path) as fh:
+        def read() -> bytes:
+            try:
+                return fh.read(min(CHUNK_BYTES, 64 << 20))  # a piece may take several reads
+            except (EOFError, OSError) as exc:  # gzip.BadGzipFile is an OSError
+                raise HeadcountError(f"{path}: not a torch.profiler trace ({exc})", hint=_NOT_A_TRACE) from exc
+
+        text, searched = bytearray(), 0
+        while (start := _ARRAY_START.search(text, searched)) is None:  # the key is near the top in torch's files
+            searched = max(0, len(text) - 64)  # the key may straddle two reads
+            more = read()
+            if not more:  # no events array where expected: the whole document says what it is
+                document = _whole(path, bytes(text))
+                for lo in range(0, len(document.traceEvents), EVENT_BATCH):
+                    piece = b"[" + b",".join(document.traceEvents[lo:lo + EVENT_BATCH]) + b"]"
+                    yield _decode_events(path, piece, lo), piece, lo
+                document.traceEvents = []
+                into["document"] = document
+                return
+            text += more
+        head, text = bytes(text[:start.end()]), bytearray(b"[") + text[start.end():]
+        first, ended = 0, False
+        while not ended:
+            more = read()
+            ended = not more
+            text += more
+            if len(text) < CHUNK_BYTES and not ended:
+                continue
+            found = _last_events(path, text, first)
+            if found is None:
+                if not ended:
+                    continue  # an event longer than a chunk: read on
+                break
+            end, events = found
+            rest = bytearray(b"[") + text[end:].lstrip()[1:]  # past the comma after the event
+            del text[end + 1:]  # the piece is the buffer itself, ended: a chunk is never copied whole
+            text[end] = ord("]")
+            yield events, text, first
+            first += len(events)
+            text = rest
+        # the file's end: its last events, the array's end, the document's other fields
+        for close in _array_ends(text):
+            piece = bytes(text[:close + 1])
+            try:
+                events = _decode_events(path, piece, first)
+            except _NotAnEnd:
+                continue
+            if events:
+                yield events, piece, first
+            into["document"] = _whole(path, head + b"]" + bytes(text[close + 1:]))
+            return
+        raise HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: truncated or damaged after event {first})",
+                             hint=_NOT_A_TRACE)
+
+
+def _array_ends(text: bytearray):
+    """Where the events array that ``text`` starts may end (a ``]``): where msgspec says the text after
+    the closed array begins, else (no such place: a damaged file) every ``]`` from the first on."""
+    try:
+        _SYNTAX.decode(text)
+    except msgspec.DecodeError as exc:
+        if at := _TRAILING.search(str(exc)):
+            close = text.rfind(b"]", 0, int(at.group(1)))
+            if close >= 0:
+                yield close
+    except msgspec.ValidationError:
+        pass
+    else:
+        yield len(text) - 1  # the file ends with the array (no document around it)
+    yield from (m.start() for m in re.finditer(rb"\]", text))
+
+
+def _batch_frame(path: Path, events: list, text: bytes | bytearray, first: int) -> pd.DataFrame:
+    """The events table of a piece: its events decoded with float times, and once more from the digits
+    (``text``) where they are not exact.
+
+    Raises:
+        HeadcountError: an event that does not fit, invalid text in it.
+    """
+    try:
+        return events_frame(events, source=str(path))
     except _Inexact:  # times with more than three decimals: as their decimal digits say
-        return events_frame(decoded(True), source=str(path))
+        return events_frame(_decode_events(path, text, first, exact=True), source=str(path))
 
 
-def _frame_of(path: Path) -> tuple[pd.DataFrame, _Pieces]:
-    """The events table of a trace file, built :data:`EVENT_BATCH` events at a time (the decoded events of
-    the whole file took three times the memory of its bytes), and the trace's other fields."""
-    trace = _pieces(path)
-    events = trace.traceEvents
-    frames = [frame for lo in range(0, len(events), EVENT_BATCH)
-              if len(frame := _batch_frame(path, events[lo:lo + EVENT_BATCH], lo))]
-    trace.traceEvents = events = []  # the text views: the file's bytes go before the pieces are joined
+def _frame_of(path: Path) -> tuple[pd.DataFrame, _Document]:
+    """The events table of a trace file, built a piece at a time as the file is read
+    (:func:`_event_pieces`), and the trace's other fields."""
+    into: dict = {}
+    frames = [frame for events, text, first in _event_pieces(path, into) if len(frame := _batch_frame(path, events, text, first))]
+    trace = into["document"]
     if not frames:
         return events_frame([], source=str(path)), trace
     return (frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)), trace
