@@ -101,6 +101,15 @@ def step_cost(rounds: int) -> dict:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def _workers_cpu(sp) -> dict[str, float]:
+    """CPU seconds each window-writer process has had so far, by kind (none without workers)."""
+    from headcount.window_writer import _cpu_seconds
+
+    if sp is None or sp.writer is None:
+        return {}
+    return {kind: _cpu_seconds(p.pid) or 0.0 for kind, p in sp.writer.processes.items()}
+
+
 def one(variant: str, steps: int, every: int, out: Path, threads: int | None, queue: int = 2) -> dict:
     if variant == "step-cost":
         return step_cost(rounds=steps)
@@ -121,10 +130,7 @@ def one(variant: str, steps: int, every: int, out: Path, threads: int | None, qu
         opt.zero_grad()
 
     step()  # one warm-up step, untimed, in every variant
-    if sp is not None and sp.writer is not None:
-        from headcount.window_writer import _cpu_seconds
-
-        workers_cpu_before = {kind: _cpu_seconds(p.pid) or 0.0 for kind, p in sp.writer.processes.items()}  # their start-up
+    workers_cpu_before = _workers_cpu(sp)  # their start-up, left out
     t0 = time.perf_counter()
     for i in range(steps):
         if sp is None:
@@ -134,10 +140,8 @@ def one(variant: str, steps: int, every: int, out: Path, threads: int | None, qu
                 step()
     loop_s = time.perf_counter() - t0
     in_loop = dict(sp.writer.written_by) if sp is not None and sp.writer is not None else {}
-    from headcount.window_writer import _cpu_seconds
-
-    workers_cpu_s = {kind: (_cpu_seconds(p.pid) or 0.0) - workers_cpu_before.get(kind, 0.0)
-                     for kind, p in sp.writer.processes.items()} if sp is not None and sp.writer is not None else None
+    workers_cpu_s = {kind: cpu - workers_cpu_before.get(kind, 0.0) for kind, cpu in _workers_cpu(sp).items()} \
+        if sp is not None and sp.writer is not None else None
     t1 = time.perf_counter()
     if sp is not None:
         sp.close()

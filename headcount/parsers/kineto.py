@@ -149,7 +149,7 @@ def _open(path: Path):
 
 EVENT_BATCH = 100_000  # events decoded at a time where the events array is not found by its key (:func:`_whole`)
 CHUNK_BYTES = 8 << 20  # of the trace's text read, decoded and tabulated at a time: the file is never held whole
-BOUNDARY_TRIES = 64  # candidate ends of an event tried, from a chunk's end back, before the chunk is deemed damaged
+BOUNDARY_TRIES = 64  # candidate ends of an event tried, from a piece's end back, before more of the file is read
 
 
 class _Document(msgspec.Struct):
