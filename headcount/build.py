@@ -98,7 +98,8 @@ def _split_domains(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 def tables_from_events(events: pd.DataFrame, calls, implementation: str, source: str = "torch",
                        limits=None, pm_samples: pd.DataFrame | None = None,
                        exclude_steps=(), graph_nodes: dict[int, int] | None = None,
-                       void_steps: tuple[str, ...] = ()) -> dict[str, pd.DataFrame]:
+                       void_steps: tuple[str, ...] = (), launched: bool | None = None,
+                       with_figures: bool = False) -> dict[str, pd.DataFrame]:
     """Build the tables of one profiled session.
 
     Args:
@@ -125,6 +126,11 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
         void_steps: names of step ranges that are no step (the profiler's
             implicit first step, closed unused when the steps came as
             ``with prof.step(i)``): dropped before anything is attributed.
+        launched: whether the recording has GPU work whose launch it holds (``None``: whether
+            ``events`` has; a trace built a group of steps at a time says it for the whole
+            trace). Where it has, GPU work without its launch has no step.
+        with_figures: also return ``figures``: the layer and head ranges whose figures count, their
+            labels still categorical (for :func:`attention_tables` over several groups).
 
     Returns:
         ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``
@@ -185,20 +191,27 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
             per_kernel = sampling.window_totals(pm_samples, gpu_rows["start_ns"].to_numpy(np.float64), gpu_rows["end_ns"].to_numpy(np.float64))
             gpu_rows = pd.concat([gpu_rows, per_kernel], axis=1)
         frames.append(gpu_rows)
-    kernels = launch.kernel_columns(_kernels_table(frames, projected, steps, source, implementation))
+    kernels = launch.kernel_columns(_kernels_table(frames, projected, steps, source, implementation, launched))
 
     figures = ranges_table[~ranges_table["step"].isin(list(exclude_steps)).to_numpy() & ~graphs.capture_only(ranges_table)]
-    layers = aggregate.layers_table(figures)
-    heads = aggregate.heads_table(figures, layers)
-    layers, heads = aggregate.with_launch_latency(layers, heads, kernels)
-    breakdown_src = heads if (ranges_table["level"] == "head").any() else layers
-    breakdown = breakdown_src.reindex(columns=BREAKDOWN_COLUMNS)
-    tables = {"kernels": kernels, "ranges": ranges_table, "layers": layers, "heads": heads, "attention_breakdown": breakdown}
+    tables = {"kernels": kernels, "ranges": ranges_table, **attention_tables(figures, kernels)}
     step_rows = steps_of(kernels, timeline.sync_calls(runtime), steps, ranges_table, implementation, found=len(main) > 0)
     tables["steps"] = step_rows[~step_rows["step"].isin(list(exclude_steps)).to_numpy(dtype=bool)].reset_index(drop=True)
     for table in tables.values():
         labels.plain(table)  # in-process recordings are small: users get plain strings
+    if with_figures:
+        tables["figures"] = figures[figures["level"].isin(["layer", "head"]).to_numpy(dtype=bool)]
     return tables
+
+
+def attention_tables(figures: pd.DataFrame, kernels: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """``layers``, ``heads`` and ``attention_breakdown`` from the ranges whose figures count (``figures``:
+    the labelled ranges less excluded steps and graph captures) and the kernels (their launch latency)."""
+    layers = aggregate.layers_table(figures)
+    heads = aggregate.heads_table(figures, layers)
+    layers, heads = aggregate.with_launch_latency(layers, heads, kernels)
+    breakdown_src = heads if (figures["level"] == "head").any() else layers
+    return {"layers": layers, "heads": heads, "attention_breakdown": breakdown_src.reindex(columns=BREAKDOWN_COLUMNS)}
 
 
 def steps_of(kernels: pd.DataFrame, syncs: pd.DataFrame, steps: pd.DataFrame, ranges_table: pd.DataFrame,
@@ -277,7 +290,7 @@ def _gpu_rows(work: pd.DataFrame, inner: np.ndarray) -> pd.DataFrame:
 
 
 def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.DataFrame, source: str,
-                   implementation: str) -> pd.DataFrame:
+                   implementation: str, launched: bool | None = None) -> pd.DataFrame:
     """One table of CPU operators and GPU operations, each labelled with the
     path, phase, layer and head of its innermost range and with its step
     (GPU work by its launch call)."""
@@ -295,7 +308,7 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
         step_time = k["api_start_ns"].fillna(k["start_ns"])
     gpu = k["kind"].isin(timeline.GPU_KINDS).to_numpy(dtype=bool)
     unlaunched = gpu & (k["api_start_ns"].isna().to_numpy() if "api_start_ns" in k else np.ones(len(k), dtype=bool))
-    if unlaunched.any() and (gpu & ~unlaunched).any():
+    if unlaunched.any() and ((gpu & ~unlaunched).any() if launched is None else launched):
         # GPU work whose launch the recording lacks, where it has the others' (launched before it began): no step of it
         step_time = step_time.where(~unlaunched, -1)
     for col, values in labels.label_ops(k["range_id"].to_numpy(np.int64), ranges).items():
@@ -378,10 +391,31 @@ def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None
 
 
 def tables_from_kineto(trace: dict, run_id: str) -> Built:
-    """Build headcount's tables from a torch.profiler trace file
-    (:func:`headcount.parsers.kineto.read_trace`): one headcount kept with
-    ``--trace-dir``, one a user recorded with ``torch.profiler`` around a
-    tagged model, or one recorded with no tags at all.
+    """Build headcount's tables from a torch.profiler trace held in memory
+    (:func:`headcount.parsers.kineto.read_trace`): :func:`kineto_pieces` of its
+    events as one group, gathered into whole tables. ``trace["events"]`` is
+    taken out of ``trace`` (freed as soon as the build is done with it)."""
+    from headcount.parsers import kineto
+
+    notices: list[str] = []
+    events = trace.pop("events")
+    if not len(events):
+        raise HeadcountError("the trace holds no complete event (ph \"X\")", hint="record with torch.profiler.profile() around some work")
+    events = drop_implausible(events, "events", notices)  # a negative duration: no such event happened
+    found: dict = {}
+    tables: dict[str, list[pd.DataFrame]] = {}
+    for name, frame in kineto_pieces(iter([events]), trace.get("devices") or [], notices, found=found):
+        tables.setdefault(name, []).append(frame)
+    whole = {name: frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True) for name, frames in tables.items()}
+    whole.setdefault("attention_breakdown", found["attention_breakdown"])
+    return finished(whole, run_id, kineto.run_device(trace.get("devices") or []), found["calls"], notices)
+
+
+def kineto_pieces(groups, devices: list[dict], notices: list[str], launched: bool | None = None, found: dict | None = None):
+    """Headcount's tables from a torch.profiler trace, a group of whole steps at a time
+    (:class:`headcount.parsers.kineto_steps.Pieces`): one trace headcount kept with
+    ``--trace-dir``, one a user recorded with ``torch.profiler`` around a tagged model,
+    or one recorded with no tags at all.
 
     With headcount's ranges in the trace, they are used as recorded (no call
     log: analytic FLOPs and bytes are null). Without them, attention calls
@@ -396,50 +430,121 @@ def tables_from_kineto(trace: dict, run_id: str) -> Built:
     (:data:`NO_ATTENTION`). torch.profiler's ``ProfilerStep#N`` annotations
     are its steps (where headcount's own step ranges are absent).
 
-    ``trace["events"]`` is taken out of ``trace``: the events table is freed as
-    soon as the build is done with it (a large trace's is a quarter of its
-    bytes, and a copy of it is made once calls are found).
+    Args:
+        groups: the events tables of the groups, in order (each is let go once built).
+        devices: the trace's ``deviceProperties``.
+        notices: where the notices go, once the last group is built (each group's counts summed).
+        launched: whether the trace has GPU work whose launch it holds (``None``: each group says).
+        found: filled with ``calls`` (the calls found, in order) and ``attention_breakdown``.
+
+    Yields:
+        ``ranges``, ``kernels`` and ``steps`` of each group (range ids unique across
+        groups), then ``layers``, ``heads`` and ``findings`` of the whole trace.
     """
     from headcount.parsers import kineto
+    from headcount.parsers.kineto_steps import merged
 
-    events = trace.pop("events")
+    device = kineto.run_device(devices)
+    limits = device.limits() if device else None
+    figures, latency, step_rows, calls, said = [], [], [], [], []
+    offset, tagged = 0, False
+    for events in groups:
+        tables, group_calls, group_notices, group_tagged = _kineto_group(events, limits, calls, launched)
+        del events
+        tagged |= group_tagged
+        calls += group_calls
+        said += group_notices
+        ranges, kernels = tables["ranges"], tables["kernels"]
+        offset_before = offset
+        if offset:  # each group numbers its ranges from 0
+            for frame, column in ((ranges, "range_id"), (ranges, "parent_range_id"), (kernels, "range_id")):
+                if column in frame:
+                    frame[column] = frame[column] + offset
+        if len(ranges):
+            offset = int(pd.to_numeric(ranges["range_id"]).max()) + 1
+        counted = tables.pop("figures")
+        if offset_before:
+            counted = counted.assign(**{c: counted[c] + offset_before for c in ("range_id", "parent_range_id") if c in counted})
+        figures.append(counted)
+        if "launch_latency_ns" in kernels:
+            latency.append(kernels.loc[kernels["layer_name"].notna().to_numpy(dtype=bool),
+                                       [*aggregate.GROUP_LAYER, "head", "launch_latency_ns"]])
+        step_rows.append(tables["steps"])
+        yield "ranges", ranges
+        yield "kernels", kernels
+        yield "steps", tables["steps"]
+        del tables, ranges, kernels
+    ranges = figures[0] if len(figures) == 1 else _concat_categories(figures)
+    attention = attention_tables(ranges, _concat(latency) if latency else pd.DataFrame())
+    for table in attention.values():
+        labels.plain(table)
+    untagged_provenance(attention, ranges)
+    add_roofline(attention, device, calls)
+    notices += merged(said)
+    if not calls and not tagged:
+        notices.append(NO_ATTENTION + " (neither headcount's ranges nor an attention operator, module or kernel that "
+                       "docs/cli.md § Untagged recordings lists; record with torch.profiler.profile(with_modules=True, "
+                       "with_stack=True, record_shapes=True), or tag the model with headcount)")
+    if found is not None:
+        found.update(calls=calls, attention_breakdown=attention["attention_breakdown"])
+    yield "layers", attention["layers"]
+    yield "heads", attention["heads"]
+    yield "findings", run_findings(step_rows, attention["layers"], attention["heads"])
+
+
+def _concat_categories(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """``frames`` concatenated, their categorical columns kept categorical: categories in the order
+    they first come (the order the attention tables' rows follow)."""
+    frames = [f.copy(deep=False) for f in frames]
+    for column in [c for c, t in frames[0].dtypes.items() if isinstance(t, pd.CategoricalDtype)]:
+        order = pd.unique(np.concatenate([np.asarray(f[column].cat.categories, dtype=object) for f in frames
+                                          if isinstance(f[column].dtype, pd.CategoricalDtype)]))
+        kind = pd.CategoricalDtype(pd.Index(order, dtype=object))
+        for f in frames:
+            f[column] = f[column].astype(object).astype(kind)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _kineto_group(events: pd.DataFrame, limits, earlier: list, launched: bool | None):
+    """One group of a trace's events (:func:`kineto_pieces`) → ``(tables, calls, notices, tagged)``:
+    its tables (:func:`tables_from_events`), the calls found in it, the notices of what it
+    holds, and whether it has headcount's ranges. ``earlier``: the calls of the groups before
+    (the implementation of a group that has no call of its own)."""
     notices: list[str] = []
-    if not len(events):
-        raise HeadcountError("the trace holds no complete event (ph \"X\")", hint="record with torch.profiler.profile() around some work")
-    events = drop_implausible(events, "events", notices)  # a negative duration: no such event happened
     events = _profiler_steps(events)
-    ours = (events["kind"] == "range") & events["name"].astype(str).str.startswith(DOMAIN + "@")
-    calls, found = [], None
-    if not ours.any():
+    tagged = bool(((events["kind"] == "range") & events["name"].astype(str).str.startswith(DOMAIN + "@")).any())
+    calls = []
+    if not tagged:
         found = untagged.find_calls(events)
         notices += found.notices
         calls = found.calls
         if len(found.ranges):
             events = pd.concat([events, found.ranges], ignore_index=True)
-        else:
-            notices.append(NO_ATTENTION + " (neither headcount's ranges nor an attention operator, module or kernel that "
-                           "docs/cli.md § Untagged recordings lists; record with torch.profiler.profile(with_modules=True, "
-                           "with_stack=True, record_shapes=True), or tag the model with headcount)")
-    gpu = events["kind"].isin(["kernel", "memcpy", "memset"])
-    launched = set(events.loc[events["kind"] == "runtime", "correlation_id"].dropna().astype("int64"))
-    orphan = gpu & ~events["correlation_id"].isin(launched)
+    gpu = events["kind"].isin(["kernel", "memcpy", "memset"]).to_numpy(dtype=bool)
+    orphan = gpu & ~launched_in(events)
     if orphan.any():
-        kernels = int((orphan & (events["kind"] == "kernel")).sum())
+        kernels = int((orphan & (events["kind"] == "kernel").to_numpy(dtype=bool)).sum())
         notices.append(f"{int(orphan.sum())} GPU operations ({kernels} kernels) have no launch call in the trace (launched "
                        "before it started): counted, attributed to no range")
-    replayed = gpu & events["graph_node_id"].notna()
+    replayed = gpu & events["graph_node_id"].notna().to_numpy(dtype=bool)
     if replayed.any():
         notices.append(f"{int(replayed.sum())} GPU operations were replayed from CUDA graphs: a torch.profiler trace does not "
                        "record which range captured them, so they count for the range around the graph launch (often none); "
                        "record with `--backend cupti` or `nsys --cuda-graph-trace=node` to attribute them to their layers")
-    device = kineto.run_device(trace.get("devices") or [])
-    limits = device.limits() if device else None
-    tables = tables_from_events(events, calls, implementation_of(calls), source="torch", limits=limits)
+    implementation = implementation_of(calls) if calls or not earlier else implementation_of(earlier)
+    tables = tables_from_events(events, calls, implementation, source="torch", limits=limits, launched=launched, with_figures=True)
     untagged_provenance(tables, tables["ranges"])
-    return finished(tables, run_id, device, calls, notices)
+    return tables, calls, notices, tagged
 
 
 NO_ATTENTION = "no attention found: kernels, steps and findings only"
+
+
+def launched_in(events: pd.DataFrame) -> np.ndarray:
+    """Which events' correlation id is that of a runtime call in ``events`` (a GPU operation whose launch is there)."""
+    ids = pd.array(events["correlation_id"], dtype="Int64").to_numpy(np.int64, na_value=-1)  # ids are never negative
+    calls = ids[(events["kind"] == "runtime").to_numpy(dtype=bool) & (ids >= 0)]
+    return np.isin(ids, calls) & (ids >= 0)
 
 
 def untagged_provenance(tables: dict, ranges: pd.DataFrame) -> None:

@@ -18,7 +18,7 @@ from typing import Iterator
 import pandas as pd
 
 from headcount import signals
-from headcount.build import nsys_pieces, nsys_processes, tables_from_kineto, tables_from_ncu
+from headcount.build import nsys_pieces, nsys_processes, tables_from_ncu
 from headcount.device import Device
 from headcount.errors import NothingRecorded
 from headcount.parsers import ncu_metrics, nsys_sqlite
@@ -68,6 +68,16 @@ class Parsed:
             yield from self.stream
         else:
             yield from self.tables.items()
+
+    def gather(self) -> dict[str, pd.DataFrame]:
+        """The tables whole (:meth:`pieces` consumed and concatenated): for a caller that holds them all."""
+        if self.stream is not None:
+            parts: dict[str, list[pd.DataFrame]] = {}
+            for name, frame in self.pieces():
+                parts.setdefault(name, []).append(frame)
+            self.tables = {name: frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
+            self.stream = None
+        return self.tables
 
 
 def _nsys_file(path: Path, export: AbstractContextManager, options: ReadOptions) -> Parsed:
@@ -130,18 +140,38 @@ def from_ncu_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
 
 
 def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
+    """A torch.profiler trace: read a piece at a time (:class:`~headcount.parsers.kineto_steps.Pieces`),
+    then built a group of whole steps at a time (:func:`headcount.build.kineto_pieces`) as the pieces
+    are consumed."""
     from headcount.parsers import kineto
+    from headcount.parsers.kineto_steps import Pieces
 
-    trace = kineto.read_trace(path)
-    built = tables_from_kineto(trace, run_id)
-    tables, notices = built.tables, built.notices
-    device = kineto.run_device(trace["devices"]) or Device("cpu")
-    layers = tables["layers"]
-    found = signals.kinds_in(layers["signal"]) if "signal" in layers else []
+    pieces = Pieces(path)
+    try:
+        pieces.read()
+    except BaseException:
+        pieces.close()
+        raise
+    device = kineto.run_device(pieces.described["devices"]) or Device("cpu")
+    parsed = Parsed({}, device, None, notices=list(pieces.notices), run=pieces.described["distributed"])
+    parsed.stream = _torch_stream(path, pieces, parsed.lines, parsed.notices)
+    return parsed
+
+
+def _torch_stream(path: Path, pieces, lines: list[str], notices: list[str]):
+    from headcount.build import kineto_pieces
+
+    kernels, layer_rows, found = 0, 0, []
+    with pieces:
+        for name, frame in kineto_pieces(pieces.groups(), pieces.described["devices"], notices, launched=pieces.launched):
+            if name == "kernels":
+                kernels += int((frame["kind"].astype(object) == "kernel").sum())
+            elif name == "layers":
+                layer_rows = len(frame)
+                found = signals.kinds_in(frame["signal"]) if "signal" in frame else []
+            yield name, frame
+            del frame
     how = f"found by {'/'.join(found)} names" if found else "from headcount's ranges"
-    rank = trace["distributed"].get("rank")
-    return Parsed(tables, device, None, [f"{path}: {int((tables['kernels']['kind'] == 'kernel').sum())} kernels, "
-                                         f"{len(layers)} layer rows {how}" + (f" (rank {rank})" if rank is not None else "")],
-                  notices, run=trace["distributed"])
-
-
+    rank = pieces.described["distributed"].get("rank")
+    groups = f", attributed in {pieces.count} groups of steps" if pieces.count > 1 else ""
+    lines.append(f"{path}: {kernels} kernels, {layer_rows} layer rows {how}{groups}" + (f" (rank {rank})" if rank is not None else ""))

@@ -99,9 +99,10 @@ def test_the_registry_chooses_by_name_and_refuses_the_rest(tmp_path):
     plain = tmp_path / "plain.json"
     plain.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2}]}')
     parsed = sources.for_path(plain).parse(plain, "r", ReadOptions())
+    tables = parsed.gather()
     assert any("no attention found" in n for n in parsed.notices)
-    assert len(parsed.tables["kernels"]) == 1 and not len(parsed.tables["layers"])
-    steps = parsed.tables["steps"]
+    assert len(tables["kernels"]) == 1 and not len(tables["layers"])
+    steps = tables["steps"]
     assert len(steps) == 1 and steps["window_ns"].iloc[0] == 2_000 and np.isnan(steps["attention_share_pct"].iloc[0])
 
 
@@ -192,8 +193,10 @@ def test_events_read_in_pieces_give_the_tables_of_the_whole_file(monkeypatch, na
 
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 10**12)
     whole = parse_file.from_torch_trace(KINETO / name, "r", ReadOptions())
+    whole.gather()
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 20_000)  # pieces end mid-step, mid-range, between a launch and its kernel
     pieces = parse_file.from_torch_trace(KINETO / name, "r", ReadOptions())
+    pieces.gather()
     assert whole.tables.keys() == pieces.tables.keys() and len(whole.tables["kernels"]) > 0
     for table, frame in whole.tables.items():
         pd.testing.assert_frame_equal(frame, pieces.tables[table], obj=table)
@@ -262,3 +265,81 @@ def gzip_text(path):
     import gzip
 
     return gzip.decompress(path.read_bytes())
+
+
+def _replicated(tmp_path, copies: int) -> Path:
+    """The H100 Qwen fixture replicated ``copies`` times in time (the scale benchmark's builder)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kineto_scale", Path(__file__).resolve().parent.parent / "benchmarks" / "kineto_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = tmp_path / f"qwen-{copies}x.json"
+    module.build(path, copies)
+    return path
+
+
+def _comparable(frame: pd.DataFrame) -> pd.DataFrame:
+    """A table with its rows in a fixed order, range ids left out (each group numbers its own) and
+    text columns as objects with one null (a group's concatenation gives None where the whole gives NaN)."""
+    frame = frame.drop(columns=[c for c in ("run_id", "range_id", "parent_range_id") if c in frame])
+    keys = [c for c in ("start_ns", "pid", "tid", "kind", "name", "step", "phase", "layer_name", "head", "subject") if c in frame]
+    frame = frame.sort_values(keys, kind="stable").reset_index(drop=True)
+    text = [c for c in frame.columns if frame[c].dtype == object or str(frame[c].dtype) in ("str", "string", "category")]
+    frame = frame.astype({c: object for c in text})
+    frame[text] = frame[text].where(frame[text].notna(), None)
+    return frame
+
+
+def test_a_trace_attributed_a_group_of_steps_at_a_time_gives_the_whole_traces_tables(tmp_path, monkeypatch):
+    """Three steps of a real H100 trace, each step its own group, read in pieces of 200 kB, every piece written to disk:
+    every table (ranges, kernels, steps, layers, heads, findings) and every notice is what
+    attributing the whole trace at once gives; nothing is left on disk."""
+    from headcount import build
+    from headcount.parsers import kineto
+    from headcount.parsers.kineto_steps import Pieces
+
+    path = _replicated(tmp_path, 3)
+    whole = build.tables_from_kineto(kineto.read_trace(path), "r")
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 200_000)
+    with Pieces(path, group_rows=1, held_bytes=0) as pieces:
+        pieces.read()
+        directory = Path(pieces._directory.name)
+        assert pieces.count == 3 and pieces.spilled and len(list(directory.iterdir())) > 3
+        notices = list(pieces.notices)
+        parts: dict[str, list[pd.DataFrame]] = {}
+        for name, frame in build.kineto_pieces(pieces.groups(), pieces.described["devices"], notices, launched=pieces.launched):
+            parts.setdefault(name, []).append(frame)
+    assert not directory.exists()
+    assert len(parts["ranges"]) == 3 and notices == whole.notices
+    assert "72 calls" in notices[0]  # 24 layers × 3 steps, summed over the groups
+    for name in ("ranges", "kernels", "steps", "layers", "heads", "findings"):
+        got = pd.concat(parts[name], ignore_index=True)
+        expected = whole.tables[name]
+        assert len(got) == len(expected) > 0 or name == "findings"
+        pd.testing.assert_frame_equal(_comparable(got)[list(_comparable(expected).columns)], _comparable(expected),
+                                      check_dtype=False, obj=name)
+    ids = pd.concat(parts["ranges"])["range_id"]
+    assert ids.is_unique  # one run's ranges: ids unique across the groups
+
+
+def test_a_step_crossed_by_an_open_event_is_not_cut(tmp_path):
+    """An annotation around two steps: no cut falls inside it, so those steps are one group."""
+    import json
+
+    from headcount.parsers.kineto_steps import Pieces
+
+    def op(name, ts, dur, cat="cpu_op"):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+    events = [op("ProfilerStep#1", 0, 10, "user_annotation"), op("ProfilerStep#2", 10, 10, "user_annotation"),
+              op("ProfilerStep#3", 20, 10, "user_annotation"), op("outer", 5, 10, "user_annotation"),
+              op("aten::mm", 1, 1), op("aten::mm", 12, 1), op("aten::mm", 22, 1)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    with Pieces(path, group_rows=1) as pieces:
+        pieces.read()
+        groups = [sorted(g["name"]) for g in pieces.groups()]
+    assert pieces.count == 2
+    assert groups[0] == ["ProfilerStep#1", "ProfilerStep#2", "aten::mm", "aten::mm", "outer"]
+    assert groups[1] == ["ProfilerStep#3", "aten::mm"]

@@ -99,6 +99,13 @@ class _Thread:
         self.frame = frame
         self.start = frame["start_ns"].to_numpy(np.int64)
         self.end = frame["end_ns"].to_numpy(np.int64)
+        self._columns: dict[str, np.ndarray] = {}
+
+    def column(self, name: str) -> np.ndarray:
+        """A column of the events in start order, as an array (taken once: a row at a time from the frame is slow)."""
+        if name not in self._columns:
+            self._columns[name] = self.frame[name].to_numpy(object)
+        return self._columns[name]
 
     def inside(self, start: int, end: int) -> np.ndarray:
         """Positions of the events wholly inside ``[start, end]``."""
@@ -332,8 +339,9 @@ def _operator_calls(ops: pd.DataFrame) -> list[_Call]:
         call = _Call(op.pid, op.tid, int(op.start_ns), int(op.end_ns), "bwd" if backward else "fwd", "operator", row, name)
         if not backward:
             thread = hit_threads[(op.pid, op.tid)]
-            for cand in thread.frame.iloc[thread.inside(op.start_ns, op.end_ns)].itertuples():
-                call.shape = operator_shape(cand.args, row_of[str(cand.name)])
+            names_in, args_in = thread.column("name"), thread.column("args")
+            for pos in thread.inside(op.start_ns, op.end_ns):
+                call.shape = operator_shape(args_in[pos], row_of[str(names_in[pos])])
                 if call.shape is not None:
                     break
         calls.append(call)
@@ -428,7 +436,9 @@ def _kernel_calls(events: pd.DataFrame, calls: list[_Call]) -> tuple[list[_Call]
     if not len(hits):
         return [], 0
     runtime = events[(kind == "runtime").to_numpy() & events["correlation_id"].notna().to_numpy()]
-    launch = runtime.drop_duplicates("correlation_id").set_index("correlation_id")
+    launch = runtime.drop_duplicates("correlation_id")
+    launch = dict(zip(launch["correlation_id"].astype("int64"),
+                      zip(launch["pid"], launch["tid"], launch["start_ns"].astype("int64"), launch["end_ns"].astype("int64"))))
     replayed = hits["graph_node_id"].notna().to_numpy() if "graph_node_id" in hits else np.zeros(len(hits), dtype=bool)
     spans = _Spans()
     for c in calls:
@@ -436,11 +446,11 @@ def _kernel_calls(events: pd.DataFrame, calls: list[_Call]) -> tuple[list[_Call]
     out, left_out, seen = [], 0, set()
     for k, is_replay in zip(hits.itertuples(), replayed):
         corr = k.correlation_id
-        if is_replay or pd.isna(corr) or corr not in launch.index:
+        call = None if is_replay or pd.isna(corr) else launch.get(int(corr))
+        if call is None:
             left_out += 1
             continue
-        call = launch.loc[corr]
-        key, start, end = (call["pid"], call["tid"]), int(call["start_ns"]), int(call["end_ns"])
+        key, start, end = (call[0], call[1]), int(call[2]), int(call[3])
         if spans.holds(key, start, end):
             continue  # launched inside a call already found
         if (key, start) in seen:

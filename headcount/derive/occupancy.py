@@ -108,7 +108,9 @@ def block_threads(block: pd.Series) -> pd.Series:
             return int(np.prod([int(v) for v in text.strip("()").split(",")]))
         except ValueError:
             return None
-    return pd.array([one(b) for b in block], dtype="Int64")
+    codes, distinct = pd.factorize(pd.Series(block, dtype=object), use_na_sentinel=True)  # a few launch shapes among many kernels
+    per_shape = pd.array([one(b) for b in distinct] + [None], dtype="Int64")
+    return per_shape[codes]
 
 
 def kernel_occupancy(kernels: pd.DataFrame, limits: SmLimits | None) -> pd.Series:

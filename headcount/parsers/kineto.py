@@ -86,9 +86,11 @@ class _Args(msgspec.Struct, gc=False):
     registers: Any = msgspec.field(default=None, name="registers per thread")
     shared: Any = msgspec.field(default=None, name="shared memory")
     occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
-    input_dims: Any = msgspec.field(default=None, name="Input Dims")
-    input_type: Any = msgspec.field(default=None, name="Input type")
-    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
+    # an op's inputs, kept as their JSON text (decoded only for the few ops whose shapes are read: decoding
+    # every op's nested lists took two thirds of the decode)
+    input_dims: msgspec.Raw = msgspec.field(default=None, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=None, name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=None, name="Concrete Inputs")
     graph_node: Any = msgspec.field(default=None, name="graph node id")
     sequence: Any = msgspec.field(default=None, name="Sequence number")
 
@@ -221,9 +223,9 @@ def _decode_events(path: Path, text, first: int, exact: bool = False) -> list:
         raise _not_json(path, exc) from exc  # e.g. invalid UTF-8 in a name
 
 
-def _last_events(path: Path, text: bytearray, first: int) -> tuple[int, list] | None:
-    """Where the last whole event of ``text`` (``[`` then events, comma-separated) ends, and the events
-    before it, decoded: the last place that reads as an event's end (``},{``) and leaves valid JSON
+def _last_events(path: Path, text: bytearray, first: int) -> tuple[int, list, bytes] | None:
+    """Where the last whole event of ``text`` (``[`` then events, comma-separated) ends, the events
+    before it, decoded, and their text (a JSON array, which they refer to): the last place that reads as an event's end (``},{``) and leaves valid JSON
     before it (one inside a string or a nested value does not). ``None``: none among the last
     :data:`BOUNDARY_TRIES`.
 
@@ -235,10 +237,11 @@ def _last_events(path: Path, text: bytearray, first: int) -> tuple[int, list] | 
         ends = [m.start() + 1 for m in _EVENT_END.finditer(text)]
     for end in reversed(ends[-BOUNDARY_TRIES:]):
         kept = text[end]
-        text[end] = ord("]")  # the character after the event's "}": the piece is read in place, not copied
+        text[end] = ord("]")  # the character after the event's "}" ends the array
         try:
-            with memoryview(text) as view, view[:end + 1] as piece:
-                return end, _decode_events(path, piece, first)
+            with memoryview(text) as view:
+                piece = bytes(view[:end + 1])  # a copy: the events' inputs (msgspec.Raw) point into it
+            return end, _decode_events(path, piece, first), piece
         except _NotAnEnd:
             continue
         finally:
@@ -289,13 +292,11 @@ def _event_pieces(path: Path, into: dict):
                 if not ended:
                     continue  # an event longer than a chunk: read on
                 break
-            end, events = found
-            rest = bytearray(b"[") + text[end:].lstrip()[1:]  # past the comma after the event
-            del text[end + 1:]  # the piece is the buffer itself, ended: a chunk is never copied whole
-            text[end] = ord("]")
-            yield events, text, first
+            end, events, piece = found
+            text = bytearray(b"[") + text[end:].lstrip()[1:]  # past the comma after the event
+            yield events, piece, first
             first += len(events)
-            text = rest
+            del events, piece
         # the file's end: its last events, the array's end, the document's other fields
         for close in _array_ends(text):
             piece = bytes(text[:close + 1])
@@ -341,15 +342,40 @@ def _batch_frame(path: Path, events: list, text: bytes | bytearray, first: int) 
         return events_frame(_decode_events(path, text, first, exact=True), source=str(path))
 
 
-def _frame_of(path: Path) -> tuple[pd.DataFrame, _Document]:
-    """The events table of a trace file, built a piece at a time as the file is read
-    (:func:`_event_pieces`), and the trace's other fields."""
+def frames(path: str | Path, into: dict):
+    """The events table of a trace file in pieces, as the file is read (:data:`CHUNK_BYTES` of its
+    text each, :func:`_event_pieces`); then ``into`` gets ``devices`` and ``distributed`` (as
+    :func:`read_trace` returns them).
+
+    Raises:
+        HeadcountError: the file is missing, not JSON, or not a Chrome trace.
+    """
+    path, document = Path(path), {}
+    for events, text, first in _event_pieces(path, document):
+        frame = _batch_frame(path, events, text, first)
+        del events, text
+        if len(frame):
+            yield frame
+    into.update(_described(document["document"]))
+
+
+def _described(trace: _Document) -> dict:
+    """``devices`` and ``distributed`` of a trace's fields besides its events (see :func:`read_trace`)."""
+    devices = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
+    info = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
+    distributed = {key: info[key] for key in ("rank", "world_size")
+                   if isinstance(info.get(key), int) and not isinstance(info[key], bool) and 0 <= info[key] < 2**31}
+    return {"devices": [d for d in devices if isinstance(d, dict)], "distributed": distributed}
+
+
+def _frame_of(path: Path) -> tuple[pd.DataFrame, dict]:
+    """The events table of a trace file, built a piece at a time as the file is read, and what
+    the trace's other fields say (:func:`_described`)."""
     into: dict = {}
-    frames = [frame for events, text, first in _event_pieces(path, into) if len(frame := _batch_frame(path, events, text, first))]
-    trace = into["document"]
-    if not frames:
-        return events_frame([], source=str(path)), trace
-    return (frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)), trace
+    pieces = list(frames(path, into))
+    if not pieces:
+        return events_frame([], source=str(path)), into
+    return (pieces[0] if len(pieces) == 1 else pd.concat(pieces, ignore_index=True)), into
 
 
 def load_trace(path: str | Path) -> pd.DataFrame:
@@ -369,12 +395,8 @@ def read_trace(path: str | Path) -> dict:
     Raises:
         HeadcountError: the file is missing, not JSON, or not a Chrome trace.
     """
-    events, trace = _frame_of(Path(path))
-    devices = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
-    info = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
-    distributed = {key: info[key] for key in ("rank", "world_size")
-                   if isinstance(info.get(key), int) and not isinstance(info[key], bool) and 0 <= info[key] < 2**31}
-    return {"events": events, "devices": [d for d in devices if isinstance(d, dict)], "distributed": distributed}
+    events, described = _frame_of(Path(path))
+    return {"events": events, **described}
 
 
 def run_device(devices: list[dict]) -> Device | None:
@@ -450,6 +472,11 @@ def _hashable(values: list) -> list:
     return [v if v is None or isinstance(v, (str, int, float)) else repr(v) for v in values]
 
 
+def _json(value):
+    """An input field's value: decoded from its JSON text (:class:`_Args`), as is when given decoded."""
+    return msgspec.json.decode(value) if isinstance(value, msgspec.Raw) else value
+
+
 def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
     """Turn a trace's events (decoded, or Chrome-trace dicts) into the events
     table (complete ``X`` events of the kinds above).
@@ -459,14 +486,13 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
         _Inexact: (decoded events with float times) a time not pinned to one nanosecond.
     """
     if events and isinstance(events[0], dict):
+        text = msgspec.json.encode(events)  # as the file would hold them: the inputs are kept as JSON text (_Args)
         try:
-            typed = msgspec.convert(events, list[_Event])
+            return events_frame(_DECODERS[False].decode(text), source)
         except msgspec.ValidationError as exc:
             raise HeadcountError(f"{source}: an event does not fit a Chrome trace ({exc})", hint=_NOT_A_TRACE) from exc
-        try:
-            return events_frame(typed, source)
         except _Inexact:  # times with more than three decimals: as their decimal digits say
-            return events_frame(msgspec.convert(events, list[_ExactEvent]), source)
+            return events_frame(_DECODERS[True].decode(text), source)
     # the kind of each distinct category once (Kineto writes them in lower case), then per event by code
     codes, cats = pd.factorize(np.array(_hashable([ev.cat for ev in events]), dtype=object), use_na_sentinel=False)
     kind_of = np.array([_KIND_BY_CAT.get(c) or _KIND_BY_CAT.get(str(c).lower()) or
@@ -500,8 +526,8 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
 
     ops = [i for i, k in enumerate(kinds) if k == "op" and kept[i].args is not None]
     shaped = signals.shaped_names(set(names[i] for i in ops))
-    inputs = {i: {"Input Dims": kept[i].args.input_dims, "Input type": kept[i].args.input_type, "Concrete Inputs": kept[i].args.concrete}
-              for i in ops if names[i] in shaped}
+    inputs = {i: {"Input Dims": _json(kept[i].args.input_dims), "Input type": _json(kept[i].args.input_type),
+                  "Concrete Inputs": _json(kept[i].args.concrete)} for i in ops if names[i] in shaped}
     sequence = pd.Series(pd.NA, index=range(n), dtype="Int64")
     if ops:
         sequence.iloc[ops] = pd.to_numeric(pd.Series([kept[i].args.sequence for i in ops], dtype=object), errors="coerce").astype("Int64").array

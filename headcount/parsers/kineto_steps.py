@@ -1,0 +1,255 @@
+"""A torch.profiler trace's events, held a piece at a time and cut into groups of whole steps.
+
+The events table of a trace (:func:`headcount.parsers.kineto.frames`) is built as the
+file is read, a piece at a time. :class:`Pieces` keeps those pieces — in memory while
+they are small, in a temporary directory once they pass :data:`HELD_BYTES` — with a
+compact index of every row: its kind, times and launch correlation. From the index the
+trace is cut into *slices*: its steps (headcount's step ranges, else torch.profiler's
+``ProfilerStep#N``) and the time outside them, cut only where no CPU event (operator,
+range, module, runtime call) is open, so a step that an open event crosses stays with its
+neighbour. GPU work goes with its launch call. Consecutive steps are gathered into groups
+of about :data:`GROUP_ROWS` rows; everything outside the steps, and GPU work whose launch
+the trace lacks, go with the first group (where the work launched from the same device
+names their process). The build attributes one group at a time
+(:func:`headcount.build.kineto_pieces`): memory follows the largest group, not the file.
+
+A trace without steps is one group (attribution needs its ranges and launches together).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from headcount.errors import HeadcountError
+from headcount.naming import STEP_DOMAIN
+from headcount.parsers import kineto
+from headcount.parsers.plausible import drop_implausible
+
+GROUP_ROWS = 200_000  # events attributed together (a group of whole steps): ~0.3 GB at the build's peak
+HELD_BYTES = 192 << 20  # of event pieces held in memory; past it every piece goes to a temporary directory
+
+_CPU_KINDS = ("op", "range", "module", "runtime")
+_GPU_KINDS = ("kernel", "memcpy", "memset")
+_PROFILER_STEP = re.compile(r"ProfilerStep#\d+")
+_INDEX = ("start", "end", "cpu", "gpu", "runtime", "correlation")
+
+
+class Pieces:
+    """The events table of one trace file, held a piece at a time (a context manager: the pieces
+    written to disk are removed on exit, a Ctrl-C included).
+
+    Attributes:
+        path: the trace file.
+        notices: what the reader should know about its events (implausible rows dropped).
+        described: ``devices`` and ``distributed`` of the trace (:func:`headcount.parsers.kineto.read_trace`).
+        launched: some GPU work of the trace has its launch call in it (see :func:`headcount.build.tables_from_events`).
+    """
+
+    def __init__(self, path: str | Path, group_rows: int = GROUP_ROWS, held_bytes: int = HELD_BYTES):
+        self.path = Path(path)
+        self.group_rows, self.held_bytes = group_rows, held_bytes
+        self.notices: list[str] = []
+        self.described: dict = {"devices": [], "distributed": {}}
+        self.launched = False
+        self._held: list[pd.DataFrame | Path] = []  # a piece, or the file it was written to
+        self._index: dict[str, list[np.ndarray]] = {name: [] for name in _INDEX}
+        self._steps: dict[str, list[np.ndarray]] = {"headcount": [], "profiler": []}
+        self._bytes = 0
+        self._directory: tempfile.TemporaryDirectory | None = None
+        self._groups: list[np.ndarray] = []  # each piece's rows: their group
+        self.count = 0
+
+    def __enter__(self) -> "Pieces":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the pieces written to disk."""
+        self._held = []
+        if self._directory is not None:
+            self._directory.cleanup()
+            self._directory = None
+
+    @property
+    def rows(self) -> int:
+        """Events held."""
+        return sum(len(a) for a in self._index["start"])
+
+    @property
+    def spilled(self) -> bool:
+        """Whether the pieces went to disk."""
+        return self._directory is not None
+
+    def read(self) -> "Pieces":
+        """Read the trace, a piece at a time, and cut it into groups (:attr:`count` of them).
+
+        Raises:
+            HeadcountError: the file is missing, not a trace, or holds no complete event; no room
+                on disk for its pieces.
+        """
+        for frame in kineto.frames(self.path, self.described):
+            self._add(drop_implausible(frame, "events", self.notices))
+        self.notices[:] = merged(self.notices)
+        if not self.rows:
+            raise HeadcountError(f"{self.path}: the trace holds no complete event (ph \"X\")",
+                                 hint="record with torch.profiler.profile() around some work")
+        self._cut()
+        return self
+
+    def _add(self, frame: pd.DataFrame) -> None:
+        kind = frame["kind"].to_numpy(object)
+        correlation = pd.array(frame["correlation_id"], dtype="Int64").to_numpy(np.int64, na_value=-1)
+        index = {"start": frame["start_ns"].to_numpy(np.int64), "end": frame["end_ns"].to_numpy(np.int64),
+                 "cpu": np.isin(kind, _CPU_KINDS), "gpu": np.isin(kind, _GPU_KINDS), "runtime": kind == "runtime",
+                 "correlation": correlation}
+        for name, values in index.items():
+            self._index[name].append(values)
+        ranges = np.flatnonzero(kind == "range")
+        if len(ranges):
+            names = frame["name"].to_numpy(object)[ranges]
+            for source, hit in (("headcount", [str(n).startswith(STEP_DOMAIN + "@") for n in names]),
+                                ("profiler", [_PROFILER_STEP.fullmatch(str(n)) is not None for n in names])):
+                rows = ranges[np.asarray(hit, dtype=bool)]
+                self._steps[source].append(np.stack([index["start"][rows], index["end"][rows]], axis=1))
+        self._held.append(frame)
+        self._bytes += int(frame.memory_usage(index=False).sum())
+        if self._bytes > self.held_bytes:
+            self._spill()
+
+    def _spill(self) -> None:
+        """Every piece held in memory to the temporary directory (made on the first call)."""
+        try:
+            if self._directory is None:
+                self._directory = tempfile.TemporaryDirectory(prefix="headcount-trace-")
+            for i, held in enumerate(self._held):
+                if isinstance(held, pd.DataFrame):
+                    target = Path(self._directory.name) / f"piece-{i}.pickle"
+                    with target.open("wb") as fh:
+                        pickle.dump(held, fh, protocol=pickle.HIGHEST_PROTOCOL)
+                    self._held[i] = target
+        except OSError as exc:
+            raise HeadcountError(f"{self.path}: no room to hold the trace's events on disk ({exc.strerror or exc})",
+                                 hint="free space in the temporary directory, or point TMPDIR at a larger one") from exc
+        self._bytes = 0
+
+    def _cut(self) -> None:
+        """Each row's group: consecutive steps up to :attr:`group_rows` rows; the rest in the first."""
+        start, end, cpu, gpu, runtime, correlation = (np.concatenate(self._index[name]) for name in _INDEX)
+        steps = _steps(self._steps)
+        bounds = _open_free(steps.ravel(), start[cpu], end[cpu]) if len(steps) else np.empty(0, np.int64)
+        interval = np.searchsorted(bounds, start, side="right")  # 0 … len(bounds)
+        is_step = np.zeros(len(bounds) + 1, dtype=bool)
+        if len(steps):
+            is_step[np.searchsorted(bounds, steps[:, 0], side="right")] = True
+        # GPU work: the interval of its launch call (correlation ids are unique among the runtime calls)
+        launches = np.flatnonzero(runtime & (correlation >= 0))
+        order = launches[np.argsort(correlation[launches], kind="stable")]
+        sorted_ids = correlation[order]
+        gpu_rows = np.flatnonzero(gpu)
+        ids = correlation[gpu_rows]
+        at = np.zeros(len(gpu_rows), dtype=np.int64)
+        has_launch = np.zeros(len(gpu_rows), dtype=bool)
+        if len(order):
+            at = np.minimum(np.searchsorted(sorted_ids, ids), len(order) - 1)
+            has_launch = (ids >= 0) & (sorted_ids[at] == ids)
+        self.launched = bool(has_launch.any())
+        rest = np.zeros(len(start), dtype=bool)
+        interval[gpu_rows[has_launch]] = interval[order[at[has_launch]]]
+        rest[gpu_rows[~has_launch]] = True
+        rest |= ~is_step[interval]
+        counts = np.bincount(interval[~rest], minlength=len(is_step))
+        group_of = np.full(len(is_step), -1, dtype=np.int64)
+        group, held = -1, self.group_rows
+        for i in np.flatnonzero(is_step):
+            if held >= self.group_rows:
+                group, held = group + 1, 0
+            group_of[i] = group
+            held += int(counts[i])
+        self.count = max(group + 1, 1)
+        # the rest with the first group: GPU work without a launch is given its device's process from the work launched there
+        row_group = np.where(rest, 0, group_of[interval])
+        sizes = np.cumsum([0, *(len(a) for a in self._index["start"])])
+        self._groups = [row_group[lo:hi] for lo, hi in zip(sizes[:-1], sizes[1:])]
+        self._index = {name: [] for name in _INDEX}  # not needed past the cut
+
+    def groups(self):
+        """The events table of each group, in order (rows in the file's order)."""
+        for group in range(self.count):
+            parts = []
+            for held, of_rows in zip(self._held, self._groups):
+                mine = of_rows == group
+                if not mine.any():
+                    continue
+                frame = _load(held) if isinstance(held, Path) else held
+                parts.append(frame[mine] if not mine.all() else frame)
+                del frame
+            yield parts[0].reset_index(drop=True) if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+            del parts
+
+
+def _load(path: Path) -> pd.DataFrame:
+    with path.open("rb") as fh:
+        return pickle.load(fh)
+
+
+def _steps(found: dict[str, list[np.ndarray]]) -> np.ndarray:
+    """The trace's steps as ``(start, end)`` rows in time order, overlapping ones merged: headcount's
+    step ranges, else torch.profiler's ``ProfilerStep#N`` (as :func:`headcount.build.tables_from_kineto` takes them)."""
+    for source in ("headcount", "profiler"):
+        spans = np.concatenate(found[source]) if found[source] else np.empty((0, 2), np.int64)
+        if len(spans):
+            break
+    spans = spans[np.argsort(spans[:, 0], kind="stable")]
+    merged_spans: list[list[int]] = []
+    for s, e in spans.tolist():
+        if merged_spans and s < merged_spans[-1][1]:
+            merged_spans[-1][1] = max(merged_spans[-1][1], e)
+        else:
+            merged_spans.append([s, e])
+    return np.array(merged_spans, dtype=np.int64).reshape(-1, 2)
+
+
+def _open_free(candidates: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The candidate times (sorted, distinct) that no CPU event is open across (one that
+    starts before and ends after): where the trace can be cut."""
+    candidates = np.unique(candidates)
+    if not len(start):
+        return candidates
+    order = np.argsort(start, kind="stable")
+    reach = np.maximum.accumulate(end[order])  # the latest end among the events started so far
+    before = np.searchsorted(start[order], candidates, side="left")  # events starting before each candidate
+    open_across = (before > 0) & (reach[np.maximum(before - 1, 0)] > candidates)
+    return candidates[~open_across]
+
+
+_NUMBER = re.compile(r"(?<![\w.:])\d+(?![\w.])")
+
+
+def merged(notices: list[str]) -> list[str]:
+    """Notices of several pieces or groups as one: lines that differ only in their counts (whole
+    numbers standing alone, not in a name or a version) become one line with the counts summed,
+    where the first of them stood; other lines kept once each, in order."""
+    out: list[str] = []
+    at: dict[str, int] = {}
+    counts: dict[str, list[int]] = {}
+    for line in notices:
+        template = _NUMBER.sub("\0", line)
+        numbers = [int(n) for n in _NUMBER.findall(line)]
+        if template in at:
+            if numbers:
+                counts[template] = [a + b for a, b in zip(counts[template], numbers)]
+            continue
+        at[template], counts[template] = len(out), numbers
+        out.append(template)
+    for template, i in at.items():
+        numbers = iter(counts[template])
+        out[i] = re.sub("\0", lambda _: str(next(numbers)), template)
+    return out
