@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from headcount import signals
 from headcount.device import Device
 from headcount.errors import HeadcountError
 from headcount.parsers.options import ReadOptions
@@ -121,15 +122,21 @@ def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards
 
 
 def _shards(path: str, jobs: int):
-    """``(shards, plan)``: the worker processes one file is split across (``jobs`` for
-    a large nsys export, whose processes never span two shards, else 1) and its plan."""
+    """``(shards, plan)``: the worker processes one file is split across and its plan: ``jobs``
+    for a large nsys export (its processes never span two shards; the plan an
+    :class:`~headcount.parsers.nsys_sqlite.ExportPlan`) or a large plain torch.profiler trace
+    (read in spans; the plan a list of :class:`~headcount.parsers.kineto.Span`), else 1."""
     from headcount import sources
-    from headcount.parsers import nsys_sqlite
+    from headcount.parsers import kineto, nsys_sqlite
 
     if jobs <= 1:
         return 1, None
     try:
-        if not sources.for_path(Path(path)).splits or nsys_sqlite.size_of(path) < SHARD_ROWS:
+        source = sources.for_path(Path(path))
+        if source.name == "torch" and Path(path).is_file():
+            spans = kineto.spans(path, jobs)
+            return (len(spans), spans) if spans else (1, None)
+        if not source.splits or nsys_sqlite.size_of(path) < SHARD_ROWS:
             return 1, None
         plan = nsys_sqlite.plan_export(path)
         if plan.empty:
@@ -137,6 +144,112 @@ def _shards(path: str, jobs: int):
     except HeadcountError:
         return 1, None  # the file's own task reports the error
     return jobs, plan
+
+
+def read_span(path: str, span, directory: str):
+    """Read one span of a large torch.profiler trace (:class:`~headcount.parsers.kineto.Span`), every
+    piece written to ``directory``, for the parent to gather (:meth:`~headcount.parsers.kineto_steps.Pieces.add`).
+    ``None`` where the span cannot be read (misaligned bounds, a damaged file): the parent then reads the
+    file whole, which names the problem."""
+    from headcount import env
+    from headcount.parsers.kineto_steps import Pieces
+
+    env.release_freed_memory()
+    try:
+        return Pieces(path, held_bytes=0, directory=directory).read(span)
+    except HeadcountError:
+        return None
+
+
+@dataclass
+class GroupsResult:
+    """What a worker made of some groups of a trace's steps: what the whole trace's tables need of each, or an error."""
+
+    parts: list = field(default_factory=list)
+    kernels: int = 0
+    error: str | None = None
+    hint: str | None = None
+    exit_code: int = 0
+
+
+def stage_groups(path: str, out: str, run_id: str, meta: dict, pieces, which: list[int], worker: int) -> GroupsResult:
+    """Build and stage the groups ``which`` of a trace read in spans (:func:`headcount.build.kineto_group_pieces`)
+    as the pieces ``part-g<worker>`` of run ``run_id``; the parent finishes the run."""
+    from headcount import build, env
+    from headcount.parsers import kineto
+    from headcount.reports import dataset
+
+    env.release_freed_memory()
+    result = GroupsResult()
+    device = kineto.run_device(pieces.described["devices"])
+    try:
+        with dataset.StagedRun(out, run_id, meta, part=f"g{worker}", manifest=False) as staged:
+            for group, events in pieces.groups(which):
+                for name, frame in build.kineto_group_pieces(events, group, device, pieces.launched, result.parts):
+                    if name == "kernels":
+                        result.kernels += int((frame["kind"].astype(object) == "kernel").sum())
+                    staged.write(name, frame)
+                    del frame
+                del events
+    except HeadcountError as exc:
+        return GroupsResult(**_failure(path, exc))
+    return result
+
+
+def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, options: ReadOptions) -> FileResult:
+    """A large torch.profiler trace across the pool's workers: its spans read in parallel into one
+    temporary directory, cut into groups of steps here, the groups built and staged in parallel,
+    then the whole trace's layers, heads, findings and runs rows here. A span that cannot be read
+    (bounds inside a string, a damaged file): the file is read whole by one worker instead."""
+    import shutil
+    import tempfile
+
+    from headcount import build
+    from headcount.parsers import kineto
+    from headcount.parsers.kineto_steps import Pieces
+    from headcount.reports import dataset
+    from headcount.reports.metadata import runs_row
+
+    directory = tempfile.mkdtemp(prefix="headcount-trace-")
+    try:
+        parts = [f.result() for f in [pool.submit(read_span, path, span, directory) for span in spans]]
+        if any(part is None for part in parts):
+            return pool.submit(stage_file, path, out, run_id, options).result()
+        pieces = Pieces(path, directory=directory)
+        for part in parts:
+            pieces.add(part)
+        del parts
+        try:
+            pieces.cut()
+        except HeadcountError as exc:
+            return FileResult(path, run_id, **_failure(path, exc))
+        device = kineto.run_device(pieces.described["devices"])
+        notices = list(pieces.notices)
+        meta = _metadata(path, run_id, "torch", None, device or Device("cpu"), notices, pieces.described["distributed"])
+        order = sorted(range(pieces.count), key=lambda g: g % len(spans))  # round robin, each worker's in order
+        which = [[g for g in order if g % len(spans) == k] for k in range(min(len(spans), pieces.count))]
+        results = [f.result() for f in [pool.submit(stage_groups, path, out, run_id, meta, pieces, mine, k) for k, mine in enumerate(which)]]
+        failed = next((r for r in results if r.error), None)
+        if failed:
+            return FileResult(path, run_id, error=failed.error, hint=failed.hint, exit_code=failed.exit_code)
+        groups = sorted((part for r in results for part in r.parts), key=lambda part: part.group)
+        whole = build.kineto_aggregates(groups, device, notices)
+        meta["notices"] = notices
+        with dataset.StagedRun(out, run_id, meta) as staged:
+            for name in ("layers", "heads", "findings"):
+                staged.write(name, whole[name])
+            staged.write("runs", runs_row(meta))
+    except HeadcountError as exc:
+        return FileResult(path, run_id, **_failure(path, exc))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    layers = whole["layers"]
+    found = signals.kinds_in(layers["signal"]) if "signal" in layers else []
+    how = f"found by {'/'.join(found)} names" if found else "from headcount's ranges"
+    rank = pieces.described["distributed"].get("rank")
+    line = (f"{path}: {sum(r.kernels for r in results)} kernels, {len(layers)} layer rows {how}, attributed in "
+            f"{pieces.count} groups of steps ({len(spans)} workers)" + (f" (rank {rank})" if rank is not None else ""))
+    return FileResult(path, run_id, [line], notices)
 
 
 def _metadata(path: str, run_id: str, source: str, version, device, notices: list[str], run: dict | None = None) -> dict:
@@ -243,7 +356,8 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
     # imported once here, inherited by forked workers (each would otherwise import them on its first file)
     import adbc_driver_sqlite.dbapi  # noqa: F401 - the nsys reader's driver (0.1 s: it imports polars)
 
-    from headcount import sources  # noqa: F401
+    from headcount import build, sources  # noqa: F401
+    from headcount.parsers import kineto_steps  # noqa: F401
     from headcount.reports import dataset, metadata  # noqa: F401
 
     if threading.active_count() == 1:  # no thread whose locks a fork could inherit held: fork (starts in ms)
@@ -257,16 +371,22 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
     results: list[FileResult | None] = [None] * len(files)
     options = replace(options, threads=max(1, _cores() // workers))  # the workers share the cores
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures, metas, parts = {}, {}, {}
+        futures, metas, parts, traces = {}, {}, {}, []
         for i, ((path, run_id), (m, export_plan)) in enumerate(zip(files, shards)):
             if m == 1:
                 futures[pool.submit(stage_file, path, out, run_id, options)] = (i, None)
+                continue
+            if isinstance(export_plan, list):  # a large torch.profiler trace: read in spans once the pool is fed
+                traces.append((i, export_plan))
                 continue
             device = nsys_sqlite.describe_device(export_plan.devices, export_plan.gpu_devices)
             metas[i] = _metadata(path, run_id, "nsys", export_plan.meta.get("EXPORT_PRODUCT_VERSION"), device, [])
             parts[i] = []
             for k in range(m):
                 futures[pool.submit(stage_shard, path, out, run_id, metas[i], k, m, export_plan, options)] = (i, k)
+        for i, spans in traces:
+            results[i] = _stage_trace_in_spans(pool, files[i][0], out, files[i][1], spans, options)
+            done(results[i])
         for future in as_completed(futures):
             i, k = futures[future]
             if k is None:

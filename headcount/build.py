@@ -404,11 +404,25 @@ def tables_from_kineto(trace: dict, run_id: str) -> Built:
     events = drop_implausible(events, "events", notices)  # a negative duration: no such event happened
     found: dict = {}
     tables: dict[str, list[pd.DataFrame]] = {}
-    for name, frame in kineto_pieces(iter([events]), trace.get("devices") or [], notices, found=found):
+    for name, frame in kineto_pieces([(0, events)], trace.get("devices") or [], notices, found=found):
         tables.setdefault(name, []).append(frame)
     whole = {name: frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True) for name, frames in tables.items()}
     whole.setdefault("attention_breakdown", found["attention_breakdown"])
     return finished(whole, run_id, kineto.run_device(trace.get("devices") or []), found["calls"], notices)
+
+
+@dataclass
+class GroupFigures:
+    """What the whole trace's tables need of one group of its steps (:func:`kineto_group_pieces`),
+    kept while the other groups are built (or sent back by the worker that built it)."""
+
+    group: int
+    figures: pd.DataFrame  # its layer and head ranges whose figures count, labels categorical
+    latency: pd.DataFrame | None  # its attention kernels' launch latency
+    steps: pd.DataFrame
+    calls: list
+    notices: list[str]
+    tagged: bool  # it has headcount's ranges
 
 
 def kineto_pieces(groups, devices: list[dict], notices: list[str], launched: bool | None = None, found: dict | None = None):
@@ -424,72 +438,79 @@ def kineto_pieces(groups, devices: list[dict], notices: list[str], launched: boo
     ``signal`` found it, and the layers' ``provenance`` says how they were
     numbered (``module ranges`` or ``call order``). GPU kernels whose launch is not in
     the trace (launched before the window opened) are counted in a notice and
-    attributed to nothing.
+    attributed to nothing. A group in which no call is found has ``implementation``
+    ``unknown``.
 
     A trace with neither gives kernels, steps and findings, and a notice
     (:data:`NO_ATTENTION`). torch.profiler's ``ProfilerStep#N`` annotations
     are its steps (where headcount's own step ranges are absent).
 
     Args:
-        groups: the events tables of the groups, in order (each is let go once built).
+        groups: ``(group number, events table)`` of each group, in order (each let go once built).
         devices: the trace's ``deviceProperties``.
         notices: where the notices go, once the last group is built (each group's counts summed).
         launched: whether the trace has GPU work whose launch it holds (``None``: each group says).
         found: filled with ``calls`` (the calls found, in order) and ``attention_breakdown``.
 
     Yields:
-        ``ranges``, ``kernels`` and ``steps`` of each group (range ids unique across
-        groups), then ``layers``, ``heads`` and ``findings`` of the whole trace.
+        ``ranges``, ``kernels`` and ``steps`` of each group (:func:`kineto_group_pieces`), then
+        ``layers``, ``heads`` and ``findings`` of the whole trace (:func:`kineto_aggregates`).
     """
     from headcount.parsers import kineto
-    from headcount.parsers.kineto_steps import merged
 
     device = kineto.run_device(devices)
-    limits = device.limits() if device else None
-    figures, latency, step_rows, calls, said = [], [], [], [], []
-    offset, tagged = 0, False
-    for events in groups:
-        tables, group_calls, group_notices, group_tagged = _kineto_group(events, limits, calls, launched)
+    parts: list[GroupFigures] = []
+    for group, events in groups:
+        yield from kineto_group_pieces(events, group, device, launched, parts)
         del events
-        tagged |= group_tagged
-        calls += group_calls
-        said += group_notices
-        ranges, kernels = tables["ranges"], tables["kernels"]
-        offset_before = offset
-        if offset:  # each group numbers its ranges from 0
-            for frame, column in ((ranges, "range_id"), (ranges, "parent_range_id"), (kernels, "range_id")):
+    whole = kineto_aggregates(parts, device, notices)
+    if found is not None:
+        found.update(calls=whole.pop("calls"), attention_breakdown=whole.pop("attention_breakdown"))
+    yield from ((name, whole[name]) for name in ("layers", "heads", "findings"))
+
+
+def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None, launched: bool | None,
+                        parts: list[GroupFigures]):
+    """``ranges``, ``kernels`` and ``steps`` of one group of a trace's steps (range ids from
+    ``group`` · 2³², unique across the groups); what the whole trace's tables need of it goes to ``parts``."""
+    tables, calls, notices, tagged = _kineto_group(events, device.limits() if device else None, launched)
+    del events
+    ranges, kernels, figures = tables["ranges"], tables["kernels"], tables.pop("figures")
+    offset = group << 32
+    if offset:  # each group numbers its ranges from 0
+        for frame in (ranges, kernels, figures):
+            for column in ("range_id", "parent_range_id"):
                 if column in frame:
                     frame[column] = frame[column] + offset
-        if len(ranges):
-            offset = int(pd.to_numeric(ranges["range_id"]).max()) + 1
-        counted = tables.pop("figures")
-        if offset_before:
-            counted = counted.assign(**{c: counted[c] + offset_before for c in ("range_id", "parent_range_id") if c in counted})
-        figures.append(counted)
-        if "launch_latency_ns" in kernels:
-            latency.append(kernels.loc[kernels["layer_name"].notna().to_numpy(dtype=bool),
-                                       [*aggregate.GROUP_LAYER, "head", "launch_latency_ns"]])
-        step_rows.append(tables["steps"])
-        yield "ranges", ranges
-        yield "kernels", kernels
-        yield "steps", tables["steps"]
-        del tables, ranges, kernels
-    ranges = figures[0] if len(figures) == 1 else _concat_categories(figures)
+    latency = None
+    if "launch_latency_ns" in kernels:
+        latency = kernels.loc[kernels["layer_name"].notna().to_numpy(dtype=bool), [*aggregate.GROUP_LAYER, "head", "launch_latency_ns"]]
+    parts.append(GroupFigures(group, figures, latency, tables["steps"], calls, notices, tagged))
+    yield "ranges", ranges
+    yield "kernels", kernels
+    yield "steps", tables["steps"]
+
+
+def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices: list[str]) -> dict:
+    """``layers``, ``heads``, ``findings`` and ``attention_breakdown`` of a whole trace from its groups
+    (in order), with ``calls``: every call found; the groups' notices, counts summed, go to ``notices``."""
+    from headcount.parsers.kineto_steps import merged
+
+    calls = [c for part in parts for c in part.calls]
+    ranges = parts[0].figures if len(parts) == 1 else _concat_categories([part.figures for part in parts])
+    latency = [part.latency for part in parts if part.latency is not None]
     attention = attention_tables(ranges, _concat(latency) if latency else pd.DataFrame())
     for table in attention.values():
         labels.plain(table)
     untagged_provenance(attention, ranges)
     add_roofline(attention, device, calls)
-    notices += merged(said)
-    if not calls and not tagged:
+    notices += merged([n for part in parts for n in part.notices])
+    if not calls and not any(part.tagged for part in parts):
         notices.append(NO_ATTENTION + " (neither headcount's ranges nor an attention operator, module or kernel that "
                        "docs/cli.md § Untagged recordings lists; record with torch.profiler.profile(with_modules=True, "
                        "with_stack=True, record_shapes=True), or tag the model with headcount)")
-    if found is not None:
-        found.update(calls=calls, attention_breakdown=attention["attention_breakdown"])
-    yield "layers", attention["layers"]
-    yield "heads", attention["heads"]
-    yield "findings", run_findings(step_rows, attention["layers"], attention["heads"])
+    findings = run_findings([part.steps for part in parts], attention["layers"], attention["heads"])
+    return {**attention, "findings": findings, "calls": calls}
 
 
 def _concat_categories(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -505,11 +526,10 @@ def _concat_categories(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _kineto_group(events: pd.DataFrame, limits, earlier: list, launched: bool | None):
+def _kineto_group(events: pd.DataFrame, limits, launched: bool | None):
     """One group of a trace's events (:func:`kineto_pieces`) → ``(tables, calls, notices, tagged)``:
-    its tables (:func:`tables_from_events`), the calls found in it, the notices of what it
-    holds, and whether it has headcount's ranges. ``earlier``: the calls of the groups before
-    (the implementation of a group that has no call of its own)."""
+    its tables (:func:`tables_from_events`, with ``figures``), the calls found in it, the notices
+    of what it holds, and whether it has headcount's ranges."""
     notices: list[str] = []
     events = _profiler_steps(events)
     tagged = bool(((events["kind"] == "range") & events["name"].astype(str).str.startswith(DOMAIN + "@")).any())
@@ -531,8 +551,7 @@ def _kineto_group(events: pd.DataFrame, limits, earlier: list, launched: bool | 
         notices.append(f"{int(replayed.sum())} GPU operations were replayed from CUDA graphs: a torch.profiler trace does not "
                        "record which range captured them, so they count for the range around the graph launch (often none); "
                        "record with `--backend cupti` or `nsys --cuda-graph-trace=node` to attribute them to their layers")
-    implementation = implementation_of(calls) if calls or not earlier else implementation_of(earlier)
-    tables = tables_from_events(events, calls, implementation, source="torch", limits=limits, launched=launched, with_figures=True)
+    tables = tables_from_events(events, calls, implementation_of(calls), source="torch", limits=limits, launched=launched, with_figures=True)
     untagged_provenance(tables, tables["ranges"])
     return tables, calls, notices, tagged
 

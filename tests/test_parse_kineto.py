@@ -304,7 +304,7 @@ def test_a_trace_attributed_a_group_of_steps_at_a_time_gives_the_whole_traces_ta
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 200_000)
     with Pieces(path, group_rows=1, held_bytes=0) as pieces:
         pieces.read()
-        directory = Path(pieces._directory.name)
+        directory = pieces._directory
         assert pieces.count == 3 and pieces.spilled and len(list(directory.iterdir())) > 3
         notices = list(pieces.notices)
         parts: dict[str, list[pd.DataFrame]] = {}
@@ -339,7 +339,7 @@ def test_a_step_crossed_by_an_open_event_is_not_cut(tmp_path):
     path.write_text(json.dumps({"traceEvents": events}))
     with Pieces(path, group_rows=1) as pieces:
         pieces.read()
-        groups = [sorted(g["name"]) for g in pieces.groups()]
+        groups = [sorted(g["name"]) for _, g in pieces.groups()]
     assert pieces.count == 2
     assert groups[0] == ["ProfilerStep#1", "ProfilerStep#2", "aten::mm", "aten::mm", "outer"]
     assert groups[1] == ["ProfilerStep#3", "aten::mm"]

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import gzip
 import re
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -249,23 +250,87 @@ def _last_events(path: Path, text: bytearray, first: int) -> tuple[int, list, by
     return None
 
 
-def _event_pieces(path: Path, into: dict):
-    """The ``traceEvents`` array of a trace, read :data:`CHUNK_BYTES` at a time: yields ``(events, text,
-    first)`` — the decoded events of a piece, its text (a JSON array) and the index of its first event
-    in the file — then puts the trace's other fields in ``into["document"]`` (:class:`_Document`, no
-    events).
+SPLIT_BYTES = 64 << 20  # plain trace files from this size are read in spans by several workers (:func:`spans`)
+_SPAN_START = re.compile(rb'\}\s*,\s*(\{\s*"ph"\s*:)')  # an event's start, as Kineto writes them ("ph" first)
+_HEAD_BYTES = 16 << 20  # where the events array must begin for a file to be read in spans
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of a plain trace file's events array, read by one worker (:func:`spans`).
+
+    Attributes:
+        index: its place among the file's spans.
+        start: the offset of its first event's ``{`` (``None``: the first span, read from the file's start).
+        stop: the next span's ``start`` (``None``: the last span, read to the file's end).
+        head: the file's text before its events array (the last span reads the trace's other fields from it).
+    """
+
+    index: int
+    start: int | None
+    stop: int | None
+    head: bytes = b""
+
+
+class Misaligned(HeadcountError):
+    """A span's bounds are not between two events (read the file whole instead)."""
+
+
+def spans(path: str | Path, parts: int) -> list[Span] | None:
+    """Where ``parts`` workers may each read a stretch of ``path``'s events: bounds a few bytes past
+    evenly spaced offsets, each where an event begins (``},`` then ``{"ph":``). ``None`` where the file
+    is read whole: fewer than 2 parts, under :data:`SPLIT_BYTES`, gzip (no seeking), or no events
+    array near its top. A bound inside a string cannot be told from here: the span readers then
+    fail (:class:`Misaligned` or another error) and the caller reads the file whole."""
+    path = Path(path)
+    try:
+        if parts < 2 or path.stat().st_size < SPLIT_BYTES:
+            return None
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            top = fh.read(_HEAD_BYTES)
+            found = _ARRAY_START.search(top)
+            if top[:2] == b"\x1f\x8b" or found is None:
+                return None
+            starts = []
+            for k in range(1, parts):
+                at = found.end() + (size - found.end()) * k // parts
+                fh.seek(at)
+                start = _SPAN_START.search(fh.read(1 << 20))
+                if start is None:
+                    return None
+                starts.append(at + start.start(1))
+    except OSError:
+        return None  # the whole-file read names the problem
+    if any(b <= a for a, b in zip([found.end(), *starts], starts)):
+        return None
+    return [Span(k, begin, end, top[:found.end()]) for k, (begin, end) in enumerate(zip([None, *starts], [*starts, None]))]
+
+
+def _event_pieces(path: Path, into: dict, span: Span | None = None):
+    """The ``traceEvents`` array of a trace (or the ``span`` of it), read :data:`CHUNK_BYTES` at a
+    time: yields ``(events, text, first)`` — the decoded events of a piece, its text (a JSON array)
+    and the index of its first event in the file (in the span) — then, reading to the file's end,
+    puts the trace's other fields in ``into["document"]`` (:class:`_Document`, no events).
 
     Raises:
         HeadcountError: unreadable, truncated or invalid JSON; no ``traceEvents`` list; an event that
-            does not fit.
+            does not fit. Misaligned: the span does not end between two events.
     """
     with _open(path) as fh:
         def read() -> bytes:
+            size = min(CHUNK_BYTES, 64 << 20)  # a piece may take several reads
+            if span is not None and span.stop is not None:
+                size = min(size, span.stop - fh.tell())
             try:
-                return fh.read(min(CHUNK_BYTES, 64 << 20))  # a piece may take several reads
+                return fh.read(size) if size > 0 else b""
             except (EOFError, OSError) as exc:  # gzip.BadGzipFile is an OSError
                 raise HeadcountError(f"{path}: not a torch.profiler trace ({exc})", hint=_NOT_A_TRACE) from exc
 
+        if span is not None and span.start is not None:
+            fh.seek(span.start)
+            yield from _array_pieces(path, into, bytearray(b"["), span.head, read, span.stop is None)
+            return
         text, searched = bytearray(), 0
         while (start := _ARRAY_START.search(text, searched)) is None:  # the key is near the top in torch's files
             searched = max(0, len(text) - 64)  # the key may straddle two reads
@@ -280,36 +345,55 @@ def _event_pieces(path: Path, into: dict):
                 return
             text += more
         head, text = bytes(text[:start.end()]), bytearray(b"[") + text[start.end():]
-        first, ended = 0, False
-        while not ended:
-            more = read()
-            ended = not more
-            text += more
-            if len(text) < CHUNK_BYTES and not ended:
-                continue
-            found = _last_events(path, text, first)
-            if found is None:
-                if not ended:
-                    continue  # an event longer than a chunk: read on
-                break
-            end, events, piece = found
-            text = bytearray(b"[") + text[end:].lstrip()[1:]  # past the comma after the event
+        yield from _array_pieces(path, into, text, head, read, span is None or span.stop is None)
+
+
+def _array_pieces(path: Path, into: dict, text: bytearray, head: bytes, read, to_the_end: bool):
+    """:func:`_event_pieces` from ``text`` (``[`` and what was read of the events array so far) on,
+    ``read`` giving more: to the array's end and the document after it (``to_the_end``), else to
+    where ``read`` stops, which must be just past an event and its comma (a span's end)."""
+    first, ended = 0, False
+    while not ended:
+        more = read()
+        ended = not more
+        text += more
+        if len(text) < CHUNK_BYTES and not ended:
+            continue
+        found = _last_events(path, text, first)
+        if found is None:
+            if not ended:
+                continue  # an event longer than a chunk: read on
+            break
+        end, events, piece = found
+        text = bytearray(b"[") + text[end:].lstrip()[1:]  # past the comma after the event
+        yield events, piece, first
+        first += len(events)
+        del events, piece
+    if not to_the_end:  # a span's end: its last event, then the comma before the next span's first
+        body = bytes(text).rstrip()
+        try:
+            if not body.endswith(b","):
+                raise _NotAnEnd
+            events = _decode_events(path, body[:-1] + b"]", first) if len(body) > 2 else []
+        except (_NotAnEnd, HeadcountError) as exc:
+            raise Misaligned(f"{path}: a span of the events array does not end between two events",
+                             hint="read the file whole") from exc
+        if events:
+            yield events, body[:-1] + b"]", first
+        return
+    # the file's end: its last events, the array's end, the document's other fields
+    for close in _array_ends(text):
+        piece = bytes(text[:close + 1])
+        try:
+            events = _decode_events(path, piece, first)
+        except _NotAnEnd:
+            continue
+        if events:
             yield events, piece, first
-            first += len(events)
-            del events, piece
-        # the file's end: its last events, the array's end, the document's other fields
-        for close in _array_ends(text):
-            piece = bytes(text[:close + 1])
-            try:
-                events = _decode_events(path, piece, first)
-            except _NotAnEnd:
-                continue
-            if events:
-                yield events, piece, first
-            into["document"] = _whole(path, head + b"]" + bytes(text[close + 1:]))
-            return
-        raise HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: truncated or damaged after event {first})",
-                             hint=_NOT_A_TRACE)
+        into["document"] = _whole(path, head + b"]" + bytes(text[close + 1:]))
+        return
+    raise HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: truncated or damaged after event {first})",
+                         hint=_NOT_A_TRACE)
 
 
 def _array_ends(text: bytearray):
@@ -342,21 +426,23 @@ def _batch_frame(path: Path, events: list, text: bytes | bytearray, first: int) 
         return events_frame(_decode_events(path, text, first, exact=True), source=str(path))
 
 
-def frames(path: str | Path, into: dict):
-    """The events table of a trace file in pieces, as the file is read (:data:`CHUNK_BYTES` of its
-    text each, :func:`_event_pieces`); then ``into`` gets ``devices`` and ``distributed`` (as
-    :func:`read_trace` returns them).
+def frames(path: str | Path, into: dict, span: Span | None = None):
+    """The events table of a trace file (or of a :class:`Span` of it) in pieces, as the file is read
+    (:data:`CHUNK_BYTES` of its text each, :func:`_event_pieces`); then, where the file was read to
+    its end, ``into`` gets ``devices`` and ``distributed`` (as :func:`read_trace` returns them).
 
     Raises:
-        HeadcountError: the file is missing, not JSON, or not a Chrome trace.
+        HeadcountError: the file is missing, not JSON, or not a Chrome trace (Misaligned: the span's
+            bounds are not between two events).
     """
     path, document = Path(path), {}
-    for events, text, first in _event_pieces(path, document):
+    for events, text, first in _event_pieces(path, document, span):
         frame = _batch_frame(path, events, text, first)
         del events, text
         if len(frame):
             yield frame
-    into.update(_described(document["document"]))
+    if "document" in document:
+        into.update(_described(document["document"]))
 
 
 def _described(trace: _Document) -> dict:
@@ -460,11 +546,58 @@ def _times(kept: list, source: str) -> tuple[np.ndarray, np.ndarray]:
     return start, start + length
 
 
+def _spread(values: list, rows: list[int], n: int, dtype) -> pd.Series | pd.api.extensions.ExtensionArray:
+    """A column of ``n`` rows holding ``values`` at ``rows``, null elsewhere: text (``dtype`` object),
+    else numbers as ``dtype`` (``Int64``/``Float64``; a value that is no number is null)."""
+    if dtype is object:
+        out = np.full(n, np.nan, dtype=object)  # null as pandas writes it for text
+        out[rows] = values
+        return pd.Series(out, dtype=object)
+    try:
+        part = pd.array(values, dtype=dtype)  # the file's numbers as they are (fast)
+    except (TypeError, ValueError):  # text or lists in a damaged or hand-made trace
+        part = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").astype(dtype).array
+    numpy_type = part.dtype.numpy_dtype
+    data, mask = np.zeros(n, dtype=numpy_type), np.ones(n, dtype=bool)
+    if len(rows):
+        data[rows] = part.to_numpy(numpy_type, na_value=0)
+        mask[rows] = part.isna()
+    return pd.array(data, dtype=dtype) if not mask.any() else type(part)(data, mask)
+
+
+def _dims(values: list) -> list:
+    """:func:`_launch_dims` of each value, worked out once per distinct launch shape."""
+    done: dict = {}
+    out = []
+    for value in values:
+        key = tuple(value) if type(value) is list else value
+        try:
+            text = done[key]
+        except KeyError:
+            text = done[key] = _launch_dims(value)
+        except TypeError:  # an unhashable value (a damaged trace)
+            text = _launch_dims(value)
+        out.append(text)
+    return out
+
+
+_SIMPLE = {str, int, float, type(None)}
+
+
 def _as_text(values: list) -> np.ndarray:
     """``values`` as an object array of ``str``, converted once per distinct value
     (pid/tid can be numbers or text such as ``"stream 7"``)."""
-    codes, uniques = pd.factorize(np.array(_hashable(values), dtype=object), use_na_sentinel=False)
+    codes, uniques = pd.factorize(_objects(values), use_na_sentinel=False)
     return np.array([str(u) for u in uniques], dtype=object)[codes]
+
+
+def _objects(values: list) -> np.ndarray:
+    """``values`` as a 1-D object array (lists and dicts of a damaged trace as their text)."""
+    if set(map(type, values)) <= _SIMPLE:
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+    return np.array(_hashable(values), dtype=object)
 
 
 def _hashable(values: list) -> list:
@@ -494,7 +627,7 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
         except _Inexact:  # times with more than three decimals: as their decimal digits say
             return events_frame(_DECODERS[True].decode(text), source)
     # the kind of each distinct category once (Kineto writes them in lower case), then per event by code
-    codes, cats = pd.factorize(np.array(_hashable([ev.cat for ev in events]), dtype=object), use_na_sentinel=False)
+    codes, cats = pd.factorize(_objects([ev.cat for ev in events]), use_na_sentinel=False)
     kind_of = np.array([_KIND_BY_CAT.get(c) or _KIND_BY_CAT.get(str(c).lower()) or
                         ("module?" if str(c).lower() == "python_function" else None) for c in cats], dtype=object)
     kind_all = kind_of[codes]
@@ -518,19 +651,13 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
     gpu_args = [kept[i].args for i in gpu]
 
     def column(values, dtype):
-        text = dtype is object
-        out = pd.Series(None if text else pd.NA, index=range(n), dtype=dtype)
-        if gpu:
-            out.iloc[gpu] = values if text else pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").astype(dtype).array
-        return out
+        return _spread(values, gpu, n, dtype)
 
     ops = [i for i, k in enumerate(kinds) if k == "op" and kept[i].args is not None]
     shaped = signals.shaped_names(set(names[i] for i in ops))
     inputs = {i: {"Input Dims": _json(kept[i].args.input_dims), "Input type": _json(kept[i].args.input_type),
                   "Concrete Inputs": _json(kept[i].args.concrete)} for i in ops if names[i] in shaped}
-    sequence = pd.Series(pd.NA, index=range(n), dtype="Int64")
-    if ops:
-        sequence.iloc[ops] = pd.to_numeric(pd.Series([kept[i].args.sequence for i in ops], dtype=object), errors="coerce").astype("Int64").array
+    sequence = _spread([kept[i].args.sequence for i in ops], ops, n, "Int64")
     frame = pd.DataFrame({
         "kind": kinds,
         "name": names,
@@ -541,8 +668,8 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
         "correlation_id": column([a.correlation for a in gpu_args], "Int64"),
         "device": column([a.device for a in gpu_args], "Int64"),
         "stream": column([a.stream for a in gpu_args], "Int64"),
-        "grid": column([_launch_dims(a.grid) for a in gpu_args], object),
-        "block": column([_launch_dims(a.block) for a in gpu_args], object),
+        "grid": column(_dims([a.grid for a in gpu_args]), object),
+        "block": column(_dims([a.block for a in gpu_args]), object),
         "registers_per_thread": column([a.registers for a in gpu_args], "Int64"),
         "shared_memory_bytes": column([a.shared for a in gpu_args], "Int64"),
         "est_achieved_occupancy_pct": column([a.occupancy for a in gpu_args], "Float64"),

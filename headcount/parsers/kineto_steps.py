@@ -42,28 +42,37 @@ _INDEX = ("start", "end", "cpu", "gpu", "runtime", "correlation")
 
 class Pieces:
     """The events table of one trace file, held a piece at a time (a context manager: the pieces
-    written to disk are removed on exit, a Ctrl-C included).
+    written to a temporary directory it made are removed on exit, a Ctrl-C included).
+
+    Read whole (:meth:`read`), or in spans by several workers (:meth:`read` of a
+    :class:`~headcount.parsers.kineto.Span` each, writing into one ``directory``) whose parts one
+    :meth:`add` gathers in order before :meth:`cut`. Pickled (to a worker) it carries the files of
+    its pieces, not the directory's ownership.
 
     Attributes:
         path: the trace file.
         notices: what the reader should know about its events (implausible rows dropped).
         described: ``devices`` and ``distributed`` of the trace (:func:`headcount.parsers.kineto.read_trace`).
         launched: some GPU work of the trace has its launch call in it (see :func:`headcount.build.tables_from_events`).
+        count: the groups, once cut.
     """
 
-    def __init__(self, path: str | Path, group_rows: int = GROUP_ROWS, held_bytes: int = HELD_BYTES):
+    def __init__(self, path: str | Path, group_rows: int = GROUP_ROWS, held_bytes: int = HELD_BYTES,
+                 directory: str | Path | None = None):
         self.path = Path(path)
         self.group_rows, self.held_bytes = group_rows, held_bytes
         self.notices: list[str] = []
         self.described: dict = {"devices": [], "distributed": {}}
         self.launched = False
+        self.count = 0
         self._held: list[pd.DataFrame | Path] = []  # a piece, or the file it was written to
         self._index: dict[str, list[np.ndarray]] = {name: [] for name in _INDEX}
         self._steps: dict[str, list[np.ndarray]] = {"headcount": [], "profiler": []}
         self._bytes = 0
-        self._directory: tempfile.TemporaryDirectory | None = None
+        self._directory = Path(directory) if directory is not None else None  # where pieces are written
+        self._owned: tempfile.TemporaryDirectory | None = None  # the directory, when this made it
+        self._name = "piece"
         self._groups: list[np.ndarray] = []  # each piece's rows: their group
-        self.count = 0
 
     def __enter__(self) -> "Pieces":
         return self
@@ -71,38 +80,52 @@ class Pieces:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_owned": None}
+
     def close(self) -> None:
-        """Remove the pieces written to disk."""
+        """Remove the pieces written to the temporary directory this made."""
         self._held = []
-        if self._directory is not None:
-            self._directory.cleanup()
-            self._directory = None
+        if self._owned is not None:
+            self._owned.cleanup()
+            self._owned = None
 
     @property
     def rows(self) -> int:
         """Events held."""
-        return sum(len(a) for a in self._index["start"])
+        return sum(len(a) for a in self._index["start"]) if self._index else sum(len(g) for g in self._groups)
 
     @property
     def spilled(self) -> bool:
-        """Whether the pieces went to disk."""
-        return self._directory is not None
+        """Whether pieces went to disk."""
+        return any(isinstance(held, Path) for held in self._held)
 
-    def read(self) -> "Pieces":
-        """Read the trace, a piece at a time, and cut it into groups (:attr:`count` of them).
+    def read(self, span=None) -> "Pieces":
+        """Read the trace (or its ``span``, :class:`~headcount.parsers.kineto.Span`), a piece at a time;
+        the whole trace is then cut into groups (:attr:`count` of them).
 
         Raises:
             HeadcountError: the file is missing, not a trace, or holds no complete event; no room
                 on disk for its pieces.
         """
-        for frame in kineto.frames(self.path, self.described):
+        if span is not None:
+            self._name = f"span{span.index}"
+        for frame in kineto.frames(self.path, self.described, span):
             self._add(drop_implausible(frame, "events", self.notices))
-        self.notices[:] = merged(self.notices)
-        if not self.rows:
-            raise HeadcountError(f"{self.path}: the trace holds no complete event (ph \"X\")",
-                                 hint="record with torch.profiler.profile() around some work")
-        self._cut()
+        if span is None:
+            self.cut()
         return self
+
+    def add(self, part: "Pieces") -> None:
+        """Take ``part``'s pieces (a span read by a worker into this one's directory) after this one's."""
+        self._held += part._held
+        for name in _INDEX:
+            self._index[name] += part._index[name]
+        for source in self._steps:
+            self._steps[source] += part._steps[source]
+        self.notices += part.notices
+        if part.described["devices"] or part.described["distributed"]:
+            self.described = part.described
 
     def _add(self, frame: pd.DataFrame) -> None:
         kind = frame["kind"].to_numpy(object)
@@ -125,13 +148,14 @@ class Pieces:
             self._spill()
 
     def _spill(self) -> None:
-        """Every piece held in memory to the temporary directory (made on the first call)."""
+        """Every piece held in memory to the directory (a temporary one, made on the first call, if none was given)."""
         try:
             if self._directory is None:
-                self._directory = tempfile.TemporaryDirectory(prefix="headcount-trace-")
+                self._owned = tempfile.TemporaryDirectory(prefix="headcount-trace-")
+                self._directory = Path(self._owned.name)
             for i, held in enumerate(self._held):
                 if isinstance(held, pd.DataFrame):
-                    target = Path(self._directory.name) / f"piece-{i}.pickle"
+                    target = self._directory / f"{self._name}-{i}.pickle"
                     with target.open("wb") as fh:
                         pickle.dump(held, fh, protocol=pickle.HIGHEST_PROTOCOL)
                     self._held[i] = target
@@ -140,8 +164,16 @@ class Pieces:
                                  hint="free space in the temporary directory, or point TMPDIR at a larger one") from exc
         self._bytes = 0
 
-    def _cut(self) -> None:
-        """Each row's group: consecutive steps up to :attr:`group_rows` rows; the rest in the first."""
+    def cut(self) -> None:
+        """Each row's group: consecutive steps up to :attr:`group_rows` rows; the rest in the first.
+
+        Raises:
+            HeadcountError: the trace holds no complete event.
+        """
+        self.notices[:] = merged(self.notices)
+        if not self.rows:
+            raise HeadcountError(f"{self.path}: the trace holds no complete event (ph \"X\")",
+                                 hint="record with torch.profiler.profile() around some work")
         start, end, cpu, gpu, runtime, correlation = (np.concatenate(self._index[name]) for name in _INDEX)
         steps = _steps(self._steps)
         bounds = _open_free(steps.ravel(), start[cpu], end[cpu]) if len(steps) else np.empty(0, np.int64)
@@ -178,11 +210,12 @@ class Pieces:
         row_group = np.where(rest, 0, group_of[interval])
         sizes = np.cumsum([0, *(len(a) for a in self._index["start"])])
         self._groups = [row_group[lo:hi] for lo, hi in zip(sizes[:-1], sizes[1:])]
-        self._index = {name: [] for name in _INDEX}  # not needed past the cut
+        self._index = {}  # not needed past the cut
 
-    def groups(self):
-        """The events table of each group, in order (rows in the file's order)."""
-        for group in range(self.count):
+    def groups(self, which=None):
+        """``(group number, events table)`` of each group (of those numbered in ``which``), in order
+        (rows in the file's order)."""
+        for group in range(self.count) if which is None else which:
             parts = []
             for held, of_rows in zip(self._held, self._groups):
                 mine = of_rows == group
@@ -191,7 +224,7 @@ class Pieces:
                 frame = _load(held) if isinstance(held, Path) else held
                 parts.append(frame[mine] if not mine.all() else frame)
                 del frame
-            yield parts[0].reset_index(drop=True) if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+            yield group, parts[0].reset_index(drop=True) if len(parts) == 1 else pd.concat(parts, ignore_index=True)
             del parts
 
 
