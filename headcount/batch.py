@@ -204,7 +204,7 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
     import shutil
     import tempfile
 
-    from headcount import build
+    from headcount import build, parse_file
     from headcount.parsers import kineto
     from headcount.parsers.kineto_steps import Pieces
     from headcount.reports import dataset
@@ -236,7 +236,7 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
         whole = build.kineto_aggregates(groups, device, notices)
         meta["notices"] = notices
         with dataset.StagedRun(out, run_id, meta) as staged:
-            for name in ("layers", "heads", "findings"):
+            for name in ("steps", "layers", "heads", "findings"):  # steps: the work outside every step
                 staged.write(name, whole[name])
             staged.write("runs", runs_row(meta))
     except HeadcountError as exc:
@@ -245,10 +245,7 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
         shutil.rmtree(directory, ignore_errors=True)
     layers = whole["layers"]
     found = signals.kinds_in(layers["signal"]) if "signal" in layers else []
-    how = f"found by {'/'.join(found)} names" if found else "from headcount's ranges"
-    rank = pieces.described["distributed"].get("rank")
-    line = (f"{path}: {sum(r.kernels for r in results)} kernels, {len(layers)} layer rows {how}, attributed in "
-            f"{pieces.count} groups of steps ({len(spans)} workers)" + (f" (rank {rank})" if rank is not None else ""))
+    line = parse_file.trace_line(path, sum(r.kernels for r in results), len(layers), found, pieces, len(spans))
     return FileResult(path, run_id, [line], notices)
 
 

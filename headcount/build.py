@@ -130,7 +130,8 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
             ``events`` has; a trace built a group of steps at a time says it for the whole
             trace). Where it has, GPU work without its launch has no step.
         with_figures: also return ``figures``: the layer and head ranges whose figures count, their
-            labels still categorical (for :func:`attention_tables` over several groups).
+            labels still categorical (for :func:`attention_tables` over several groups), and ``syncs``:
+            the synchronizing calls with their step.
 
     Returns:
         ``kernels``, ``ranges``, ``layers``, ``heads``, ``attention_breakdown``
@@ -195,12 +196,14 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
 
     figures = ranges_table[~ranges_table["step"].isin(list(exclude_steps)).to_numpy() & ~graphs.capture_only(ranges_table)]
     tables = {"kernels": kernels, "ranges": ranges_table, **attention_tables(figures, kernels)}
-    step_rows = steps_of(kernels, timeline.sync_calls(runtime), steps, ranges_table, implementation, found=len(main) > 0)
+    syncs = timeline.sync_calls(runtime)
+    step_rows = steps_of(kernels, syncs, steps, ranges_table, implementation, found=len(main) > 0)
     tables["steps"] = step_rows[~step_rows["step"].isin(list(exclude_steps)).to_numpy(dtype=bool)].reset_index(drop=True)
     for table in tables.values():
         labels.plain(table)  # in-process recordings are small: users get plain strings
     if with_figures:
         tables["figures"] = figures[figures["level"].isin(["layer", "head"]).to_numpy(dtype=bool)]
+        tables["syncs"] = syncs.assign(step=labels.step_of(syncs["start_ns"].to_numpy(np.int64), steps))
     return tables
 
 
@@ -406,7 +409,7 @@ def tables_from_kineto(trace: dict, run_id: str) -> Built:
     tables: dict[str, list[pd.DataFrame]] = {}
     for name, frame in kineto_pieces([(0, events)], trace.get("devices") or [], notices, found=found):
         tables.setdefault(name, []).append(frame)
-    whole = {name: frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True) for name, frames in tables.items()}
+    whole = {name: _concat_rows(frames) for name, frames in tables.items()}
     whole.setdefault("attention_breakdown", found["attention_breakdown"])
     return finished(whole, run_id, kineto.run_device(trace.get("devices") or []), found["calls"], notices)
 
@@ -419,7 +422,8 @@ class GroupFigures:
     group: int
     figures: pd.DataFrame  # its layer and head ranges whose figures count, labels categorical
     latency: pd.DataFrame | None  # its attention kernels' launch latency
-    steps: pd.DataFrame
+    steps: pd.DataFrame  # its steps rows, less the work outside every step
+    outside: tuple[pd.DataFrame, pd.DataFrame] | None  # its GPU work and synchronizing calls outside every step
     calls: list
     notices: list[str]
     tagged: bool  # it has headcount's ranges
@@ -466,7 +470,7 @@ def kineto_pieces(groups, devices: list[dict], notices: list[str], launched: boo
     whole = kineto_aggregates(parts, device, notices)
     if found is not None:
         found.update(calls=whole.pop("calls"), attention_breakdown=whole.pop("attention_breakdown"))
-    yield from ((name, whole[name]) for name in ("layers", "heads", "findings"))
+    yield from ((name, whole[name]) for name in ("steps", "layers", "heads", "findings"))
 
 
 def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None, launched: bool | None,
@@ -485,10 +489,17 @@ def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None,
     latency = None
     if "launch_latency_ns" in kernels:
         latency = kernels.loc[kernels["layer_name"].notna().to_numpy(dtype=bool), [*aggregate.GROUP_LAYER, "head", "launch_latency_ns"]]
-    parts.append(GroupFigures(group, figures, latency, tables["steps"], calls, notices, tagged))
+    steps, outside, syncs = tables["steps"], None, tables.pop("syncs")
+    gpu = kernels["kind"].isin(timeline.GPU_KINDS).to_numpy(dtype=bool)
+    if gpu.any():  # the work outside every step is one row of the trace's, whichever groups it fell in: built at the end
+        unstepped = kernels["step"].isna().to_numpy(dtype=bool)
+        outside = (kernels.loc[gpu & unstepped, [c for c in timeline.WORK_COLUMNS if c in kernels]],
+                   syncs[syncs["step"].isna().to_numpy(dtype=bool)])
+        steps = steps[steps["step"].notna().to_numpy(dtype=bool)].reset_index(drop=True)
+    parts.append(GroupFigures(group, figures, latency, steps, outside, calls, notices, tagged))
     yield "ranges", ranges
     yield "kernels", kernels
-    yield "steps", tables["steps"]
+    yield "steps", steps
 
 
 def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices: list[str]) -> dict:
@@ -509,8 +520,20 @@ def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices:
         notices.append(NO_ATTENTION + " (neither headcount's ranges nor an attention operator, module or kernel that "
                        "docs/cli.md § Untagged recordings lists; record with torch.profiler.profile(with_modules=True, "
                        "with_stack=True, record_shapes=True), or tag the model with headcount)")
-    findings = run_findings([part.steps for part in parts], attention["layers"], attention["heads"])
-    return {**attention, "findings": findings, "calls": calls}
+    outside = [part.outside for part in parts if part.outside is not None]
+    unstepped = pd.DataFrame()
+    if outside:
+        work, syncs = _concat([w for w, _ in outside]), _concat_rows([s for _, s in outside])
+        if len(work):
+            unstepped = timeline.gpu_steps(work, syncs, attention_found=bool(calls) or any(part.tagged for part in parts))
+    findings = run_findings([*(part.steps for part in parts), unstepped], attention["layers"], attention["heads"])
+    return {**attention, "steps": unstepped, "findings": findings, "calls": calls}
+
+
+def _concat_rows(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """``frames`` concatenated (the first kept, empty, when all are empty: its columns)."""
+    full = [f for f in frames if len(f)]
+    return pd.concat(full, ignore_index=True) if len(full) > 1 else full[0] if full else frames[0]
 
 
 def _concat_categories(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -171,7 +171,13 @@ def _torch_stream(path: Path, pieces, lines: list[str], notices: list[str]):
                 found = signals.kinds_in(frame["signal"]) if "signal" in frame else []
             yield name, frame
             del frame
+    lines.append(trace_line(path, kernels, layer_rows, found, pieces))
+
+
+def trace_line(path, kernels: int, layer_rows: int, found: list[str], pieces, workers: int = 1) -> str:
+    """The progress line of a parsed torch.profiler trace (``found``: the signals its calls were found by)."""
     how = f"found by {'/'.join(found)} names" if found else "from headcount's ranges"
-    rank = pieces.described["distributed"].get("rank")
     groups = f", attributed in {pieces.count} groups of steps" if pieces.count > 1 else ""
-    lines.append(f"{path}: {kernels} kernels, {layer_rows} layer rows {how}{groups}" + (f" (rank {rank})" if rank is not None else ""))
+    on = f" ({workers} workers)" if workers > 1 else ""
+    rank = pieces.described["distributed"].get("rank")
+    return f"{path}: {kernels} kernels, {layer_rows} layer rows {how}{groups}{on}" + (f" (rank {rank})" if rank is not None else "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import numpy as np
@@ -343,3 +344,72 @@ def test_a_step_crossed_by_an_open_event_is_not_cut(tmp_path):
     assert pieces.count == 2
     assert groups[0] == ["ProfilerStep#1", "ProfilerStep#2", "aten::mm", "aten::mm", "outer"]
     assert groups[1] == ["ProfilerStep#3", "aten::mm"]
+
+
+def _report(out: Path) -> dict[str, pd.DataFrame]:
+    import pyarrow.dataset as ds
+
+    return {name: _comparable(ds.dataset(out / name, partitioning="hive").to_table().to_pandas())
+            for name in ("ranges", "kernels", "steps", "layers", "heads", "findings")}
+
+
+@pytest.fixture
+def three_steps(tmp_path_factory):
+    return _replicated(tmp_path_factory.mktemp("trace"), 3)
+
+
+def test_a_large_trace_read_in_spans_by_two_workers_gives_one_workers_report(tmp_path, monkeypatch, capsys, three_steps):
+    """A plain trace read in two spans by two worker processes (bounds where an event begins), cut
+    into groups of one step, the groups built by both workers: every table and notice is one
+    worker's, and no temporary piece is left behind."""
+    import tempfile
+
+    from headcount.cli.main import main
+    from headcount.parsers import kineto, kineto_steps
+
+    one, two, scratch = tmp_path / "one", tmp_path / "two", tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 300_000)
+    monkeypatch.setattr(kineto_steps, "GROUP_ROWS", 1)
+    assert main(["parse", str(three_steps), "-o", str(one), "--jobs", "1"]) == 0
+    single = capsys.readouterr().err
+    monkeypatch.setattr(kineto, "SPLIT_BYTES", 0)  # as if the file were large
+    spans = kineto.spans(three_steps, 2)
+    assert spans is not None and len(spans) == 2 and spans[0].stop == spans[1].start
+    assert main(["parse", str(three_steps), "-o", str(two), "--jobs", "2"]) == 0
+    split = capsys.readouterr().err
+    assert "attributed in 3 groups of steps (2 workers)" in split and "attributed in 3 groups of steps" in single
+    a, b = _report(one), _report(two)
+    for name in a:
+        pd.testing.assert_frame_equal(a[name], b[name][list(a[name].columns)], check_dtype=False, obj=name)
+    assert len(a["kernels"]) > 0 and len(a["layers"]) == 24 and (a["layers"]["calls"] == 3).all()
+    notices = [sorted(json.loads(p.read_text())["notices"]) for out in (one, two) for p in out.glob("manifests/*/run.json")]
+    assert notices[0] == notices[1] and any("72 calls" in n for n in notices[0])
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_span_that_does_not_end_between_two_events_reads_the_file_whole(tmp_path, monkeypatch, capsys, three_steps):
+    """Span bounds a few bytes inside an event (as a bound inside an event's arguments would be): the
+    span readers refuse them, and the file is read whole by one worker, giving the same report."""
+    from dataclasses import replace
+
+    from headcount.cli.main import main
+    from headcount.parsers import kineto
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["parse", str(three_steps), "-o", str(one), "--jobs", "1"]) == 0
+    monkeypatch.setattr(kineto, "SPLIT_BYTES", 0)
+    aligned = kineto.spans
+
+    def inside(path, parts):
+        found = aligned(path, parts)
+        return [replace(s, start=None if s.start is None else s.start + 7, stop=None if s.stop is None else s.stop + 7) for s in found]
+
+    monkeypatch.setattr(kineto, "spans", inside)
+    capsys.readouterr()
+    assert main(["parse", str(three_steps), "-o", str(two), "--jobs", "2"]) == 0
+    assert "(2 workers)" not in capsys.readouterr().err
+    a, b = _report(one), _report(two)
+    for name in a:
+        pd.testing.assert_frame_equal(a[name], b[name][list(a[name].columns)], check_dtype=False, obj=name)

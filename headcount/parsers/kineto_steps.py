@@ -7,10 +7,9 @@ compact index of every row: its kind, times and launch correlation. From the ind
 trace is cut into *slices*: its steps (headcount's step ranges, else torch.profiler's
 ``ProfilerStep#N``) and the time outside them, cut only where no CPU event (operator,
 range, module, runtime call) is open, so a step that an open event crosses stays with its
-neighbour. GPU work goes with its launch call. Consecutive steps are gathered into groups
-of about :data:`GROUP_ROWS` rows; everything outside the steps, and GPU work whose launch
-the trace lacks, go with the first group (where the work launched from the same device
-names their process). The build attributes one group at a time
+neighbour. GPU work goes with its launch call (work whose launch the trace lacks: by its
+own start). Consecutive steps, with the time after them up to the next step, are gathered
+into groups of about :data:`GROUP_ROWS` rows. The build attributes one group at a time
 (:func:`headcount.build.kineto_pieces`): memory follows the largest group, not the file.
 
 A trace without steps is one group (attribution needs its ranges and launches together).
@@ -57,10 +56,11 @@ class Pieces:
         count: the groups, once cut.
     """
 
-    def __init__(self, path: str | Path, group_rows: int = GROUP_ROWS, held_bytes: int = HELD_BYTES,
+    def __init__(self, path: str | Path, group_rows: int | None = None, held_bytes: int | None = None,
                  directory: str | Path | None = None):
         self.path = Path(path)
-        self.group_rows, self.held_bytes = group_rows, held_bytes
+        self.group_rows = GROUP_ROWS if group_rows is None else group_rows
+        self.held_bytes = HELD_BYTES if held_bytes is None else held_bytes
         self.notices: list[str] = []
         self.described: dict = {"devices": [], "distributed": {}}
         self.launched = False
@@ -165,7 +165,7 @@ class Pieces:
         self._bytes = 0
 
     def cut(self) -> None:
-        """Each row's group: consecutive steps up to :attr:`group_rows` rows; the rest in the first.
+        """Each row's group: consecutive steps (and the time after them) up to :attr:`group_rows` rows.
 
         Raises:
             HeadcountError: the trace holds no complete event.
@@ -193,21 +193,17 @@ class Pieces:
             at = np.minimum(np.searchsorted(sorted_ids, ids), len(order) - 1)
             has_launch = (ids >= 0) & (sorted_ids[at] == ids)
         self.launched = bool(has_launch.any())
-        rest = np.zeros(len(start), dtype=bool)
-        interval[gpu_rows[has_launch]] = interval[order[at[has_launch]]]
-        rest[gpu_rows[~has_launch]] = True
-        rest |= ~is_step[interval]
-        counts = np.bincount(interval[~rest], minlength=len(is_step))
-        group_of = np.full(len(is_step), -1, dtype=np.int64)
+        interval[gpu_rows[has_launch]] = interval[order[at[has_launch]]]  # without a launch: by its own start
+        counts = np.bincount(interval, minlength=len(is_step))
+        group_of = np.zeros(len(is_step), dtype=np.int32)
         group, held = -1, self.group_rows
-        for i in np.flatnonzero(is_step):
-            if held >= self.group_rows:
+        for i in range(len(is_step)):  # time outside the steps goes with the steps before it (the first group's: before them)
+            if is_step[i] and held >= self.group_rows:
                 group, held = group + 1, 0
-            group_of[i] = group
+            group_of[i] = max(group, 0)
             held += int(counts[i])
         self.count = max(group + 1, 1)
-        # the rest with the first group: GPU work without a launch is given its device's process from the work launched there
-        row_group = np.where(rest, 0, group_of[interval])
+        row_group = group_of[interval]
         sizes = np.cumsum([0, *(len(a) for a in self._index["start"])])
         self._groups = [row_group[lo:hi] for lo, hi in zip(sizes[:-1], sizes[1:])]
         self._index = {}  # not needed past the cut
