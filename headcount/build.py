@@ -409,6 +409,7 @@ def tables_from_kineto(trace: dict, run_id: str) -> Built:
     tables: dict[str, list[pd.DataFrame]] = {}
     for name, frame in kineto_pieces([(0, events)], trace.get("devices") or [], notices, found=found):
         tables.setdefault(name, []).append(frame)
+    tables["steps"] = tables["steps"][-1:] + tables["steps"][:-1]  # the work outside every step first, as gpu_steps orders it
     whole = {name: _concat_rows(frames) for name, frames in tables.items()}
     whole.setdefault("attention_breakdown", found["attention_breakdown"])
     return finished(whole, run_id, kineto.run_device(trace.get("devices") or []), found["calls"], notices)
@@ -424,6 +425,7 @@ class GroupFigures:
     latency: pd.DataFrame | None  # its attention kernels' launch latency
     steps: pd.DataFrame  # its steps rows, less the work outside every step
     outside: tuple[pd.DataFrame, pd.DataFrame] | None  # its GPU work and synchronizing calls outside every step
+    launching: set  # (device, process) of its GPU work with a launch call
     calls: list
     notices: list[str]
     tagged: bool  # it has headcount's ranges
@@ -489,14 +491,16 @@ def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None,
     latency = None
     if "launch_latency_ns" in kernels:
         latency = kernels.loc[kernels["layer_name"].notna().to_numpy(dtype=bool), [*aggregate.GROUP_LAYER, "head", "launch_latency_ns"]]
-    steps, outside, syncs = tables["steps"], None, tables.pop("syncs")
+    steps, outside, syncs, launching = tables["steps"], None, tables.pop("syncs"), set()
     gpu = kernels["kind"].isin(timeline.GPU_KINDS).to_numpy(dtype=bool)
-    if gpu.any():  # the work outside every step is one row of the trace's, whichever groups it fell in: built at the end
+    if gpu.any():
+        known = gpu & kernels["pid"].notna().to_numpy(dtype=bool) & kernels["device"].notna().to_numpy(dtype=bool)
+        launching = set(zip(kernels.loc[known, "device"], kernels.loc[known, "pid"]))  # the work outside every step is one row of the trace's, whichever groups it fell in: built at the end
         unstepped = kernels["step"].isna().to_numpy(dtype=bool)
         outside = (kernels.loc[gpu & unstepped, [c for c in timeline.WORK_COLUMNS if c in kernels]],
                    syncs[syncs["step"].isna().to_numpy(dtype=bool)])
         steps = steps[steps["step"].notna().to_numpy(dtype=bool)].reset_index(drop=True)
-    parts.append(GroupFigures(group, figures, latency, steps, outside, calls, notices, tagged))
+    parts.append(GroupFigures(group, figures, latency, steps, outside, launching, calls, notices, tagged))
     yield "ranges", ranges
     yield "kernels", kernels
     yield "steps", steps
@@ -525,6 +529,14 @@ def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices:
     if outside:
         work, syncs = _concat([w for w, _ in outside]), _concat_rows([s for _, s in outside])
         if len(work):
+            # work without a launch call: its device's process where the device served one only (as for a whole trace)
+            served: dict = {}
+            for device_id, pid in set().union(*(part.launching for part in parts)):
+                served.setdefault(device_id, set()).add(pid)
+            missing = work["pid"].isna().to_numpy(dtype=bool)
+            sole = {device_id: next(iter(pids)) for device_id, pids in served.items() if len(pids) == 1}
+            if missing.any() and sole:
+                work = work.assign(pid=work["pid"].astype(object).where(~missing, work["device"].map(sole)))
             unstepped = timeline.gpu_steps(work, syncs, attention_found=bool(calls) or any(part.tagged for part in parts))
     findings = run_findings([*(part.steps for part in parts), unstepped], attention["layers"], attention["heads"])
     return {**attention, "steps": unstepped, "findings": findings, "calls": calls}
