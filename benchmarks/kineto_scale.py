@@ -4,7 +4,7 @@ Builds a large Kineto trace from the real H100 fixture
 (``tests/fixtures/kineto/h100_qwen1.5-0.5b_kineto.json.gz``: one Qwen1.5-0.5B
 step, 18,221 events, 1,465 kernels) replicated in time: each copy shifted
 past the previous one, with fresh correlation, external, flow and Python
-ids and its own ``ProfilerStep#`` number (100 copies: 561 MB of JSON,
+ids and its own ``ProfilerStep#`` number (100 copies: 499 MB of compact JSON,
 1.8 M events, 146,500 kernels). Then, one after the other on the same
 machine, each in a fresh process:
 

@@ -413,3 +413,43 @@ def test_a_span_that_does_not_end_between_two_events_reads_the_file_whole(tmp_pa
     a, b = _report(one), _report(two)
     for name in a:
         pd.testing.assert_frame_equal(a[name], b[name][list(a[name].columns)], check_dtype=False, obj=name)
+
+
+def test_notices_of_several_groups_are_one_line_each_with_their_counts_summed():
+    from headcount.parsers.kineto_steps import merged
+
+    said = ["3 events dropped as implausible (3 ending before they start)", "attention found: 24 calls (Qwen1.5 on cuda:0)",
+            "a note without a count", "2 events dropped as implausible (2 ending before they start)",
+            "attention found: 24 calls (Qwen1.5 on cuda:0)", "a note without a count"]
+    assert merged(said) == ["5 events dropped as implausible (5 ending before they start)",
+                            "attention found: 48 calls (Qwen1.5 on cuda:0)", "a note without a count"]
+
+
+def test_pieces_that_cannot_be_written_to_disk_are_refused_in_one_line(tmp_path):
+    from headcount.parsers.kineto_steps import Pieces
+
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    trace = KINETO / "h100_bert-small_sdpa_kineto.json.gz"
+    with pytest.raises(HeadcountError, match=r"bert-small_sdpa_kineto.json.gz: cannot hold the trace's events in .*file"), \
+            Pieces(trace, held_bytes=0, directory=not_a_folder) as pieces:
+        pieces.read()
+
+
+def test_a_damaged_trace_read_in_spans_is_refused_as_when_read_whole(tmp_path, monkeypatch, capsys, three_steps):
+    """A trace cut short, parsed by two workers: its last span fails, the file is read whole, and the
+    error is the one-line error of a whole read; nothing is written and no temporary piece is left."""
+    import tempfile
+
+    from headcount.parsers import kineto
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setattr(kineto, "SPLIT_BYTES", 0)
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(three_steps.read_bytes()[:-5000])
+    assert main(["parse", str(cut), "-o", str(tmp_path / "out"), "--jobs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "cut.json: not a torch.profiler trace (invalid JSON" in err and "nothing was written" in err
+    assert not (tmp_path / "out").exists() and list(scratch.iterdir()) == []

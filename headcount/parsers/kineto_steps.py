@@ -160,8 +160,8 @@ class Pieces:
                         pickle.dump(held, fh, protocol=pickle.HIGHEST_PROTOCOL)
                     self._held[i] = target
         except OSError as exc:
-            raise HeadcountError(f"{self.path}: no room to hold the trace's events on disk ({exc.strerror or exc})",
-                                 hint="free space in the temporary directory, or point TMPDIR at a larger one") from exc
+            raise HeadcountError(f"{self.path}: cannot hold the trace's events in {self._directory} ({exc.strerror or exc})",
+                                 hint="free space there, or point TMPDIR at a writable folder with room for half the trace") from exc
         self._bytes = 0
 
     def cut(self) -> None:
