@@ -23,7 +23,7 @@ back) and HTA's equal the copies × the fixture's, and every layer's calls in
 Goals (issue 30): ≥ 8× HTA at 100 copies, ≤ 1 GB peak RSS (largest process)
 at 100 and 400 copies, every kernel kept.
 
-Run: python benchmarks/kineto_scale.py [--copies 100 [--copies 400]] [--gzip] [--repeat N] [--keep DIR] [--no-hta]
+Run: python benchmarks/kineto_scale.py [--copies 100 [--copies 400]] [--gzip] [--repeat N] [--keep DIR] [--no-hta] [--jobs N]
 """
 
 from __future__ import annotations
@@ -153,6 +153,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each command, alternating (median reported)")
     parser.add_argument("--keep", default=None, help="build the traces in this folder and keep them")
     parser.add_argument("--no-hta", action="store_true", help="time headcount only")
+    parser.add_argument("--jobs", type=int, default=None, help="headcount parse --jobs (default: its own, one per core)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before a command is killed")
     args = parser.parse_args()
     use_hta = not args.no_hta and hta_available()
@@ -178,7 +179,8 @@ def main() -> None:
                     import shutil
 
                     shutil.rmtree(out)
-                m = timed([*headcount_cmd(), "parse", str(path), "-o", str(out)], timeout=args.timeout)
+                jobs = ["--jobs", str(args.jobs)] if args.jobs else []
+                m = timed([*headcount_cmd(), "parse", str(path), "-o", str(out), *jobs], timeout=args.timeout)
                 if m.done.returncode != 0:
                     sys.exit(f"headcount parse failed ({m.done.returncode}): {m.done.stderr.strip()[-2000:]}")
                 runs["headcount"].append(m)
