@@ -179,14 +179,21 @@ def test_keep_going_commits_the_others_and_names_the_failed_file(tmp_path, three
 
 
 def test_ray_executor_gives_the_tables_of_a_local_parse(tmp_path, three_ranks, monkeypatch):
-    """A real Ray started on this machine (no RAY_ADDRESS): one task per file."""
+    """A real Ray started on this machine (no RAY_ADDRESS): one task per file, nsys exports and a
+    directory of torch.profiler rank traces (Holistic Trace Analysis's ``trace_dir``) alike."""
     pytest.importorskip("ray")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    kineto = Path(__file__).parent / "fixtures" / "kineto"
+    for rank, name in enumerate(("h100_bert-small_sdpa_kineto.json.gz", "h100_qwen1.5-0.5b_kineto.json.gz")):
+        shutil.copy(kineto / name, traces / f"rank{rank}.json.gz")
     local, on_ray = tmp_path / "local", tmp_path / "ray"
-    files = list(map(str, three_ranks[:2]))
+    files = [*map(str, three_ranks[:2]), str(traces)]
     assert main(["parse", *files, "-o", str(local), "--jobs", "1"]) == 0
     assert main(["parse", *files, "-o", str(on_ray), "--executor", "ray"]) == 0
     assert_same(tables(local), tables(on_ray))
+    assert inputs(on_ray) == ["rank0.json.gz", "rank0.sqlite", "rank1.json.gz", "rank1.sqlite"]
 
 
 def test_jobs_must_be_positive(tmp_path, capsys):

@@ -161,7 +161,7 @@ class Pieces:
                     self._held[i] = target
         except OSError as exc:
             raise HeadcountError(f"{self.path}: cannot hold the trace's events in {self._directory} ({exc.strerror or exc})",
-                                 hint="free space there, or point TMPDIR at a writable folder with room for half the trace") from exc
+                                 hint="free space there, or point TMPDIR at a writable folder with room for half the trace's JSON") from exc
         self._bytes = 0
 
     def cut(self) -> None:
