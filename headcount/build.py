@@ -495,7 +495,8 @@ def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None,
     gpu = kernels["kind"].isin(timeline.GPU_KINDS).to_numpy(dtype=bool)
     if gpu.any():
         known = gpu & kernels["pid"].notna().to_numpy(dtype=bool) & kernels["device"].notna().to_numpy(dtype=bool)
-        launching = set(zip(kernels.loc[known, "device"], kernels.loc[known, "pid"]))  # the work outside every step is one row of the trace's, whichever groups it fell in: built at the end
+        launching = set(zip(kernels.loc[known, "device"], kernels.loc[known, "pid"]))
+        # the work outside every step is one row of the trace's, whichever groups it fell in: built at the end
         unstepped = kernels["step"].isna().to_numpy(dtype=bool)
         outside = (kernels.loc[gpu & unstepped, [c for c in timeline.WORK_COLUMNS if c in kernels]],
                    syncs[syncs["step"].isna().to_numpy(dtype=bool)])
@@ -524,22 +525,27 @@ def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices:
         notices.append(NO_ATTENTION + " (neither headcount's ranges nor an attention operator, module or kernel that "
                        "docs/cli.md § Untagged recordings lists; record with torch.profiler.profile(with_modules=True, "
                        "with_stack=True, record_shapes=True), or tag the model with headcount)")
-    outside = [part.outside for part in parts if part.outside is not None]
-    unstepped = pd.DataFrame()
-    if outside:
-        work, syncs = _concat([w for w, _ in outside]), _concat_rows([s for _, s in outside])
-        if len(work):
-            # work without a launch call: its device's process where the device served one only (as for a whole trace)
-            served: dict = {}
-            for device_id, pid in set().union(*(part.launching for part in parts)):
-                served.setdefault(device_id, set()).add(pid)
-            missing = work["pid"].isna().to_numpy(dtype=bool)
-            sole = {device_id: next(iter(pids)) for device_id, pids in served.items() if len(pids) == 1}
-            if missing.any() and sole:
-                work = work.assign(pid=work["pid"].astype(object).where(~missing, work["device"].map(sole)))
-            unstepped = timeline.gpu_steps(work, syncs, attention_found=bool(calls) or any(part.tagged for part in parts))
+    unstepped = _unstepped(parts, attention_found=bool(calls) or any(part.tagged for part in parts))
     findings = run_findings([*(part.steps for part in parts), unstepped], attention["layers"], attention["heads"])
     return {**attention, "steps": unstepped, "findings": findings, "calls": calls}
+
+
+def _unstepped(parts: list[GroupFigures], attention_found: bool) -> pd.DataFrame:
+    """The ``steps`` rows of the GPU work outside every step (:func:`headcount.derive.timeline.gpu_steps`),
+    from every group's: what a whole trace attributed at once gives (empty: no such work)."""
+    outside = [part.outside for part in parts if part.outside is not None]
+    work = _concat([w for w, _ in outside]) if outside else pd.DataFrame()
+    if not len(work):
+        return pd.DataFrame()
+    # work without a launch call: its device's process where the device served one only (as gpu_steps does in one group)
+    served: dict = {}
+    for device_id, pid in set().union(*(part.launching for part in parts)):
+        served.setdefault(device_id, set()).add(pid)
+    sole = {device_id: next(iter(pids)) for device_id, pids in served.items() if len(pids) == 1}
+    missing = work["pid"].isna().to_numpy(dtype=bool)
+    if missing.any() and sole:
+        work = work.assign(pid=work["pid"].astype(object).where(~missing, work["device"].map(sole)))
+    return timeline.gpu_steps(work, _concat_rows([s for _, s in outside]), attention_found=attention_found)
 
 
 def _concat_rows(frames: list[pd.DataFrame]) -> pd.DataFrame:
