@@ -27,7 +27,7 @@ import pandas as pd
 
 from headcount.attribute import attribution, graphs, labels, nesting, untagged
 from headcount.attribute.calls import attach_calls, calls_frame
-from headcount.derive import aggregate, analytic, devices, launch, occupancy, sampling, timeline, triage
+from headcount.derive import aggregate, analytic, bound, devices, launch, occupancy, sampling, timeline, triage
 from headcount.device import Device
 from headcount.errors import HeadcountError
 from headcount.naming import DOMAIN, STEP_DOMAIN, parse_path
@@ -840,6 +840,7 @@ def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: Devi
     """
     k = kernels.copy()
     k["implementation"] = "unknown"
+    k["bound"] = bound.kernel_bound(k)  # ncu's Speed of Light rule on its own counters
     paths = [_headcount_stack(p) for p in k["nvtx_path"]]
     parsed = [parse_path(p) if p else None for p in paths]
     k["phase"] = [p.phase if p else None for p in parsed]

@@ -28,10 +28,17 @@ NCU_TABLE: dict[str, tuple[tuple[str, ...], str | None, bool]] = {
     "dram_read_bytes": (("dram__bytes_read.sum",), None, True),
     "dram_write_bytes": (("dram__bytes_write.sum",), None, True),
     "dram_bytes": (("dram__bytes.sum",), None, False),
-    "dram_throughput_pct": (("dram__throughput.avg.pct_of_peak_sustained_elapsed",), "DRAM Throughput", True),
+    # ncu's own DRAM figure under either name (reports of some ncu sets carry only the gpu__ one)
+    "dram_throughput_pct": (("dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                             "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"), "DRAM Throughput", True),
+    # the Speed of Light section's two figures and its waves (headcount.derive.bound reads them as ncu's rule does)
+    "sm_throughput_pct": (("sm__throughput.avg.pct_of_peak_sustained_elapsed",), "Compute (SM) Throughput", True),
+    "memory_throughput_pct": (("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",), "Memory Throughput", True),
+    "waves_per_sm": (("launch__waves_per_multiprocessor",), "Waves Per SM", True),
     "achieved_occupancy_pct": (("sm__warps_active.avg.pct_of_peak_sustained_active",), "Achieved Occupancy", True),
     "theoretical_occupancy_pct": (("sm__maximum_warps_per_active_cycle_pct",), "Theoretical Occupancy", True),
     "l2_bytes": (("lts__t_bytes.sum",), None, True),
+    "l1_bytes": (("l1tex__t_bytes.sum",), None, False),
     "tensor_pipe_pct": (("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
                          "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active"), None, False),
     "registers_per_thread": (("launch__registers_per_thread",), "Registers Per Thread", True),

@@ -33,6 +33,7 @@ KERNELS = pa.schema([
     ("grid", S), ("block", S), ("registers_per_thread", I), ("shared_memory_bytes", I),
     ("theoretical_occupancy_pct", F), ("est_achieved_occupancy_pct", F), ("achieved_occupancy_pct", F),
     ("dram_bytes", F), ("dram_read_bytes", F), ("dram_write_bytes", F), ("dram_throughput_pct", F), ("l2_bytes", F),
+    ("l1_bytes", F), ("sm_throughput_pct", F), ("memory_throughput_pct", F), ("waves_per_sm", F), ("bound", S),
     ("tensor_pipe_pct", F), ("ncu_id", I), ("incomplete", B), ("missing_metrics", S),
     ("dram_read_sampled_pct", F), ("dram_write_sampled_pct", F), ("sm_active_sampled_pct", F), ("sampling_interval_ns", F),
     ("dram_read_sampled_bytes", F), ("dram_write_sampled_bytes", F), ("sm_warps_active_sampled_pct", F),

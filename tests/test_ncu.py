@@ -25,7 +25,8 @@ RAW_C = FIX / "rtx2080ti_two_kernels.raw.C.csv"
 
 EXACT = ["ncu_id", "name", "duration_ns", "registers_per_thread", "shared_memory_bytes", "grid", "block", "device",
          "stream", "dram_bytes", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "incomplete"]
-PERCENT = ["achieved_occupancy_pct", "theoretical_occupancy_pct", "dram_throughput_pct", "tensor_pipe_pct"]
+PERCENT = ["achieved_occupancy_pct", "theoretical_occupancy_pct", "dram_throughput_pct", "tensor_pipe_pct", "sm_throughput_pct",
+           "memory_throughput_pct"]
 
 
 def _same(a: pd.DataFrame, b: pd.DataFrame, percent_tol: float = 0.0) -> None:
@@ -239,3 +240,34 @@ def test_a_unit_headcount_does_not_know_is_never_guessed(tmp_path, capsys):
     assert "2 duration_ns in 'furlong'" in capsys.readouterr().err
     kernels = pd.read_parquet(tmp_path / "r" / "kernels")
     assert kernels["duration_ns"].isna().all() and kernels["incomplete"].all()
+
+
+def test_the_speed_of_light_counters_are_read_and_ncus_own_rule_gives_each_kernel_its_verdict(tmp_path):
+    """The report names DRAM throughput only as ``gpu__dram_throughput…``: it is read (not left empty), with the SM
+    and memory throughputs and the waves; each kernel's verdict is Nsight Compute's Speed of Light rule on them."""
+    from headcount.cli.main import main
+
+    out = tmp_path / "r"
+    assert main(["parse", str(REP), "-o", str(out)]) == 0
+    k = pd.read_parquet(out / "kernels").set_index("name")
+    a, c = k.loc["kernel_A(double *, int, int)"], k.loc["kernel_C(double *, const double *, int)"]
+    assert a["dram_throughput_pct"] == pytest.approx(0.0344, abs=1e-4) and c["dram_throughput_pct"] == pytest.approx(40.22, abs=0.01)
+    assert a["sm_throughput_pct"] == pytest.approx(80.30, abs=0.01) and a["memory_throughput_pct"] == pytest.approx(9.449, abs=1e-3)
+    assert a["bound"] == "compute-bound"  # SM ≥ 80 %: ncu's "High Throughput"
+    assert c["bound"] == "latency-bound"  # SM and memory ≈ 40 %, 235 waves: ncu's "Latency Issue"
+    _same(read_report(REP), read_csv(RAW_C), percent_tol=0.01)  # both readers read the new counters alike
+    assert main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    top = page[page.index("Top kernels by time"):]
+    assert "SM throughput %" in top and "compute-bound" in top and "latency-bound" in top
+
+
+@pytest.mark.parametrize("sm, memory, waves, verdict", [
+    (85.0, 20.0, 3.0, "compute-bound"), (20.0, 92.0, 3.0, "memory-bound"), (70.0, 55.0, 3.0, "compute-bound"),
+    (62.0, 65.0, 3.0, "balanced"), (30.0, 40.0, 3.0, "latency-bound"), (30.0, 40.0, 0.5, "under-filled"),
+    (float("nan"), 40.0, 3.0, None), (30.0, 40.0, float("nan"), "latency-bound")])
+def test_the_verdict_follows_ncus_thresholds(sm, memory, waves, verdict):
+    from headcount.derive.bound import kernel_bound
+
+    got = kernel_bound(pd.DataFrame({"sm_throughput_pct": [sm], "memory_throughput_pct": [memory], "waves_per_sm": [waves]}))
+    assert got.iloc[0] == verdict

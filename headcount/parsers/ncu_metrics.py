@@ -121,8 +121,9 @@ def kernels_frame(kernels: Iterable[dict], source: str) -> pd.DataFrame:
         frame[col] = values.where(values.abs() < 2**62).round().astype("Int64")  # a 30-digit ID is no ID
     total = frame["dram_read_bytes"] + frame["dram_write_bytes"]
     frame["dram_bytes"] = frame["dram_bytes"].where(frame["dram_bytes"].notna(), total)
-    for col in ("dram_bytes", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "dram_throughput_pct", "achieved_occupancy_pct",
-                "theoretical_occupancy_pct", "tensor_pipe_pct", "shared_memory_config_bytes"):
+    for col in ("dram_bytes", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "l1_bytes", "dram_throughput_pct", "achieved_occupancy_pct",
+                "theoretical_occupancy_pct", "tensor_pipe_pct", "shared_memory_config_bytes", "sm_throughput_pct",
+                "memory_throughput_pct", "waves_per_sm"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Float64")
     frame["device"] = frame["device"].map(_device)
     frame["pid"] = frame["pid"].map(_pid)
@@ -168,9 +169,10 @@ def _pid(p) -> str | None:
     return None if value is None or value < 0 or value != int(value) else str(int(value))
 
 
-_PCT = ("dram_throughput_pct", "achieved_occupancy_pct", "theoretical_occupancy_pct", "tensor_pipe_pct")
-_NON_NEGATIVE = ("duration_ns", "dram_bytes", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "shared_memory_bytes",
-                 "registers_per_thread")
+_PCT = ("dram_throughput_pct", "achieved_occupancy_pct", "theoretical_occupancy_pct", "tensor_pipe_pct", "sm_throughput_pct",
+        "memory_throughput_pct")
+_NON_NEGATIVE = ("duration_ns", "dram_bytes", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "l1_bytes", "shared_memory_bytes",
+                 "registers_per_thread", "waves_per_sm")
 
 
 def _plausible(frame: pd.DataFrame) -> pd.DataFrame:

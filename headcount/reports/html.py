@@ -283,7 +283,10 @@ def kernel_summary(con, top: int = 15) -> pd.DataFrame:
                    {col('dram_bytes', 'sum(dram_bytes)')} AS dram_bytes,
                    {col('achieved_occupancy_pct', 'avg(achieved_occupancy_pct)')} AS achieved_occupancy_pct,
                    {col('theoretical_occupancy_pct', 'avg(theoretical_occupancy_pct)')} AS theoretical_occupancy_pct,
-                   {col('dram_throughput_pct', 'avg(dram_throughput_pct)')} AS dram_throughput_pct
+                   {col('dram_throughput_pct', 'avg(dram_throughput_pct)')} AS dram_throughput_pct,
+                   {col('sm_throughput_pct', 'avg(sm_throughput_pct)')} AS sm_throughput_pct,
+                   {col('memory_throughput_pct', 'avg(memory_throughput_pct)')} AS memory_throughput_pct,
+                   {col('bound', 'mode(bound)')} AS bound
             FROM kernels WHERE kind = 'kernel' GROUP BY ALL)
         SELECT * EXCLUDE (n) FROM (
             SELECT *, row_number() OVER (PARTITION BY run_id ORDER BY time_ns DESC NULLS LAST, dram_bytes DESC NULLS LAST) AS n FROM k)
@@ -300,10 +303,14 @@ def _kernels_section(kernels: pd.DataFrame) -> list[str]:
         ("phase", "phase", "s"), ("layer", "layer_name", "s"), ("kernel", "name", "s"), ("count", "kernels", ",.0f"),
         ("total µs", "total_us", ",.4g"), ("µs per kernel", "us_per_kernel", ",.4g"), ("DRAM MB", "dram_mb", ",.4g"),
         ("achieved occupancy %", "achieved_occupancy_pct", ",.3g"), ("theoretical occupancy %", "theoretical_occupancy_pct", ",.3g"),
-        ("DRAM throughput %", "dram_throughput_pct", ",.3g")]) +
+        ("DRAM throughput %", "dram_throughput_pct", ",.3g"), ("SM throughput %", "sm_throughput_pct", ",.3g"),
+        ("memory throughput %", "memory_throughput_pct", ",.3g"), ("bound (ncu's rule)", "bound", "s")]) +
         '<p class="cap">Per kernel name, layer and phase (blank: outside every attention range): total time and DRAM bytes '
-        "over the run; occupancy and DRAM throughput are means of the kernels' measured counters (– where the source "
-        "records none: torch.profiler and nsys have no DRAM counters per kernel).</p>"]
+        "over the run; occupancy and throughputs are means of the kernels' measured counters, in percent of each unit's "
+        "sustained peak (– where the source records none: torch.profiler and nsys have no such counters per kernel). "
+        "bound: Nsight Compute's own Speed of Light rule on the SM and memory throughputs (either ≥ 80 %: that unit; "
+        "both < 60 %: latency-bound, or under-filled below one wave of CTAs per SM; in between: the busier unit, or "
+        "balanced), the most frequent verdict among the kernels (docs/reading-a-report.md).</p>"]
 
 
 _IDLE = (("gpu_busy_ns", "busy", "#2c728e"), ("idle_launch_bound_ns", "launch-bound", "#e6550d"),
