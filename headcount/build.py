@@ -310,6 +310,7 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
         k["cpu_launch_cost_ns"] = (k["api_end_ns"] - k["api_start_ns"]).astype("Float64")
         step_time = k["api_start_ns"].fillna(k["start_ns"])
     gpu = k["kind"].isin(timeline.GPU_KINDS).to_numpy(dtype=bool)
+    k["runs_on"] = runs_on(gpu)
     unlaunched = gpu & (k["api_start_ns"].isna().to_numpy() if "api_start_ns" in k else np.ones(len(k), dtype=bool))
     if unlaunched.any() and ((gpu & ~unlaunched).any() if launched is None else launched):
         # GPU work whose launch the recording lacks, where it has the others' (launched before it began): no step of it
@@ -319,6 +320,12 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
     k["step"] = labels.step_of(step_time.to_numpy(np.int64), steps)
     k["range_id"] = k["range_id"].where(k["range_id"] >= 0).astype("Int64")
     return k
+
+
+def runs_on(gpu: np.ndarray) -> pd.Categorical:
+    """The ``runs_on`` column of a kernels table: ``gpu`` (kernels, copies, memsets) or ``cpu`` (CPU operators, which
+    torch.profiler and in-process recordings keep beside the GPU work)."""
+    return pd.Categorical.from_codes(np.asarray(gpu, dtype=np.int8), categories=["cpu", "gpu"])
 
 
 def implementation_of(calls, fallback: str | None = None) -> str:
@@ -841,6 +848,7 @@ def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: Devi
     k = kernels.copy()
     k["implementation"] = "unknown"
     k["bound"] = bound.kernel_bound(k)  # ncu's Speed of Light rule on its own counters
+    k["runs_on"] = runs_on(np.ones(len(k), dtype=bool))
     paths = [_headcount_stack(p) for p in k["nvtx_path"]]
     parsed = [parse_path(p) if p else None for p in paths]
     k["phase"] = [p.phase if p else None for p in parsed]

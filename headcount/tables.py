@@ -26,7 +26,7 @@ _SHAPE = [
 ]
 
 KERNELS = pa.schema([
-    ("source", S), ("implementation", S), ("kind", S), ("name", S), ("pid", S), ("tid", S),
+    ("source", S), ("implementation", S), ("kind", S), ("runs_on", S), ("name", S), ("pid", S), ("tid", S),
     ("device", S), ("stream", I), ("correlation_id", I), ("step", I),
     ("start_ns", I), ("end_ns", I), ("duration_ns", I),
     ("api_start_ns", I), ("api_end_ns", I), ("launch_latency_ns", F), ("cpu_launch_cost_ns", F),

@@ -271,3 +271,24 @@ def test_the_verdict_follows_ncus_thresholds(sm, memory, waves, verdict):
 
     got = kernel_bound(pd.DataFrame({"sm_throughput_pct": [sm], "memory_throughput_pct": [memory], "waves_per_sm": [waves]}))
     assert got.iloc[0] == verdict
+
+
+def test_kernels_say_where_each_row_ran_and_the_help_example_ranks_gpu_work(tmp_path, capsys):
+    """A torch.profiler trace's kernels table holds its CPU operators beside the GPU kernels: ``runs_on`` says
+    which, and the query ``headcount query --help`` shows ranks only GPU work."""
+    from headcount.cli.main import main
+
+    kineto = Path(__file__).parent / "fixtures" / "kineto" / "h100_bert-small_sdpa_kineto.json.gz"
+    out = tmp_path / "r"
+    assert main(["parse", str(REP), str(kineto), "-o", str(out), "--jobs", "1"]) == 0
+    k = pd.read_parquet(out / "kernels", columns=["kind", "runs_on", "source"])
+    assert set(k["runs_on"]) == {"gpu", "cpu"}
+    assert (k.loc[k["kind"] == "op", "runs_on"] == "cpu").all() and (k.loc[k["kind"] != "op", "runs_on"] == "gpu").all()
+    with pytest.raises(SystemExit):
+        main(["query", "--help"])
+    example = next(line for line in capsys.readouterr().out.splitlines() if "FROM kernels" in line)
+    query = example.split('"')[1]
+    assert "runs_on = 'gpu'" in query
+    capsys.readouterr()
+    assert main(["query", str(out), query]) == 0
+    assert "aten::" not in capsys.readouterr().out

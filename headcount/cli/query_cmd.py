@@ -17,7 +17,7 @@ views: kernels, ranges, layers, heads, runs (all runs; run_id is a column)
 examples:
   headcount query out/ "SELECT implementation, layer, head, excess_traffic FROM heads ORDER BY excess_traffic DESC LIMIT 10"
   headcount query out/ "SELECT run_id, layer, avg(bandwidth_gbps) AS gbps FROM layers GROUP BY ALL ORDER BY ALL"
-  headcount query out/ "SELECT name, sum(duration_ns)/1e6 AS ms FROM kernels GROUP BY name ORDER BY ms DESC LIMIT 5" --csv top.csv
+  headcount query out/ "SELECT name, sum(duration_ns)/1e6 AS ms FROM kernels WHERE runs_on = 'gpu' GROUP BY name ORDER BY ms DESC LIMIT 5" --csv top.csv
 """
 
 

@@ -40,6 +40,7 @@ import pandas as pd
 
 from headcount.derive import difference
 from headcount.errors import HeadcountError
+from headcount.reports import names
 from headcount.reports.figures import number
 
 COUNTERS = ("dram_bytes_per_call", "bandwidth_gbps", "achieved_occupancy_pct", "theoretical_occupancy_pct",
@@ -487,7 +488,7 @@ def percent(v) -> str:
 
 def row_label(r) -> str:
     """``layer fwd layer.3 head 2``, ``kernel flash_fwd…``, ``step time per step``."""
-    name = str(r["name"]) if len(str(r["name"])) <= 70 else str(r["name"])[:67] + "…"
+    name = names.shown(r["name"], 70) if r["level"] == "kernel" else str(r["name"])
     phase = f" {r['phase']}" if "phase" in r and isinstance(r.get("phase"), str) else ""
     head = "" if r.get("head") is None or pd.isna(r.get("head")) else f" head {int(r['head'])}"
     return f"{r['level']}{phase} {name}{head}"

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.derive import devices
-from headcount.reports import findings
+from headcount.reports import findings, names
 from headcount.reports.compare import comparison
 from headcount.reports.figures import missing, number
 from headcount.reports.query import connect, range_summary
@@ -298,14 +298,14 @@ def _kernels_section(kernels: pd.DataFrame) -> list[str]:
     if not len(kernels):
         return []
     g = kernels.assign(total_us=kernels["time_ns"] / 1e3, dram_mb=kernels["dram_bytes"] / 1e6,
-                       us_per_kernel=kernels["time_ns"] / kernels["kernels"] / 1e3)
+                       us_per_kernel=kernels["time_ns"] / kernels["kernels"] / 1e3, shown=kernels["name"].map(names.shown))
     return ["<h3>Top kernels by time</h3>" + _table(g, [
-        ("phase", "phase", "s"), ("layer", "layer_name", "s"), ("kernel", "name", "s"), ("count", "kernels", ",.0f"),
+        ("phase", "phase", "s"), ("layer", "layer_name", "s"), ("kernel", "shown", "s"), ("count", "kernels", ",.0f"),
         ("total µs", "total_us", ",.4g"), ("µs per kernel", "us_per_kernel", ",.4g"), ("DRAM MB", "dram_mb", ",.4g"),
         ("achieved occupancy %", "achieved_occupancy_pct", ",.3g"), ("theoretical occupancy %", "theoretical_occupancy_pct", ",.3g"),
         ("DRAM throughput %", "dram_throughput_pct", ",.3g"), ("SM throughput %", "sm_throughput_pct", ",.3g"),
         ("memory throughput %", "memory_throughput_pct", ",.3g"), ("bound (ncu's rule)", "bound", "s")]) +
-        '<p class="cap">Per kernel name, layer and phase (blank: outside every attention range): total time and DRAM bytes '
+        '<p class="cap">Per kernel name (templates and arguments folded to &lt;…&gt; and (…); the kernels table has every name whole), layer and phase (blank: outside every attention range): total time and DRAM bytes '
         "over the run; occupancy and throughputs are means of the kernels' measured counters, in percent of each unit's "
         "sustained peak (– where the source records none: torch.profiler and nsys have no such counters per kernel). "
         "bound: Nsight Compute's own Speed of Light rule on the SM and memory throughputs (either ≥ 80 %: that unit; "
