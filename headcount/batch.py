@@ -69,6 +69,7 @@ def stage_file(path: str, out: str, run_id: str, options: ReadOptions) -> FileRe
                 if name in WRITTEN:
                     staged.write(name, frame)
                 del frame  # not held while the next piece is built
+            meta.update(result.run)  # what the build learnt of the run while streaming (a trace's calls: dtype, batch, seq)
             staged.write("runs", runs_row(meta))
     except HeadcountError as exc:
         return FileResult(str(path), run_id, **_failure(path, exc))
@@ -235,6 +236,7 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
         groups = sorted((part for r in results for part in r.parts), key=lambda part: part.group)
         whole = build.kineto_aggregates(groups, device, notices)
         meta["notices"] = notices
+        meta.update(build.run_facts(whole["calls"]))
         with dataset.StagedRun(out, run_id, meta) as staged:
             for name in ("steps", "layers", "heads", "findings"):  # steps: the work outside every step
                 staged.write(name, whole[name])

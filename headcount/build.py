@@ -322,6 +322,21 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
     return k
 
 
+def run_facts(calls) -> dict:
+    """What a parsed recording's calls say of its run (its ``runs`` row): the ``implementation``, and the
+    ``dtype``, ``batch`` and ``seq`` (query length) where every call that has shapes agrees; nothing
+    where no call was found (the row keeps ``unknown`` and nulls)."""
+    if not calls:
+        return {}
+    shapes = [c.shape for c in calls if c.shape is not None]
+    facts = {"implementation": implementation_of(calls)}
+    for key, attr in (("dtype", "dtype"), ("batch", "batch"), ("seq", "q_len")):
+        values = {getattr(shape, attr) for shape in shapes} - {None}
+        if len(values) == 1:
+            facts[key] = values.pop()
+    return facts
+
+
 def runs_on(gpu: np.ndarray) -> pd.Categorical:
     """The ``runs_on`` column of a kernels table: ``gpu`` (kernels, copies, memsets) or ``cpu`` (CPU operators, which
     torch.profiler and in-process recordings keep beside the GPU work)."""

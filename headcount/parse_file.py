@@ -49,7 +49,8 @@ class Parsed:
         version: the recording tool's version, where the file says.
         lines: one-line facts for the progress output (complete once :meth:`pieces` is consumed).
         notices: what the reader should know (printed as notices, kept in the metadata).
-        run: run metadata the file states (``rank``, ``world_size`` of a distributed trace).
+        run: run metadata the file states (``rank``, ``world_size`` of a distributed trace; a trace's found calls add
+            ``implementation``, ``dtype``, ``batch``, ``seq`` once :meth:`pieces` is consumed).
         stream: instead of ``tables``, the tables in pieces (``(name, DataFrame)``),
             built while they are consumed (large recordings, one process at a time).
     """
@@ -154,16 +155,17 @@ def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
         raise
     device = kineto.run_device(pieces.described["devices"]) or Device("cpu")
     parsed = Parsed({}, device, None, notices=list(pieces.notices), run=pieces.described["distributed"])
-    parsed.stream = _torch_stream(path, pieces, parsed.lines, parsed.notices)
+    parsed.stream = _torch_stream(path, pieces, parsed.lines, parsed.notices, parsed.run)
     return parsed
 
 
-def _torch_stream(path: Path, pieces, lines: list[str], notices: list[str]):
-    from headcount.build import kineto_pieces
+def _torch_stream(path: Path, pieces, lines: list[str], notices: list[str], run: dict):
+    from headcount.build import kineto_pieces, run_facts
 
-    kernels, layer_rows, found = 0, 0, []
+    kernels, layer_rows, found, calls = 0, 0, [], {}
     with pieces:
-        for name, frame in kineto_pieces(pieces.groups(), pieces.described["devices"], notices, launched=pieces.launched):
+        for name, frame in kineto_pieces(pieces.groups(), pieces.described["devices"], notices, launched=pieces.launched,
+                                         found=calls):
             if name == "kernels":
                 kernels += int((frame["kind"].astype(object) == "kernel").sum())
             elif name == "layers":
@@ -171,6 +173,7 @@ def _torch_stream(path: Path, pieces, lines: list[str], notices: list[str]):
                 found = signals.kinds_in(frame["signal"]) if "signal" in frame else []
             yield name, frame
             del frame
+    run.update(run_facts(calls["calls"]))  # known once every group is built: the runs row is written after the pieces
     lines.append(trace_line(path, kernels, layer_rows, found, pieces))
 
 

@@ -199,3 +199,38 @@ def test_kernel_names_are_shown_folded_and_cut_but_kept_whole_in_the_tables():
         "at::native::{anonymous}::vectorized_elementwise_kernel<…>(…)"
     long = "Cijk_Alik_Bljk_" + "X" * 200
     assert len(shown(long)) == 80 and shown(long).endswith("…") and shown("aten::mm") == "aten::mm"
+
+
+def test_a_parsed_traces_roofline_draws_the_compute_ceiling_of_its_calls_dtype(tmp_path):
+    """A torch.profiler trace parsed (no headcount tags): its run says the dtype its calls ran in, so the
+    page's roofline draws the compute ceiling (989 TFLOP/s bf16 on the H100) beside the DRAM one,
+    painted where the SVG says (headless Chromium)."""
+    import re
+    from pathlib import Path
+
+    import numpy as np
+    import pandas as pd
+    from PIL import Image
+
+    browser = _chromium()
+    trace = Path(__file__).parent / "fixtures" / "kineto" / "h100_bert-small_sdpa_kineto.json.gz"
+    out = tmp_path / "r"
+    assert cli_main(["parse", str(trace), "-o", str(out)]) == 0
+    run = pd.read_parquet(out / "runs").iloc[0]
+    assert (run["implementation"], run["dtype"], run["batch"], run["seq"]) == ("sdpa", "bfloat16", 1, 141)
+    assert cli_main(["report", str(out)]) == 0
+    svg = re.search(r'<svg[^>]*aria-label="roofline">.*?</svg>', (out / "report.html").read_text(), re.S).group(0)
+    ceiling = re.search(r'<line x1="([\d.]+)" y1="([\d.]+)" x2="([\d.]+)" y2="([\d.]+)" stroke="#c0392b" stroke-width="2">'
+                        r'<title>compute ceiling 989 TFLOP/s \(bfloat16\)</title>', svg)
+    assert ceiling is not None and "DRAM ceiling" in svg
+    page = tmp_path / "roof.html"
+    page.write_text(f'<!doctype html><html><body style="margin:0;background:#fff">{svg}</body></html>')
+    shot = tmp_path / "roof.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars", "--force-device-scale-factor=1"]
+    subprocess.run([browser, *flags, "--window-size=800,420", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, text=True, timeout=180)
+    image = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    x1, y, x2 = float(ceiling.group(1)), float(ceiling.group(2)), float(ceiling.group(3))
+    band = image[int(y) - 1:int(y) + 2, round(x1) + 2:round(x2) - 2]  # the 2-pixel line, wherever it falls on the grid
+    red = (np.abs(band - np.array([0xc0, 0x39, 0x2b])).max(axis=2) < 60).any(axis=0)
+    assert red.mean() > 0.9  # the ceiling is painted along its length
