@@ -99,7 +99,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
                        limits=None, pm_samples: pd.DataFrame | None = None,
                        exclude_steps=(), graph_nodes: dict[int, int] | None = None,
                        void_steps: tuple[str, ...] = (), launched: bool | None = None,
-                       with_figures: bool = False) -> dict[str, pd.DataFrame]:
+                       with_figures: bool = False, sm_count: int | None = None) -> dict[str, pd.DataFrame]:
     """Build the tables of one profiled session.
 
     Args:
@@ -129,6 +129,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
         launched: whether the recording has GPU work whose launch it holds (``None``: whether
             ``events`` has; a trace built a group of steps at a time says it for the whole
             trace). Where it has, GPU work without its launch has no step.
+        sm_count: the GPU's SMs (with ``limits``: each kernel's ``waves_per_sm``; null without).
         with_figures: also return ``figures``: the layer and head ranges whose figures count, their
             labels still categorical (for :func:`attention_tables` over several groups), and ``syncs``:
             the synchronizing calls with their step.
@@ -166,6 +167,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
 
     gpu = gpu.reset_index(drop=True)
     gpu["theoretical_occupancy_pct"] = occupancy.kernel_occupancy(gpu, limits)
+    gpu["waves_per_sm"] = occupancy.kernel_waves(gpu, limits, sm_count)
     if is_gpu := len(gpu) > 0:
         launch_figures = launch.per_range(projected, gpu, nesting.ancestor_rows(projected, gpu_inner), gpu["theoretical_occupancy_pct"])
         projected = projected.merge(launch_figures, on="range_id", how="left")
@@ -213,6 +215,7 @@ def attention_tables(figures: pd.DataFrame, kernels: pd.DataFrame) -> dict[str, 
     layers = aggregate.layers_table(figures)
     heads = aggregate.heads_table(figures, layers)
     layers, heads = aggregate.with_launch_latency(layers, heads, kernels)
+    layers, heads = aggregate.with_waves(layers, heads, kernels)
     breakdown_src = heads if (figures["level"] == "head").any() else layers
     return {"layers": layers, "heads": heads, "attention_breakdown": breakdown_src.reindex(columns=BREAKDOWN_COLUMNS)}
 
@@ -400,7 +403,7 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
     info["notices"] += new
     tables = tables_from_events(cupti_records.events_frame(header, records), calls, implementation,
                                 source="cupti", limits=limits, pm_samples=pm, exclude_steps=exclude_steps,
-                                graph_nodes=graph_nodes, void_steps=void_steps)
+                                graph_nodes=graph_nodes, void_steps=void_steps, sm_count=device.sm_count if device else None)
     return finished(tables, run_id, device, calls, new, info)
 
 
@@ -411,7 +414,7 @@ def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None
     from headcount.parsers.kineto import load_trace
 
     tables = tables_from_events(load_trace(path), calls, implementation, limits=limits, exclude_steps=exclude_steps,
-                                void_steps=void_steps)
+                                void_steps=void_steps, sm_count=device.sm_count if device else None)
     return finished(tables, run_id, device, calls)
 
 
@@ -444,7 +447,7 @@ class GroupFigures:
 
     group: int
     figures: pd.DataFrame  # its layer and head ranges whose figures count, labels categorical
-    latency: pd.DataFrame | None  # its attention kernels' launch latency
+    latency: pd.DataFrame | None  # its attention kernels' launch latency and waves (with their names and times)
     steps: pd.DataFrame  # its steps rows, less the work outside every step
     outside: tuple[pd.DataFrame, pd.DataFrame] | None  # its GPU work and synchronizing calls outside every step
     launching: set  # (device, process) of its GPU work with a launch call
@@ -501,7 +504,7 @@ def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None,
                         parts: list[GroupFigures]):
     """``ranges``, ``kernels`` and ``steps`` of one group of a trace's steps (range ids from
     ``group`` · 2³², unique across the groups); what the whole trace's tables need of it goes to ``parts``."""
-    tables, calls, notices, tagged = _kineto_group(events, device.limits() if device else None, launched)
+    tables, calls, notices, tagged = _kineto_group(events, device, launched)
     del events
     ranges, kernels, figures = tables["ranges"], tables["kernels"], tables.pop("figures")
     offset = group << 32
@@ -512,7 +515,8 @@ def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None,
                     frame[column] = frame[column] + offset
     latency = None
     if "launch_latency_ns" in kernels:
-        latency = kernels.loc[kernels["layer_name"].notna().to_numpy(dtype=bool), [*aggregate.GROUP_LAYER, "head", "launch_latency_ns"]]
+        latency = kernels.loc[kernels["layer_name"].notna().to_numpy(dtype=bool),
+                              [*aggregate.GROUP_LAYER, "head", "name", "duration_ns", "launch_latency_ns", "waves_per_sm"]]
     steps, outside, syncs, launching = tables["steps"], None, tables.pop("syncs"), set()
     gpu = kernels["kind"].isin(timeline.GPU_KINDS).to_numpy(dtype=bool)
     if gpu.any():
@@ -589,7 +593,7 @@ def _concat_categories(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _kineto_group(events: pd.DataFrame, limits, launched: bool | None):
+def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | None):
     """One group of a trace's events (:func:`kineto_pieces`) → ``(tables, calls, notices, tagged)``:
     its tables (:func:`tables_from_events`, with ``figures``), the calls found in it, the notices
     of what it holds, and whether it has headcount's ranges."""
@@ -614,7 +618,8 @@ def _kineto_group(events: pd.DataFrame, limits, launched: bool | None):
         notices.append(f"{int(replayed.sum())} GPU operations were replayed from CUDA graphs: a torch.profiler trace does not "
                        "record which range captured them, so they count for the range around the graph launch (often none); "
                        "record with `--backend cupti` or `nsys --cuda-graph-trace=node` to attribute them to their layers")
-    tables = tables_from_events(events, calls, implementation_of(calls), source="torch", limits=limits, launched=launched, with_figures=True)
+    tables = tables_from_events(events, calls, implementation_of(calls), source="torch", limits=device.limits() if device else None,
+                                launched=launched, with_figures=True, sm_count=device.sm_count if device else None)
     untagged_provenance(tables, tables["ranges"])
     return tables, calls, notices, tagged
 
@@ -898,10 +903,10 @@ def _headcount_stack(nvtx: str | None) -> str | None:
 
 
 def add_roofline(tables: dict, device: Device | None, calls=None, measured_gbps: float | None = None) -> dict:
-    """Fill ``roofline_class`` of the layers and heads tables (in place) from
-    the peaks of the device the work ran on (:mod:`headcount.derive.devices`)
-    and the dtype of the logged calls; null where either is unknown (a CPU
-    run, a mixed-dtype run).
+    """Fill ``roofline_class`` of the layers and heads tables (in place), with the achieved
+    fractions it rests on (``peak_bandwidth_pct``, ``peak_flop_pct``), from the peaks of the
+    device the work ran on (:mod:`headcount.derive.devices`) and the dtype of the logged
+    calls; null where either is unknown (a CPU run, a mixed-dtype run).
 
     Args:
         device: the run's device (its name, and the memory bandwidth a recording reports).
@@ -913,7 +918,9 @@ def add_roofline(tables: dict, device: Device | None, calls=None, measured_gbps:
     ceiling = devices.ceiling_gbps(device, measured_gbps)
     for table_name in ("layers", "heads"):
         if table_name in tables and len(tables[table_name]):
-            tables[table_name]["roofline_class"] = devices.roofline_class(tables[table_name], name, dtype, ceiling)
+            table = tables[table_name]
+            table["peak_bandwidth_pct"], table["peak_flop_pct"] = devices.achieved_pct(table, name, dtype, ceiling)
+            table["roofline_class"] = devices.roofline_class(table, name, dtype, ceiling)
     return tables
 
 

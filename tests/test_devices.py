@@ -53,10 +53,15 @@ def test_ridge_point_and_class():
     assert devices.ridge(h100, "bfloat16") == pytest.approx(989.4e12 / 3350e9)
     assert devices.ridge(h100, "bfloat16", measured_gbps=3000.0) == pytest.approx(989.4e12 / 3000e9)
     assert devices.ridge(h100, "int4") is None
-    t = pd.DataFrame({"intensity_flop_per_byte": [10.0, 400.0, None]})
+    # one second each: 3,000 GB/s (90 % of 3,350), 700 TFLOP (71 % of 989), 300 GB/s with 50 TFLOP (9 %, 5 %) on a
+    # full grid and on 16 CTAs, and a row with no FLOPs known
+    t = pd.DataFrame({"bandwidth_gbps": [3000.0, 100.0, 300.0, 300.0, 300.0], "flop": [1e12, 700e12, 50e12, 50e12, None],
+                      "duration_ns": [1e9] * 5, "waves_per_sm": [3.0, 3.0, 3.0, 0.06, 3.0]})
     got = devices.roofline_class(t, "NVIDIA H100 80GB HBM3", "bfloat16")
-    assert got.tolist() == ["memory-bound", "compute-bound", None]
-    assert devices.roofline_class(t, "NVIDIA H100 80GB HBM3", "float32").tolist()[:2] == ["memory-bound", "compute-bound"]  # ridge 20
+    assert got.tolist() == ["memory-bound", "compute-bound", "latency-bound", "under-filled", None]
+    bandwidth, flop = devices.achieved_pct(t, "NVIDIA H100 80GB HBM3", "bfloat16")
+    assert bandwidth[0] == pytest.approx(100 * 3000 / 3350) and flop[1] == pytest.approx(100 * 700 / 989.4)
+    assert devices.roofline_class(t, "NVIDIA H100 80GB HBM3", "bfloat16", measured_gbps=400.0)[2] == "memory-bound"  # 75 %
     assert devices.roofline_class(t, None, "bfloat16").isna().all()
     assert devices.roofline_class(t, "NVIDIA H100 80GB HBM3", None).isna().all()
 

@@ -234,15 +234,37 @@ def with_launch_latency(layers: pd.DataFrame, heads: pd.DataFrame, kernels: pd.D
         return layers, heads
     out = []
     for table, keys in ((layers, GROUP_LAYER), (heads, GROUP_LAYER + ["head"])):
-        q = latency_quantiles(kernels, keys)
         table = table.drop(columns=["launch_latency_p50_ns", "launch_latency_p99_ns"], errors="ignore")
-        if len(table) and len(q):
-            for k in keys:  # merge keys of one type on both sides (nullable where either has nulls)
-                numeric = k in ("layer", "head")
-                q[k] = pd.array(q[k], dtype="Int64") if numeric else q[k].astype(object)
-                table[k] = pd.array(table[k], dtype="Int64") if numeric else table[k].astype(object)
-            table = table.merge(q, on=keys, how="left")
-        out.append(table)
+        out.append(_joined(table, latency_quantiles(kernels, keys), keys))
+    return out[0], out[1]
+
+
+def _joined(table: pd.DataFrame, per_key: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """``table`` with ``per_key``'s columns joined on ``keys`` (left; keys of one type on both sides, nullable)."""
+    if not len(table) or not len(per_key):
+        return table
+    per_key = per_key.copy()
+    for k in keys:
+        numeric = k in ("layer", "head")
+        per_key[k] = pd.array(per_key[k], dtype="Int64") if numeric else per_key[k].astype(object)
+        table[k] = pd.array(table[k], dtype="Int64") if numeric else table[k].astype(object)
+    return table.merge(per_key, on=keys, how="left")
+
+
+def with_waves(layers: pd.DataFrame, heads: pd.DataFrame, kernels: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Add ``waves_per_sm`` to the layers and heads tables: of each row's main kernel (the kernel name that
+    took the most of its time), the median over its launches; under 1 its grid leaves SMs idle. Unchanged
+    where the kernels have no waves (:func:`headcount.derive.occupancy.kernel_waves`)."""
+    if "waves_per_sm" not in kernels or kernels["waves_per_sm"].isna().all():
+        return layers, heads
+    k = kernels[kernels["layer_name"].notna().to_numpy(dtype=bool) & kernels["waves_per_sm"].notna().to_numpy(dtype=bool)]
+    out = []
+    for table, keys in ((layers, GROUP_LAYER), (heads, GROUP_LAYER + ["head"])):  # among the kernels with a grid: not copies
+        table = table.drop(columns=["waves_per_sm"], errors="ignore")
+        by_name = k.groupby([*keys, "name"], dropna=False, observed=True).agg(
+            time=("duration_ns", "sum"), waves_per_sm=("waves_per_sm", "median")).reset_index()
+        main = by_name.sort_values("time", kind="stable").groupby(keys, dropna=False, observed=True).tail(1)
+        out.append(_joined(table, main[[*keys, "waves_per_sm"]], keys))
     return out[0], out[1]
 
 

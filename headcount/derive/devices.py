@@ -109,17 +109,44 @@ def ridge(peaks: DevicePeaks, dtype: str, measured_gbps: float | None = None) ->
     return tflops * 1e12 / ((measured_gbps or peaks.dram_gbps) * 1e9)
 
 
+def achieved_pct(table: pd.DataFrame, device_name: str | None, dtype: str | None,
+                 measured_gbps: float | None = None) -> tuple[pd.Series, pd.Series]:
+    """Each row's achieved fraction of the device's two ceilings, in percent: ``bandwidth_gbps`` of
+    the DRAM ceiling (the measured copy ceiling when given), and FLOP/s (``flop`` over
+    ``duration_ns``) of the dense peak for ``dtype``; NaN where the device, the dtype or the
+    row's figures are unknown."""
+    nan = pd.Series(np.nan, index=table.index, dtype="float64")
+    peaks = peaks_for(device_name)
+    if peaks is None:
+        return nan, nan.copy()
+    figure = {c: pd.to_numeric(table[c], errors="coerce").astype("float64") if c in table else nan
+              for c in ("bandwidth_gbps", "flop", "duration_ns")}
+    bandwidth = 100.0 * figure["bandwidth_gbps"] / (measured_gbps or peaks.dram_gbps)
+    tflops = peaks.tflops.get(dtype) if dtype else None
+    seconds = figure["duration_ns"].where(figure["duration_ns"] > 0) * 1e-9
+    flop = 100.0 * figure["flop"] / seconds / (tflops * 1e12) if tflops else nan.copy()
+    return bandwidth, flop
+
+
 def roofline_class(table: pd.DataFrame, device_name: str | None, dtype: str | None,
                    measured_gbps: float | None = None) -> pd.Series:
-    """``memory-bound`` where a row's intensity is below the device's ridge
-    point for ``dtype``, else ``compute-bound``; null where the device, the
-    dtype or the intensity is unknown (never a guess)."""
+    """Which ceiling each row is up against, from how near it came to each (:func:`achieved_pct`),
+    with Nsight Compute's own threshold (:data:`headcount.derive.bound.LATENCY_PCT`, 60 %):
+    ``memory-bound`` or ``compute-bound`` where the nearer ceiling is reached to 60 % or more;
+    else ``latency-bound``, or ``under-filled`` where the row's main kernel fills less than one
+    wave of CTAs per SM (``waves_per_sm`` < 1). Null where the device, the dtype or a figure is
+    unknown (never a guess)."""
+    from headcount.derive.bound import LATENCY_PCT, WAVES
+
     out = pd.Series([None] * len(table), index=table.index, dtype=object)
-    peaks = peaks_for(device_name)
-    point = ridge(peaks, dtype, measured_gbps) if peaks and dtype else None
-    if point is None or "intensity_flop_per_byte" not in table:
+    bandwidth, flop = achieved_pct(table, device_name, dtype, measured_gbps)
+    known = (bandwidth.notna() & flop.notna()).to_numpy()
+    if not known.any():
         return out
-    intensity = table["intensity_flop_per_byte"].astype("float64")
-    known = intensity.notna().to_numpy()
-    out[known] = np.where(intensity[known] < point, "memory-bound", "compute-bound")
+    b, f = bandwidth.to_numpy(np.float64), flop.to_numpy(np.float64)
+    waves = (pd.to_numeric(table["waves_per_sm"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
+             if "waves_per_sm" in table else np.full(len(table), np.nan))
+    verdict = np.where(np.maximum(b, f) >= LATENCY_PCT, np.where(b >= f, "memory-bound", "compute-bound"),
+                       np.where(waves < WAVES, "under-filled", "latency-bound"))
+    out[known] = verdict[known]
     return out

@@ -131,3 +131,30 @@ def kernel_occupancy(kernels: pd.DataFrame, limits: SmLimits | None) -> pd.Serie
                                        np.asarray(smem[ok], dtype=np.int64), limits, config)
     out[ok] = values
     return out
+
+
+def grid_blocks(grid: pd.Series) -> pd.arrays.IntegerArray:
+    """CTAs per launch from ``"(x, y, z)"`` grid strings (null where unknown), once per distinct grid."""
+    return block_threads(grid)  # the same product of a launch shape's three numbers
+
+
+def kernel_waves(kernels: pd.DataFrame, limits: SmLimits | None, sm_count: int | None) -> pd.Series:
+    """``waves_per_sm`` of each kernel row: its CTAs over what the GPU holds at once (SMs × resident
+    blocks per SM, the occupancy calculator's); under 1, the grid leaves SMs idle. Null where the grid,
+    the block's resources, the limits or the SM count are unknown."""
+    out = pd.Series(np.nan, index=kernels.index, dtype="float64")
+    if limits is None or not sm_count or not len(kernels) or "grid" not in kernels or "registers_per_thread" not in kernels:
+        return out
+    ctas = pd.array(grid_blocks(kernels["grid"]), dtype="Int64")
+    threads = pd.array(kernels["block_threads"] if "block_threads" in kernels else block_threads(kernels["block"]), dtype="Int64")
+    regs = pd.array(kernels["registers_per_thread"], dtype="Int64")
+    smem = pd.array(kernels.get("shared_memory_bytes", pd.Series(0, index=kernels.index)), dtype="Int64").fillna(0)
+    ok = ~(pd.isna(ctas) | pd.isna(threads) | pd.isna(regs))
+    if not ok.any():
+        return out
+    config = kernels["shared_memory_config_bytes"][ok] if "shared_memory_config_bytes" in kernels else None
+    resident = blocks_per_sm(np.asarray(threads[ok], dtype=np.int64), np.asarray(regs[ok], dtype=np.int64),
+                             np.asarray(smem[ok], dtype=np.int64), limits, config)
+    held = resident * int(sm_count)
+    out[ok] = np.where(held > 0, np.asarray(ctas[ok], dtype=np.float64) / np.maximum(held, 1), np.nan)
+    return out

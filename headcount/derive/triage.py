@@ -310,9 +310,9 @@ def _counter_findings(layers: pd.DataFrame) -> list[dict]:
                 out.append({"kind": "attention_memory_bound", "subject": where, "implementation": impl,
                             "value": float(hit["bandwidth_gbps"].median()), "unit": "GB/s (median of the layers concerned)",
                             "evidence": f"{len(hit)} of {n} layers ({_names(hit)}) at {number(hit['bandwidth_gbps'].median(), 3)} GB/s "
-                                        f"({'/'.join(sorted(set(hit['bandwidth_provenance'])))}) with "
-                                        f"{number(hit['intensity_flop_per_byte'].median(), 3)} FLOP/byte (analytic FLOPs): below the "
-                                        f"device's ridge point",
+                                        f"({'/'.join(sorted(set(hit['bandwidth_provenance'])))}), "
+                                        f"{number(_median(hit, 'peak_bandwidth_pct'), 2)} % of the device's peak bandwidth "
+                                        f"(its FLOP/s {number(_median(hit, 'peak_flop_pct'), 2)} % of peak, analytic FLOPs)",
                             "suggestion": _SUGGEST["attention_memory_bound"], "expected_gain_pct": np.nan,
                             "provenance": "/".join(sorted(set(hit["bandwidth_provenance"]))), "_impact": 0.0})
         if "achieved_occupancy_pct" in g and "achieved_occupancy_provenance" in g:
@@ -327,6 +327,11 @@ def _counter_findings(layers: pd.DataFrame) -> list[dict]:
                             "suggestion": _SUGGEST["low_occupancy"], "expected_gain_pct": np.nan,
                             "provenance": "/".join(sorted(set(hit["achieved_occupancy_provenance"]))), "_impact": 0.0})
     return out
+
+
+def _median(rows: pd.DataFrame, column: str) -> float:
+    """The median of ``column`` over ``rows`` (NaN where the table has no such column)."""
+    return float(rows[column].median()) if column in rows else float("nan")
 
 
 def _names(rows: pd.DataFrame, most: int = 4) -> str:

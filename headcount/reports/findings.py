@@ -40,16 +40,26 @@ def per_call_text(row) -> str:
     return "time per call unknown"
 
 
+def bound_evidence(r) -> str:
+    """What a layer row's ``roofline_class`` rests on: its achieved fractions of the two ceilings, and its waves."""
+    said = [f"{number(getattr(r, 'peak_bandwidth_pct', float('nan')), 2)} % of peak bandwidth",
+            f"{number(getattr(r, 'peak_flop_pct', float('nan')), 2)} % of peak FLOP/s"]
+    waves = getattr(r, "waves_per_sm", None)
+    if waves is not None and not pd.isna(waves):
+        said.append(f"{number(waves, 2)} waves of CTAs per SM")
+    return ", ".join(said)
+
+
 def layer_lines(layers: pd.DataFrame, top: int = 5) -> list[str]:
     """The costliest layer rows of one run (by total time)."""
     lines = []
     for r in layers.sort_values("duration_ns", ascending=False).head(top).itertuples(index=False):
         words = [f"{r.layer_name} ({r.phase}, {r.implementation}): {per_call_text(r)}; "
                  f"{number(r.duration_ns / 1e6)} ms total {_steps(layers)} "
-                 f"({number(getattr(r, 'share_of_phase_pct', float('nan')), 2)} % of the phase's total)"]
+                 f"({number(getattr(r, 'share_of_phase_pct', float('nan')), 2)} % of the phase's attention time)"]
         bound = getattr(r, "roofline_class", None)
         if isinstance(bound, str) and bound:
-            words.append(bound)
+            words.append(f"{bound} ({bound_evidence(r)})")
         excess = getattr(r, "excess_traffic", None)
         if excess is not None and not pd.isna(excess):
             words.append(f"{number(excess, 2)}× the minimum DRAM traffic ({r.dram_bytes_provenance})")
