@@ -219,6 +219,7 @@ class AttentionTagger:
         self._sites: dict[str, tuple] = {}  # compiled call sites, parsed once (compiled.parse_site)
         self._wrappers: dict[tuple[Callable, str], Callable] = {}
         self._hooked: dict[int, tuple] = {}  # id → (attention module tagged by a forward wrapper, its model's config)
+        self._turns: dict[tuple, int] = {}  # (layer, phase) → calls so far: head mode starts each call at the next head
         self.paths: dict[str, str] = {}  # model class → "attention interface" | "module hooks"
         self._hook = None
         self.active = False
@@ -551,9 +552,13 @@ class AttentionTagger:
         tid, phase, layer_name, layer, model = log.thread_id, log.phase, log.layer_name, log.layer, log.model
         record = self._log.append if self.log_calls else None
         keys, values = grouped_heads(key, head_dim, groups), grouped_heads(value, head_dim, groups)
-        results = []
+        results: list = [None] * n_q
         emitter = self.emitter
-        for h in range(n_q):
+        # the first head computed in a call (and the last, whose backward runs first) pays for warming caches
+        # and allocators: each call of a layer starts one head further on, so that position is never taken for a head
+        turn = self._turns.get((layer_name, phase), 0)
+        self._turns[(layer_name, phase)] = turn + 1
+        for h in ((turn + i) % n_q for i in range(n_q)):
             g = h // groups
             q_h, k_h, v_h = query.narrow(head_dim, h, 1), keys[h], values[h]
             name = head_name(h)
@@ -571,7 +576,7 @@ class AttentionTagger:
                 emitter.pop(token)
             if track:
                 res = with_output(res, lambda out: OpenOnGrad.apply(out, bwd.open))
-            results.append(res)
+            results[h] = res
         return join(results)
 
 
