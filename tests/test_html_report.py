@@ -152,6 +152,18 @@ def test_an_ncu_report_shows_its_measured_kernel_counters(tmp_path):
     assert pd.notna(dram) and f"<td>{dram:,.3g}</td>" in page  # read under ncu's gpu__dram_throughput name
 
 
+def _painted(browser: str, svg: str, tmp_path) -> tuple:
+    """``svg`` alone on a white page, screenshotted by headless Chromium (800 × 420): the PNG's path and the DOM it read."""
+    page = tmp_path / "roof.html"
+    page.write_text(f'<!doctype html><html><body style="margin:0;background:#fff">{svg}</body></html>')
+    shot = tmp_path / "roof.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars", "--force-device-scale-factor=1"]
+    subprocess.run([browser, *flags, "--window-size=800,420", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, text=True, timeout=180)
+    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180).stdout
+    return shot, dom
+
+
 def test_the_roofline_legend_and_human_ticks_are_painted(report, tmp_path):
     """The report's roofline alone, screenshotted by headless Chromium: the
     legend's phase swatches are painted in their colours where the legend
@@ -166,13 +178,7 @@ def test_the_roofline_legend_and_human_ticks_are_painted(report, tmp_path):
     tables = html_report.load_tables(report)
     layers = tables["layers"]
     svg = html_report.roofline(layers, None, None)
-    page = tmp_path / "roof.html"
-    page.write_text(f'<!doctype html><html><body style="margin:0;background:#fff">{svg}</body></html>')
-    shot = tmp_path / "roof.png"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars", "--force-device-scale-factor=1"]
-    subprocess.run([browser, *flags, "--window-size=800,420", f"--screenshot={shot}", page.as_uri()],
-                   capture_output=True, text=True, timeout=180)
-    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180).stdout
+    shot, dom = _painted(browser, svg, tmp_path)
     ticks = re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', dom)
     assert any(t.endswith("FLOP/s") for t in ticks) and not [t for t in ticks if re.search(r"\de[+-]?\d", t)]
     legend = dom.split('<g class="legend">')[1]
@@ -223,12 +229,7 @@ def test_a_parsed_traces_roofline_draws_the_compute_ceiling_of_its_calls_dtype(t
     ceiling = re.search(r'<line x1="([\d.]+)" y1="([\d.]+)" x2="([\d.]+)" y2="([\d.]+)" stroke="#c0392b" stroke-width="2">'
                         r'<title>compute ceiling 989 TFLOP/s \(bfloat16\)</title>', svg)
     assert ceiling is not None and "DRAM ceiling" in svg
-    page = tmp_path / "roof.html"
-    page.write_text(f'<!doctype html><html><body style="margin:0;background:#fff">{svg}</body></html>')
-    shot = tmp_path / "roof.png"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars", "--force-device-scale-factor=1"]
-    subprocess.run([browser, *flags, "--window-size=800,420", f"--screenshot={shot}", page.as_uri()],
-                   capture_output=True, text=True, timeout=180)
+    shot, _ = _painted(browser, svg, tmp_path)
     image = np.asarray(Image.open(shot).convert("RGB")).astype(int)
     x1, y, x2 = float(ceiling.group(1)), float(ceiling.group(2)), float(ceiling.group(3))
     band = image[int(y) - 1:int(y) + 2, round(x1) + 2:round(x2) - 2]  # the 2-pixel line, wherever it falls on the grid
