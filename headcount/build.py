@@ -244,7 +244,10 @@ def steps_of(kernels: pd.DataFrame, syncs: pd.DataFrame, steps: pd.DataFrame, ra
 
 def with_findings(tables: dict) -> dict:
     """Add (or replace) ``findings``: :func:`headcount.derive.triage.findings` of
-    the run's ``steps``, ``layers`` and ``heads`` (in place; returned)."""
+    the run's ``steps``, ``layers`` and ``heads`` (in place; returned); the layers
+    first get their shares of the steps (:func:`headcount.derive.aggregate.with_step_shares`)."""
+    if tables.get("layers") is not None and tables.get("steps") is not None:
+        aggregate.with_step_shares(tables["layers"], tables["steps"])
     findings = triage.findings(tables.get("steps"), tables.get("layers"), tables.get("heads"))
     run_ids = [t["run_id"].iloc[0] for t in (tables.get("steps"), tables.get("layers")) if t is not None and "run_id" in t and len(t)]
     if run_ids:
@@ -720,9 +723,10 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: Devi
     layers, heads = nsys_aggregates(attention, calls, device or nsys_sqlite.describe_device(devices, sorted(used)))
     if not len(layers) and not any(NO_ATTENTION in n for n in notices):
         notices.append(f"{NO_ATTENTION} (neither headcount's ranges nor an attention operator, module or kernel name in the export)")
+    findings = run_findings(steps, layers, heads)  # first: it gives the layers their shares of the steps
     yield "layers", layers
     yield "heads", heads
-    yield "findings", run_findings(steps, layers, heads)
+    yield "findings", findings
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:

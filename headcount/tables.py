@@ -74,7 +74,8 @@ _AGG = [
 
 LAYERS = pa.schema([
     ("implementation", S), ("phase", S), ("layer_name", S), ("layer", I), *_AGG,
-    ("heads_duration_ns", F), ("split_overhead_ns", F), ("share_of_phase_pct", F),
+    ("heads_duration_ns", F), ("split_overhead_ns", F), ("share_of_phase_pct", F), ("share_of_step_pct", F),
+    ("share_of_gpu_busy_pct", F),
 ])
 
 HEADS = pa.schema([

@@ -459,3 +459,17 @@ def test_a_damaged_trace_read_in_spans_is_refused_as_when_read_whole(tmp_path, m
     err = capsys.readouterr().err
     assert "cut.json: not a torch.profiler trace (invalid JSON" in err and "nothing was written" in err
     assert not (tmp_path / "out").exists() and list(scratch.iterdir()) == []
+
+
+def test_each_layer_says_its_share_of_the_phases_attention_of_the_step_and_of_gpu_busy_time(tmp_path):
+    """The Qwen trace: shares named for what they are of. Checked by hand against the steps table: the layers'
+    shares of GPU busy time sum to the step's attention share (2.72 ms of 31.9 ms busy), their shares of the step
+    to attention's part of the 34.9 ms window; a phase's shares of its attention time sum to 100 %."""
+    out = tmp_path / "r"
+    assert main(["parse", str(KINETO / "h100_qwen1.5-0.5b_kineto.json.gz"), "-o", str(out)]) == 0
+    layers, steps = pd.read_parquet(out / "layers"), pd.read_parquet(out / "steps")
+    step = steps[steps["step"].notna()].iloc[0]
+    assert layers["share_of_gpu_busy_pct"].sum() == pytest.approx(step["attention_share_pct"], rel=1e-9)
+    assert layers["share_of_step_pct"].sum() == pytest.approx(100 * step["attention_gpu_ns"] / step["window_ns"], rel=1e-9)
+    assert layers.groupby("phase")["share_of_phase_pct"].sum().tolist() == pytest.approx([100.0])
+    assert 7 < layers["share_of_step_pct"].sum() < 8.5

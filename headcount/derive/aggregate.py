@@ -326,3 +326,26 @@ def attention_per_step(layers: pd.DataFrame, keys: list[str] | None = None) -> p
         calls = float(g["calls"].sum(min_count=1)) if "calls" in g else np.nan
         rows.append((*(key if isinstance(key, tuple) else (key,)), steps, duration / steps, calls / steps))
     return pd.DataFrame(rows, columns=[*keys, "steps", "attention_ns_per_step", "calls_per_step"])
+
+
+def with_step_shares(layers: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Add (in place) each layer row's ``share_of_step_pct`` — its time over the profiled steps' windows
+    (``window_ns`` summed over the steps of its implementation) — and ``share_of_gpu_busy_pct`` — over
+    their GPU busy time (null without GPU figures), in percent. The rows of work outside every step
+    count only where the recording has no step at all (their window is then the whole recording)."""
+    for column in ("share_of_step_pct", "share_of_gpu_busy_pct"):
+        layers[column] = np.nan
+    if not len(layers) or steps is None or not len(steps) or "window_ns" not in steps:
+        return layers
+    stepped = steps[steps["step"].notna().to_numpy(dtype=bool)] if steps["step"].notna().any() else steps
+    totals = stepped.groupby(stepped["implementation"].astype(object), dropna=False).agg(
+        window=("window_ns", "sum"), busy=("gpu_busy_ns", lambda v: v.sum(min_count=1)))
+    implementation = layers["implementation"].astype(object)
+    window = implementation.map(totals["window"]).astype("float64")
+    busy = implementation.map(totals["busy"]).astype("float64")
+    if len(totals) == 1:  # one implementation recorded (a parsed file's rows may say "unknown" where the layers do not)
+        window, busy = window.fillna(float(totals["window"].iloc[0])), busy.fillna(float(totals["busy"].iloc[0]))
+    duration = pd.to_numeric(layers["duration_ns"], errors="coerce").astype("float64")
+    layers["share_of_step_pct"] = 100.0 * duration / window.where(window > 0)
+    layers["share_of_gpu_busy_pct"] = 100.0 * duration / busy.where(busy > 0)
+    return layers

@@ -40,6 +40,16 @@ def per_call_text(row) -> str:
     return "time per call unknown"
 
 
+def shares_text(r) -> str:
+    """A layer row's shares, each named for what it is of: the phase's attention time, the step, GPU busy time."""
+    said = [f"{number(getattr(r, 'share_of_phase_pct', float('nan')), 2)} % of the phase's attention time"]
+    for column, what in (("share_of_step_pct", "of the step"), ("share_of_gpu_busy_pct", "of GPU busy time")):
+        value = getattr(r, column, None)
+        if value is not None and not pd.isna(value):
+            said.append(f"{number(value, 2)} % {what}")
+    return ", ".join(said)
+
+
 def bound_evidence(r) -> str:
     """What a layer row's ``roofline_class`` rests on: its achieved fractions of the two ceilings, and its waves."""
     said = [f"{number(getattr(r, 'peak_bandwidth_pct', float('nan')), 2)} % of peak bandwidth",
@@ -56,7 +66,7 @@ def layer_lines(layers: pd.DataFrame, top: int = 5) -> list[str]:
     for r in layers.sort_values("duration_ns", ascending=False).head(top).itertuples(index=False):
         words = [f"{r.layer_name} ({r.phase}, {r.implementation}): {per_call_text(r)}; "
                  f"{number(r.duration_ns / 1e6)} ms total {_steps(layers)} "
-                 f"({number(getattr(r, 'share_of_phase_pct', float('nan')), 2)} % of the phase's attention time)"]
+                 f"({shares_text(r)})"]
         bound = getattr(r, "roofline_class", None)
         if isinstance(bound, str) and bound:
             words.append(f"{bound} ({bound_evidence(r)})")
