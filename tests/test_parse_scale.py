@@ -34,7 +34,7 @@ def tables(out: Path) -> dict[str, pd.DataFrame]:
     for name in ("ranges", "kernels", "layers", "heads"):
         frame = ds.dataset(out / name, partitioning="hive").to_table().to_pandas()
         frame = frame.drop(columns=["run_id"])
-        keys = [c for c in ("start_ns", "range_id", "correlation_id", "phase", "layer", "head") if c in frame.columns]
+        keys = [c for c in ("start_ns", "range_id", "correlation_id", "phase", "layer", "head", "duration_ns") if c in frame.columns]
         result[name] = frame.sort_values(keys, kind="stable").reset_index(drop=True) if len(frame) else frame
     return result
 
