@@ -235,3 +235,23 @@ def test_a_parsed_traces_roofline_draws_the_compute_ceiling_of_its_calls_dtype(t
     band = image[int(y) - 1:int(y) + 2, round(x1) + 2:round(x2) - 2]  # the 2-pixel line, wherever it falls on the grid
     red = (np.abs(band - np.array([0xc0, 0x39, 0x2b])).max(axis=2) < 60).any(axis=0)
     assert red.mean() > 0.9  # the ceiling is painted along its length
+
+
+def test_top_kernels_of_an_export_of_two_processes_are_counted_per_process(tmp_path):
+    """The H100×2 nsys export holds two processes (ranks) in one run: the page's top kernels count each
+    process's kernels apart (124 of the largest GEMM each, not 248 merged), with the process named."""
+    import re
+    from pathlib import Path
+
+    export = Path(__file__).parent / "fixtures" / "nsys" / "h100x2_pytorch_nsys2026.2.sqlite"
+    out = tmp_path / "r"
+    assert cli_main(["parse", str(export), "-o", str(out)]) == 0
+    assert cli_main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    table = page[page.index("Top kernels by time"):]
+    table = table[:table.index("</table>")]
+    rows = [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", r) for r in re.findall(r"<tr>(.*?)</tr>", table, re.S)]
+    assert rows[0][0] == "process"
+    first, second = rows[1], rows[2]  # the costliest kernel, once per process
+    assert {first[0], second[0]} == {"111", "112"} and first[3] == second[3] and first[3].startswith("sm80_xmma_gemm")
+    assert first[4] == second[4] == "124"  # not 248 = 2 × 124

@@ -267,10 +267,10 @@ def load_tables(out: str | Path) -> dict[str, pd.DataFrame]:
 
 
 def kernel_summary(con, top: int = 15) -> pd.DataFrame:
-    """Per run, the ``top`` GPU kernels by total time, per layer and phase where
-    attributed: count, total time, DRAM bytes, and the measured counters'
-    means (achieved/theoretical occupancy, DRAM throughput %) where the
-    source has them (ncu, cupti, nsys). CPU operators are not kernels."""
+    """Per run, the ``top`` GPU kernels by total time, per process (a parsed export of several
+    processes counts each process's kernels apart), layer and phase where attributed: count,
+    total time, DRAM bytes, and the measured counters' means (achieved/theoretical occupancy,
+    DRAM throughput %) where the source has them (ncu, cupti, nsys). CPU operators are not kernels."""
     have = {r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE kernels)").fetchall()}
 
     def col(name, expr):
@@ -278,7 +278,8 @@ def kernel_summary(con, top: int = 15) -> pd.DataFrame:
 
     return con.sql(f"""
         WITH k AS (
-            SELECT run_id, coalesce(phase, '') AS phase, coalesce(layer_name, '') AS layer_name, name,
+            SELECT run_id, {col('pid', "coalesce(pid, '')")} AS pid, coalesce(phase, '') AS phase,
+                   coalesce(layer_name, '') AS layer_name, name,
                    count(*) AS kernels, sum(duration_ns) AS time_ns,
                    {col('dram_bytes', 'sum(dram_bytes)')} AS dram_bytes,
                    {col('achieved_occupancy_pct', 'avg(achieved_occupancy_pct)')} AS achieved_occupancy_pct,
@@ -299,8 +300,9 @@ def _kernels_section(kernels: pd.DataFrame) -> list[str]:
         return []
     g = kernels.assign(total_us=kernels["time_ns"] / 1e3, dram_mb=kernels["dram_bytes"] / 1e6,
                        us_per_kernel=kernels["time_ns"] / kernels["kernels"] / 1e3, shown=kernels["name"].map(names.shown))
+    processes = [("process", "pid", "s")] if g["pid"].astype(str).nunique() > 1 else []  # a parsed export of several ranks
     return ["<h3>Top kernels by time</h3>" + _table(g, [
-        ("phase", "phase", "s"), ("layer", "layer_name", "s"), ("kernel", "shown", "s"), ("count", "kernels", ",.0f"),
+        *processes, ("phase", "phase", "s"), ("layer", "layer_name", "s"), ("kernel", "shown", "s"), ("count", "kernels", ",.0f"),
         ("total µs", "total_us", ",.4g"), ("µs per kernel", "us_per_kernel", ",.4g"), ("DRAM MB", "dram_mb", ",.4g"),
         ("achieved occupancy %", "achieved_occupancy_pct", ",.3g"), ("theoretical occupancy %", "theoretical_occupancy_pct", ",.3g"),
         ("DRAM throughput %", "dram_throughput_pct", ",.3g"), ("SM throughput %", "sm_throughput_pct", ",.3g"),
