@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from headcount import signals
 from headcount.device import Device
 from headcount.errors import HeadcountError
 from headcount.parsers.options import ReadOptions
@@ -227,15 +226,13 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
         device = kineto.run_device(pieces.described["devices"])
         notices = list(pieces.notices)
         meta = _metadata(path, run_id, "torch", None, device or Device("cpu"), notices, pieces.described["distributed"])
-        order = sorted(range(pieces.count), key=lambda g: g % len(spans))  # round robin, each worker's in order
-        which = [[g for g in order if g % len(spans) == k] for k in range(min(len(spans), pieces.count))]
+        which = [list(range(k, pieces.count, len(spans))) for k in range(min(len(spans), pieces.count))]  # round robin
         results = [f.result() for f in [pool.submit(stage_groups, path, out, run_id, meta, pieces, mine, k) for k, mine in enumerate(which)]]
         failed = next((r for r in results if r.error), None)
         if failed:
             return FileResult(path, run_id, error=failed.error, hint=failed.hint, exit_code=failed.exit_code)
         groups = sorted((part for r in results for part in r.parts), key=lambda part: part.group)
-        whole = build.kineto_aggregates(groups, device, notices)
-        meta["notices"] = notices
+        whole = build.kineto_aggregates(groups, device, notices)  # its notices go to the list the metadata holds
         meta.update(build.run_facts(whole["calls"]))
         with dataset.StagedRun(out, run_id, meta) as staged:
             for name in ("steps", "layers", "heads", "findings"):  # steps: the work outside every step
@@ -245,9 +242,7 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
         return FileResult(path, run_id, **_failure(path, exc))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    layers = whole["layers"]
-    found = signals.kinds_in(layers["signal"]) if "signal" in layers else []
-    line = parse_file.trace_line(path, sum(r.kernels for r in results), len(layers), found, pieces, len(spans))
+    line = parse_file.trace_line(path, sum(r.kernels for r in results), whole["layers"], pieces, len(spans))
     return FileResult(path, run_id, [line], notices)
 
 

@@ -434,11 +434,9 @@ def tables_from_kineto(trace: dict, run_id: str) -> Built:
         raise HeadcountError("the trace holds no complete event (ph \"X\")", hint="record with torch.profiler.profile() around some work")
     events = drop_implausible(events, "events", notices)  # a negative duration: no such event happened
     found: dict = {}
-    tables: dict[str, list[pd.DataFrame]] = {}
-    for name, frame in kineto_pieces([(0, events)], trace.get("devices") or [], notices, found=found):
-        tables.setdefault(name, []).append(frame)
-    tables["steps"] = tables["steps"][-1:] + tables["steps"][:-1]  # the work outside every step first, as gpu_steps orders it
-    whole = {name: _concat_rows(frames) for name, frames in tables.items()}
+    whole = collected(kineto_pieces([(0, events)], trace.get("devices") or [], notices, found=found))
+    steps = whole["steps"]  # the work outside every step first, as gpu_steps orders it
+    whole["steps"] = steps.iloc[np.argsort(steps["step"].notna().to_numpy(dtype=bool), kind="stable")].reset_index(drop=True)
     whole.setdefault("attention_breakdown", found["attention_breakdown"])
     return finished(whole, run_id, kineto.run_device(trace.get("devices") or []), found["calls"], notices)
 
@@ -450,7 +448,7 @@ class GroupFigures:
 
     group: int
     figures: pd.DataFrame  # its layer and head ranges whose figures count, labels categorical
-    latency: pd.DataFrame | None  # its attention kernels' launch latency and waves (with their names and times)
+    attention_kernels: pd.DataFrame | None  # its attention kernels: names, times, launch latency, waves
     steps: pd.DataFrame  # its steps rows, less the work outside every step
     outside: tuple[pd.DataFrame, pd.DataFrame] | None  # its GPU work and synchronizing calls outside every step
     launching: set  # (device, process) of its GPU work with a launch call
@@ -516,9 +514,9 @@ def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None,
             for column in ("range_id", "parent_range_id"):
                 if column in frame:
                     frame[column] = frame[column] + offset
-    latency = None
+    attention_kernels = None
     if "launch_latency_ns" in kernels:
-        latency = kernels.loc[kernels["layer_name"].notna().to_numpy(dtype=bool),
+        attention_kernels = kernels.loc[kernels["layer_name"].notna().to_numpy(dtype=bool),
                               [*aggregate.GROUP_LAYER, "head", "name", "duration_ns", "launch_latency_ns", "waves_per_sm"]]
     steps, outside, syncs, launching = tables["steps"], None, tables.pop("syncs"), set()
     gpu = kernels["kind"].isin(timeline.GPU_KINDS).to_numpy(dtype=bool)
@@ -530,7 +528,7 @@ def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None,
         outside = (kernels.loc[gpu & unstepped, [c for c in timeline.WORK_COLUMNS if c in kernels]],
                    syncs[syncs["step"].isna().to_numpy(dtype=bool)])
         steps = steps[steps["step"].notna().to_numpy(dtype=bool)].reset_index(drop=True)
-    parts.append(GroupFigures(group, figures, latency, steps, outside, launching, calls, notices, tagged))
+    parts.append(GroupFigures(group, figures, attention_kernels, steps, outside, launching, calls, notices, tagged))
     yield "ranges", ranges
     yield "kernels", kernels
     yield "steps", steps
@@ -543,8 +541,8 @@ def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices:
 
     calls = [c for part in parts for c in part.calls]
     ranges = parts[0].figures if len(parts) == 1 else _concat_categories([part.figures for part in parts])
-    latency = [part.latency for part in parts if part.latency is not None]
-    attention = attention_tables(ranges, _concat(latency) if latency else pd.DataFrame())
+    kernels = [part.attention_kernels for part in parts if part.attention_kernels is not None]
+    attention = attention_tables(ranges, _concat(kernels) if kernels else pd.DataFrame())
     for table in attention.values():
         labels.plain(table)
     untagged_provenance(attention, ranges)
@@ -574,13 +572,7 @@ def _unstepped(parts: list[GroupFigures], attention_found: bool) -> pd.DataFrame
     missing = work["pid"].isna().to_numpy(dtype=bool)
     if missing.any() and sole:
         work = work.assign(pid=work["pid"].astype(object).where(~missing, work["device"].map(sole)))
-    return timeline.gpu_steps(work, _concat_rows([s for _, s in outside]), attention_found=attention_found)
-
-
-def _concat_rows(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """``frames`` concatenated (the first kept, empty, when all are empty: its columns)."""
-    full = [f for f in frames if len(f)]
-    return pd.concat(full, ignore_index=True) if len(full) > 1 else full[0] if full else frames[0]
+    return timeline.gpu_steps(work, _concat([s for _, s in outside]), attention_found=attention_found)
 
 
 def _concat_categories(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -679,11 +671,8 @@ def tables_from_nsys(export: Timeline, run_id: str, calls=None, implementation: 
 def gathered(parts, run_id: str, calls=None, implementation: str = "unknown", device: Device | None = None,
              devices: pd.DataFrame | None = None, gpu_metrics: pd.DataFrame | None = None, release: bool = False) -> Built:
     """:func:`nsys_pieces` of ``parts`` (see there) gathered into whole tables."""
-    tables: dict[str, list[pd.DataFrame]] = {}
     notices: list[str] = []
-    for name, frame in nsys_pieces(parts, calls, implementation, device, devices, gpu_metrics, release=release, notices=notices):
-        tables.setdefault(name, []).append(frame)
-    whole = {name: frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True) for name, frames in tables.items()}
+    whole = collected(nsys_pieces(parts, calls, implementation, device, devices, gpu_metrics, release=release, notices=notices))
     for name in ("layers", "heads"):  # small, and shown to users: plain strings; ranges and kernels stay coded
         labels.plain(whole[name])
     return finished(whole, run_id, device, calls, notices)
@@ -730,8 +719,19 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: Devi
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    frames = [f for f in frames if len(f)]
-    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames else pd.DataFrame(columns=timeline.COLUMNS)
+    """``frames`` concatenated, the empty ones left out (all empty: the first, for its columns; none: the steps columns)."""
+    full = [f for f in frames if len(f)]
+    if full:
+        return pd.concat(full, ignore_index=True) if len(full) > 1 else full[0]
+    return frames[0] if frames and len(frames[0].columns) else pd.DataFrame(columns=timeline.COLUMNS)
+
+
+def collected(pieces) -> dict[str, pd.DataFrame]:
+    """``(table name, rows)`` pieces (a streamed build's) gathered into one table per name."""
+    parts: dict[str, list[pd.DataFrame]] = {}
+    for name, frame in pieces:
+        parts.setdefault(name, []).append(frame)
+    return {name: _concat(frames) for name, frames in parts.items()}
 
 
 def _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention: list, used: set, release: bool = False,

@@ -18,7 +18,7 @@ from typing import Iterator
 import pandas as pd
 
 from headcount import signals
-from headcount.build import nsys_pieces, nsys_processes, tables_from_ncu
+from headcount.build import collected, nsys_pieces, nsys_processes, tables_from_ncu
 from headcount.device import Device
 from headcount.errors import NothingRecorded
 from headcount.parsers import ncu_metrics, nsys_sqlite
@@ -73,10 +73,7 @@ class Parsed:
     def gather(self) -> dict[str, pd.DataFrame]:
         """The tables whole (:meth:`pieces` consumed and concatenated): for a caller that holds them all."""
         if self.stream is not None:
-            parts: dict[str, list[pd.DataFrame]] = {}
-            for name, frame in self.pieces():
-                parts.setdefault(name, []).append(frame)
-            self.tables = {name: frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
+            self.tables = collected(self.pieces())
             self.stream = None
         return self.tables
 
@@ -162,23 +159,24 @@ def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
 def _torch_stream(path: Path, pieces, lines: list[str], notices: list[str], run: dict):
     from headcount.build import kineto_pieces, run_facts
 
-    kernels, layer_rows, found, calls = 0, 0, [], {}
+    kernels, layers, calls = 0, pd.DataFrame(), {}
     with pieces:
         for name, frame in kineto_pieces(pieces.groups(), pieces.described["devices"], notices, launched=pieces.launched,
                                          found=calls):
             if name == "kernels":
                 kernels += int((frame["kind"].astype(object) == "kernel").sum())
             elif name == "layers":
-                layer_rows = len(frame)
-                found = signals.kinds_in(frame["signal"]) if "signal" in frame else []
+                layers = frame  # small: one row per layer and phase
             yield name, frame
             del frame
     run.update(run_facts(calls["calls"]))  # known once every group is built: the runs row is written after the pieces
-    lines.append(trace_line(path, kernels, layer_rows, found, pieces))
+    lines.append(trace_line(path, kernels, layers, pieces))
 
 
-def trace_line(path, kernels: int, layer_rows: int, found: list[str], pieces, workers: int = 1) -> str:
-    """The progress line of a parsed torch.profiler trace (``found``: the signals its calls were found by)."""
+def trace_line(path, kernels: int, layers: pd.DataFrame, pieces, workers: int = 1) -> str:
+    """The progress line of a parsed torch.profiler trace: its kernels, its ``layers`` rows and how their calls were found."""
+    found = signals.kinds_in(layers["signal"]) if "signal" in layers else []
+    layer_rows = len(layers)
     how = f"found by {'/'.join(found)} names" if found else "from headcount's ranges"
     groups = f", attributed in {pieces.count} groups of steps" if pieces.count > 1 else ""
     on = f" ({workers} workers)" if workers > 1 else ""

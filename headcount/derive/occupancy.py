@@ -113,25 +113,32 @@ def block_threads(block: pd.Series) -> pd.Series:
     return per_shape[codes]
 
 
+def _resources(kernels: pd.DataFrame):
+    """``(rows, threads, registers, shared memory, carveout)`` of the kernel rows whose block size and
+    registers are known (``rows`` a boolean mask; the arrays are of those rows), or ``None`` for none."""
+    if not len(kernels) or "registers_per_thread" not in kernels:
+        return None
+    threads = pd.array(kernels["block_threads"] if "block_threads" in kernels else block_threads(kernels["block"]), dtype="Int64")
+    regs = pd.array(kernels["registers_per_thread"], dtype="Int64")
+    smem = pd.array(kernels.get("shared_memory_bytes", pd.Series(0, index=kernels.index)), dtype="Int64").fillna(0)
+    ok = np.asarray(~(pd.isna(threads) | pd.isna(regs)), dtype=bool)
+    if not ok.any():
+        return None
+    config = kernels["shared_memory_config_bytes"][ok] if "shared_memory_config_bytes" in kernels else None
+    return (ok, np.asarray(threads[ok], dtype=np.int64), np.asarray(regs[ok], dtype=np.int64),
+            np.asarray(smem[ok], dtype=np.int64), config)
+
+
 def kernel_occupancy(kernels: pd.DataFrame, limits: SmLimits | None) -> pd.Series:
     """``theoretical_occupancy_pct`` for each kernel row with a block size and
     registers (null elsewhere, or without limits)."""
     out = pd.Series(np.nan, index=kernels.index, dtype="float64")
-    if limits is None or not len(kernels) or "registers_per_thread" not in kernels:
+    known = _resources(kernels) if limits is not None else None
+    if known is None:
         return out
-    threads = kernels["block_threads"] if "block_threads" in kernels else block_threads(kernels["block"])
-    threads = pd.array(threads, dtype="Int64")
-    regs = pd.array(kernels["registers_per_thread"], dtype="Int64")
-    smem = pd.array(kernels.get("shared_memory_bytes", pd.Series(0, index=kernels.index)), dtype="Int64").fillna(0)
-    ok = ~(pd.isna(threads) | pd.isna(regs))
-    if not ok.any():
-        return out
-    config = kernels["shared_memory_config_bytes"][ok] if "shared_memory_config_bytes" in kernels else None
-    values = theoretical_occupancy_pct(np.asarray(threads[ok], dtype=np.int64), np.asarray(regs[ok], dtype=np.int64),
-                                       np.asarray(smem[ok], dtype=np.int64), limits, config)
-    out[ok] = values
+    ok, threads, regs, smem, config = known
+    out[ok] = theoretical_occupancy_pct(threads, regs, smem, limits, config)
     return out
-
 
 def grid_blocks(grid: pd.Series) -> pd.arrays.IntegerArray:
     """CTAs per launch from ``"(x, y, z)"`` grid strings (null where unknown), once per distinct grid."""
@@ -143,18 +150,11 @@ def kernel_waves(kernels: pd.DataFrame, limits: SmLimits | None, sm_count: int |
     blocks per SM, the occupancy calculator's); under 1, the grid leaves SMs idle. Null where the grid,
     the block's resources, the limits or the SM count are unknown."""
     out = pd.Series(np.nan, index=kernels.index, dtype="float64")
-    if limits is None or not sm_count or not len(kernels) or "grid" not in kernels or "registers_per_thread" not in kernels:
+    known = _resources(kernels) if limits is not None and sm_count and "grid" in kernels else None
+    if known is None:
         return out
-    ctas = pd.array(grid_blocks(kernels["grid"]), dtype="Int64")
-    threads = pd.array(kernels["block_threads"] if "block_threads" in kernels else block_threads(kernels["block"]), dtype="Int64")
-    regs = pd.array(kernels["registers_per_thread"], dtype="Int64")
-    smem = pd.array(kernels.get("shared_memory_bytes", pd.Series(0, index=kernels.index)), dtype="Int64").fillna(0)
-    ok = ~(pd.isna(ctas) | pd.isna(threads) | pd.isna(regs))
-    if not ok.any():
-        return out
-    config = kernels["shared_memory_config_bytes"][ok] if "shared_memory_config_bytes" in kernels else None
-    resident = blocks_per_sm(np.asarray(threads[ok], dtype=np.int64), np.asarray(regs[ok], dtype=np.int64),
-                             np.asarray(smem[ok], dtype=np.int64), limits, config)
-    held = resident * int(sm_count)
-    out[ok] = np.where(held > 0, np.asarray(ctas[ok], dtype=np.float64) / np.maximum(held, 1), np.nan)
+    ok, threads, regs, smem, config = known
+    ctas = pd.array(grid_blocks(kernels["grid"]), dtype="Int64")[ok].to_numpy(np.float64, na_value=np.nan)
+    held = blocks_per_sm(threads, regs, smem, limits, config) * int(sm_count)
+    out[ok] = np.where(held > 0, ctas / np.maximum(held, 1), np.nan)
     return out

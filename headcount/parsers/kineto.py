@@ -226,9 +226,9 @@ def _decode_events(path: Path, text, first: int, exact: bool = False) -> list:
 
 def _last_events(path: Path, text: bytearray, first: int) -> tuple[int, list, bytes] | None:
     """Where the last whole event of ``text`` (``[`` then events, comma-separated) ends, the events
-    before it, decoded, and their text (a JSON array, which they refer to): the last place that reads as an event's end (``},{``) and leaves valid JSON
-    before it (one inside a string or a nested value does not). ``None``: none among the last
-    :data:`BOUNDARY_TRIES`.
+    before it, decoded, and their text (a JSON array, which they refer to): the last place that reads
+    as an event's end (``},{``) and leaves valid JSON before it (one inside a string or a nested value
+    does not). ``None``: none among the last :data:`BOUNDARY_TRIES`.
 
     Raises:
         HeadcountError: as :func:`_decode_events`.
@@ -284,9 +284,9 @@ def spans(path: str | Path, parts: int) -> list[Span] | None:
     fail (:class:`Misaligned` or another error) and the caller reads the file whole."""
     path = Path(path)
     try:
-        if parts < 2 or path.stat().st_size < SPLIT_BYTES:
-            return None
         size = path.stat().st_size
+        if parts < 2 or size < SPLIT_BYTES:
+            return None
         with path.open("rb") as fh:
             top = fh.read(_HEAD_BYTES)
             found = _ARRAY_START.search(top)

@@ -91,11 +91,6 @@ class Pieces:
             self._owned = None
 
     @property
-    def rows(self) -> int:
-        """Events held."""
-        return sum(len(a) for a in self._index["start"]) if self._index else sum(len(g) for g in self._groups)
-
-    @property
     def spilled(self) -> bool:
         """Whether pieces went to disk."""
         return any(isinstance(held, Path) for held in self._held)
@@ -171,7 +166,7 @@ class Pieces:
             HeadcountError: the trace holds no complete event.
         """
         self.notices[:] = merged(self.notices)
-        if not self.rows:
+        if not sum(len(a) for a in self._index["start"]):
             raise HeadcountError(f"{self.path}: the trace holds no complete event (ph \"X\")",
                                  hint="record with torch.profiler.profile() around some work")
         start, end, cpu, gpu, runtime, correlation = (np.concatenate(self._index[name]) for name in _INDEX)

@@ -172,7 +172,7 @@ def roofline(points: pd.DataFrame, device_name: str | None, dtype: str | None, m
     parts.append(f'<text x="{w / 2}" y="{h - 14}" font-size="11" text-anchor="middle">intensity, FLOP/byte (analytic FLOPs ÷ DRAM bytes)</text>')
     parts.append(f'<text x="14" y="{h / 2}" font-size="11" text-anchor="middle" transform="rotate(-90 14 {h / 2})">FLOP/s achieved</text>')
     if bw:
-        x_knee = peak / (bw * 1e9) if peak else x_hi
+        x_knee = devices.ridge(peaks, dtype, bw) if peak else x_hi  # FLOP/byte where the two ceilings meet
         x0, x1 = x_lo, min(x_knee, x_hi)
         parts.append(f'<line x1="{px(x0)}" y1="{py(max(bw * 1e9 * x0, y_lo))}" x2="{px(x1)}" y2="{py(min(bw * 1e9 * x1, y_hi))}" '
                      f'stroke="#c0392b" stroke-width="2"><title>DRAM ceiling {bw:,.0f} GB/s</title></line>')
