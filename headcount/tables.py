@@ -80,7 +80,7 @@ LAYERS = pa.schema([
 
 HEADS = pa.schema([
     ("implementation", S), ("phase", S), ("layer_name", S), ("layer", I), ("head", I), ("kv_head", I),
-    *_AGG, ("share_of_layer_pct", F),
+    *_AGG, ("share_of_layer_pct", F), ("positions_seen", I), ("hotter_p", F), ("cooler_p", F),
 ])
 
 RUNS = pa.schema([

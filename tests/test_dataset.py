@@ -130,6 +130,22 @@ def test_refuses_foreign_and_unwritable_directories(tmp_path, two_profiles):
         dataset.check_output(tmp_path / "new", append=True, force=True)
 
 
+def test_a_report_of_another_schema_is_refused_before_any_work(tmp_path, two_profiles):
+    """A report written by an older headcount (other columns) is not appended to: pandas reads a dataset with the
+    columns of one of its files, so mixing would hide the new columns. The check is the first thing each command does
+    (check_output), and save refuses too; --force replaces it."""
+    out = tmp_path / "report"
+    two_profiles[0].save(out)
+    marker = json.loads((out / dataset.MARKER).read_text())
+    (out / dataset.MARKER).write_text(json.dumps({**marker, "schema_version": "1.5"}))
+    with pytest.raises(HeadcountError, match=r"holds a report of schema 1\.5, this headcount writes"):
+        dataset.check_output(out, append=True)
+    with pytest.raises(HeadcountError, match="holds a report of schema 1.5"):
+        two_profiles[1].save(out, append=True)
+    two_profiles[1].save(out, force=True)
+    assert len(pd.read_parquet(out / "runs")) == 1
+
+
 def test_no_zeros_for_unmeasured_columns(tmp_path, two_profiles):
     out = tmp_path / "report"
     two_profiles[0].save(out)

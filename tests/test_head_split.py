@@ -17,6 +17,7 @@ from conftest import train_step
 
 from headcount import AttentionTagger
 from headcount.tagging.head_split import grouped_heads
+from headcount.tagging.tagger import head_order
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import attention_coverage  # noqa: E402
@@ -182,18 +183,19 @@ def test_a_per_head_bias_followed_through_copies_and_in_place_ops_stays_exact():
     assert {c.head for c in tagger.calls if c.head is not None} == set(range(model.config.num_attention_heads))
 
 
-def test_each_call_of_a_layer_starts_at_the_next_head_and_stays_the_fused_model():
+def test_each_call_of_a_layer_draws_its_head_order_and_stays_the_fused_model():
     """The first head a call computes (and the last, whose backward runs first) pays for warm-up: each call of a
-    layer starts one head further on, so position cannot pass for a head. Forward and backward orders rotate;
-    outputs and gradients stay bit for bit those of the fused model (grouped key/value heads included)."""
+    layer draws its own order of heads (reproducibly, balanced over each 4 calls), so position cannot pass for a head. Forward and backward
+    orders change from call to call; outputs and gradients stay bit for bit those of the fused model (grouped
+    key/value heads included)."""
     torch.manual_seed(0)
     config = T.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2)
     model = T.LlamaForCausalLM(config).eval()
     ids = torch.randint(2, 128, (2, 16), generator=torch.Generator().manual_seed(1))
-    reference = [train_step(model, input_ids=ids, labels=ids) for _ in range(3)]
+    reference = [train_step(model, input_ids=ids, labels=ids) for _ in range(6)]
     with AttentionTagger([model], mode="head") as tagger:
-        tagged = [train_step(model, input_ids=ids, labels=ids) for _ in range(3)]
+        tagged = [train_step(model, input_ids=ids, labels=ids) for _ in range(6)]
     assert all(_equal(r, t) == [] for r, t in zip(reference, tagged))
 
     def orders(phase: str) -> list[list[int]]:
@@ -201,5 +203,7 @@ def test_each_call_of_a_layer_starts_at_the_next_head_and_stays_the_fused_model(
         return [heads[i:i + 4] for i in range(0, len(heads), 4)]
 
     forward = orders("fwd")
-    assert forward == [[0, 1, 2, 3], [1, 2, 3, 0], [2, 3, 0, 1]]  # each call one head further on
-    assert len({tuple(o) for o in orders("bwd")}) == 3  # the backward order rotates with it
+    assert forward == [head_order("layer.0", k, 4) for k in range(6)]  # the drawn orders, in call order
+    assert all(sorted(o) == [0, 1, 2, 3] for o in forward) and len({tuple(o) for o in forward}) >= 4
+    assert all(sorted(o[place] for o in forward[:4]) == [0, 1, 2, 3] for place in range(4))  # 4 calls: each head once at each place
+    assert len({tuple(o) for o in orders("bwd")}) >= 4  # the backward order changes with it

@@ -150,13 +150,18 @@ def layers_table(ranges: pd.DataFrame) -> pd.DataFrame:
 def heads_table(ranges: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
     """One row per implementation × phase × layer × head.
 
-    Head mode: aggregated from the head range instances (durations measured).
+    Head mode: aggregated from the head range instances (durations measured),
+    with how each head ranked among the heads of its calls
+    (:func:`headcount.derive.spread.rank_tests`: ``positions_seen``,
+    ``hotter_p``, ``cooler_p``).
     Layer mode (no head ranges): each layer row split across its query heads
     by analytic FLOP share, with ``provenance`` ``apportioned``.
     """
     head_ranges = ranges[ranges["level"] == "head"]
     if len(head_ranges):
         table = _aggregate(head_ranges, GROUP_HEAD)
+        if "parent_range_id" in head_ranges and "start_ns" in head_ranges:
+            table = table.merge(spread.rank_tests(head_ranges, GROUP_HEAD, GROUP_LAYER), on=GROUP_HEAD, how="left")
         table = _derive(table, "measured")
         table["provenance"] = "measured"
     else:

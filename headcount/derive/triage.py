@@ -279,7 +279,10 @@ def _outliers(rows: pd.DataFrame, key: str, kind: str, where: str, impl, step_ti
             "evidence": (f"{name}: {_us(row['duration_per_call_p50_ns'])} per call (p10–p90 {_us(row['duration_per_call_p10_ns'])}"
                          f"–{_us(row['duration_per_call_p90_ns'])}, {int(row['calls'])} calls) against the median {what} "
                          f"{ref_name}'s {_us(ref['duration_per_call_p50_ns'])} (p90 {_us(ref['duration_per_call_p90_ns'])}): "
-                         f"beyond the spread (±{number(v['noise_pct'], 2)} %); {row.get('duration_provenance') or 'measured'}"),
+                         + (f"slower than the other heads of its calls beyond chance (rank test, adjusted p = {v['p']:.1g}; calls "
+                            f"spread ±{number(v['noise_pct'], 2)} %)" if pd.notna(v.get("p")) else
+                            f"beyond the spread (±{number(v['noise_pct'], 2)} %)")
+                         + f"; {row.get('duration_provenance') or 'measured'}"),
             "suggestion": _SUGGEST[kind], "expected_gain_pct": gain, "provenance": row.get("duration_provenance") or "measured",
             "_impact": gain if not np.isnan(gain) else 0.0,
         })

@@ -185,7 +185,8 @@ def check_output(out: str | Path, append: bool = False, force: bool = False) -> 
 
     Raises:
         HeadcountError: the directory cannot be written, holds a report and
-            neither ``append`` nor ``force`` was given, or holds other files.
+            neither ``append`` nor ``force`` was given, holds a report of
+            another schema version and ``append`` was given, or holds other files.
     """
     out = Path(out)
     if append and force:
@@ -207,6 +208,10 @@ def check_output(out: str | Path, append: bool = False, force: bool = False) -> 
                 f"{out}: already holds a headcount report",
                 hint=f"pass {_opt('append')} to add this run to it, or {_opt('force')} to replace it",
             )
+        schema = read_marker(out).get("schema_version") if is_report and append else None
+        if schema not in (None, SCHEMA_VERSION):
+            raise HeadcountError(f"{out}: holds a report of schema {schema}, this headcount writes {SCHEMA_VERSION}",
+                                 hint=f"write to a new directory, or {_opt('force')} to replace the old report")
     probe_dir = out if out.exists() else _first_existing_parent(out)
     if not os.access(probe_dir, os.W_OK | os.X_OK):
         raise HeadcountError(f"{probe_dir}: permission denied, cannot write the report", hint=f"choose a writable directory with {_opt('out')}")
@@ -468,9 +473,6 @@ def commit(out: str | Path, run_ids: list[str], append: bool = False, force: boo
         try:
             check_output(out, append=append, force=force)  # completes an interrupted commit first (recover)
             previous = read_marker(out)
-            if append and not force and previous.get("schema_version") not in (None, SCHEMA_VERSION):
-                raise HeadcountError(f"{out}: holds a report of schema {previous['schema_version']}, this headcount writes "
-                                     f"{SCHEMA_VERSION}", hint=f"write to a new directory, or {_opt('force')} to replace the old report")
             replace = bool(force and previous)
             journal = {
                 "runs": list(run_ids),

@@ -12,6 +12,8 @@ the rows are within noise and how large the noise is.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from headcount import signals
@@ -91,12 +93,14 @@ def layer_noise_lines(layers: pd.DataFrame) -> list[str]:
 
 def head_lines(heads: pd.DataFrame, top: int = 5) -> list[str]:
     """For heads measured on their own (head mode) of one run: the heads that
-    stand out from their layer's median head beyond the spread (at most
-    ``top``, largest difference first), and per implementation and phase how
-    many layers have their heads within noise."""
+    stand out from their layer's median head beyond the spread and beyond
+    chance (at most ``top``, largest difference first), and per
+    implementation and phase how many layers have their heads within noise,
+    with the steps it takes to single a head out where the calls are too few."""
     measured = heads[heads["provenance"] == "measured"] if len(heads) else heads
     if not len(measured):
         return []
+    tested = int(measured["hotter_p"].notna().sum()) * 2 if "hotter_p" in measured else 0  # the family the p-values were adjusted over
     found, quiet = [], {}
     for (impl, phase, layer), g in measured.groupby([*_GROUP, "layer_name"], sort=True):
         verdicts = spread.standout(g, "head")
@@ -104,24 +108,46 @@ def head_lines(heads: pd.DataFrame, top: int = 5) -> list[str]:
             continue
         hot = verdicts[verdicts["verdict"].isin(["hotter", "cooler"])]
         for v in hot.itertuples(index=False):
+            why = (f"{'slower' if v.verdict == 'hotter' else 'faster'} than the other heads of its calls beyond chance "
+                   f"(p = {v.p:.1g}, adjusted for {tested} tests; calls spread ±{number(v.noise_pct, 2)} %)") if pd.notna(v.p) else \
+                f"beyond the spread over calls (±{number(v.noise_pct, 2)} %)"
             found.append((abs(v.vs_median_pct), f"{layer} head {int(v.head)} ({phase}, {impl}): {v.verdict}, "
-                          f"{v.vs_median_pct:+.0f} % time per call against the layer's median head (head {int(v.reference)}), "
-                          f"beyond the spread over calls (±{number(v.noise_pct, 2)} %)"))
+                          f"{v.vs_median_pct:+.0f} % time per call against the layer's median head (head {int(v.reference)}), {why}"))
         key = (impl, phase)
-        n_quiet, n_all, widest, unknown = quiet.get(key, (0, 0, 0.0, 0))
-        unknown += int((verdicts["verdict"] == "unknown").all())
-        if not len(hot):
+        n_quiet, n_all, widest, unknown, why, short = quiet.get(key, (0, 0, 0.0, 0, set(), None))
+        if (verdicts["verdict"] == "unknown").all():
+            unknown += 1
+            why |= set(verdicts["why"].dropna())
+        elif not len(hot):
             n_quiet += 1
             widest = max(widest, float(verdicts["noise_pct"].iloc[0]) if pd.notna(verdicts["noise_pct"].iloc[0]) else 0.0)
-        quiet[key] = (n_quiet, n_all + 1, widest, unknown)
+            needed = _calls_to_single_out(len(g), tested)
+            calls = int(g["calls"].min())
+            if tested and needed and calls < needed:
+                per_step = calls / g["steps"].max() if "steps" in g and pd.notna(g["steps"].max()) and g["steps"].max() > 0 else 1.0
+                short = (calls, max(needed, short[1] if short else 0), max(math.ceil(needed / per_step), short[2] if short else 0))
+        quiet[key] = (n_quiet, n_all + 1, widest, unknown, why, short)
     lines = [text for _, text in sorted(found, key=lambda t: -t[0])[:top]]
-    for (impl, phase), (n_quiet, n_all, widest, unknown) in sorted(quiet.items()):
-        if unknown == n_all:
+    for (impl, phase), (n_quiet, n_all, widest, unknown, why, short) in sorted(quiet.items()):
+        if unknown == n_all and "order" in why:
+            lines.append(f"{phase}, {impl}: heads not compared (every call computed them in the same order, so a head's time "
+                         "cannot be told from its place's; profile in eager head mode, which draws each call's order)")
+        elif unknown == n_all:
             lines.append(f"{phase}, {impl}: heads not compared (fewer than {spread.VERDICT_MIN_CALLS} calls per head; profile more steps)")
         elif n_quiet:
             lines.append(f"{phase}, {impl}: heads within noise in {n_quiet} of {n_all} layers "
-                         f"(±{number(widest, 2)} % per call at most, the median head's p10–p90 half-width)")
+                         f"(±{number(widest, 2)} % per call at most, the median head's p10–p90 half-width)"
+                         + (f"; {short[0]} calls per head cannot single one out of {tested // 2} beyond chance, "
+                            f"{short[1]} can: profile {short[2]} steps or more" if short else ""))
     return lines
+
+
+def _calls_to_single_out(heads: int, tests: int) -> int | None:
+    """The fewest calls with which a head that is the slowest of its ``heads`` in every call
+    passes the rank test after adjustment over ``tests`` tests (None when it cannot)."""
+    if heads < 2 or not tests:
+        return None
+    return max(spread.VERDICT_MIN_CALLS, math.ceil(math.log(tests / spread.ALPHA) / math.log(heads)))
 
 
 def _standout_lines(rows: pd.DataFrame, key: str, where: str, what: str, whats: str) -> list[str]:

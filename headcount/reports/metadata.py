@@ -18,7 +18,7 @@ from headcount._version import __version__
 from headcount.device import Device
 from headcount.env import package_version, program_versions
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"  # 1.6: issue 31 (kernels runs_on, bound and Speed of Light columns; layers and heads achieved fractions, waves, shares; heads rank test)
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:

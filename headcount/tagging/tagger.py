@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import random
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -219,7 +220,7 @@ class AttentionTagger:
         self._sites: dict[str, tuple] = {}  # compiled call sites, parsed once (compiled.parse_site)
         self._wrappers: dict[tuple[Callable, str], Callable] = {}
         self._hooked: dict[int, tuple] = {}  # id → (attention module tagged by a forward wrapper, its model's config)
-        self._turns: dict[tuple, int] = {}  # (layer, phase) → calls so far: head mode starts each call at the next head
+        self._turns: dict[tuple, int] = {}  # (layer, phase) → calls so far: head mode draws each call's head order (head_order)
         self.paths: dict[str, str] = {}  # model class → "attention interface" | "module hooks"
         self._hook = None
         self.active = False
@@ -554,11 +555,9 @@ class AttentionTagger:
         keys, values = grouped_heads(key, head_dim, groups), grouped_heads(value, head_dim, groups)
         results: list = [None] * n_q
         emitter = self.emitter
-        # the first head computed in a call (and the last, whose backward runs first) pays for warming caches
-        # and allocators: each call of a layer starts one head further on, so that position is never taken for a head
         turn = self._turns.get((layer_name, phase), 0)
         self._turns[(layer_name, phase)] = turn + 1
-        for h in ((turn + i) % n_q for i in range(n_q)):
+        for h in head_order(layer_name, turn, n_q):
             g = h // groups
             q_h, k_h, v_h = query.narrow(head_dim, h, 1), keys[h], values[h]
             name = head_name(h)
@@ -578,6 +577,25 @@ class AttentionTagger:
                 res = with_output(res, lambda out: OpenOnGrad.apply(out, bwd.open))
             results[h] = res
         return join(results)
+
+
+def head_order(layer_name: str, call: int, heads: int) -> list[int]:
+    """The order in which head mode computes the ``heads`` heads of call ``call`` (0, 1, …) of a layer.
+
+    The first head computed in a call (and the last, whose backward runs first)
+    pays for warming caches and allocators, and later places for what builds
+    up. So that no place is ever taken for a head, orders are drawn at random
+    but reproducibly (seeded by the layer) and balanced: every ``heads``
+    consecutive calls form a Latin square (each head once at each place),
+    with its rows in random order and the heads relabelled at random. A
+    head's place is then independent of the head, which is what lets
+    :func:`headcount.derive.spread.rank_tests` test a head's rank among the
+    heads of its calls against chance, and each head's median is taken over
+    every place alike."""
+    block, row = divmod(call, heads)
+    draw = random.Random(f"{layer_name}/{block}")
+    relabel, rows = draw.sample(range(heads), heads), draw.sample(range(heads), heads)
+    return [relabel[(rows[row] + i) % heads] for i in range(heads)]
 
 
 _AWAITED = "_headcount_awaited"  # set on a tensor whose gradient hook closes a backward range
