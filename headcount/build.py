@@ -204,7 +204,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
     for table in tables.values():
         labels.plain(table)  # in-process recordings are small: users get plain strings
     if with_figures:
-        tables["figures"] = figures[figures["level"].isin(["layer", "head"]).to_numpy(dtype=bool)]
+        tables["figures"] = figures[figures["level"].isin(["layer", "head", "module"]).to_numpy(dtype=bool)]
         tables["syncs"] = syncs.assign(step=labels.step_of(syncs["start_ns"].to_numpy(np.int64), steps))
     return tables
 

@@ -27,6 +27,10 @@ STEP_DOMAIN = "headcount.step"
 
 PHASES = ("fwd", "bwd", "recompute")
 
+MODULE = "module"
+"""Name of a range around a phase range that spans the whole attention module of that call
+(projections, rotary embedding, copies) where the phase range holds only its core (untagged recordings)."""
+
 _FORBIDDEN = re.compile(r"[/:\s]+")
 
 

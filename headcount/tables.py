@@ -75,7 +75,8 @@ _AGG = [
 LAYERS = pa.schema([
     ("implementation", S), ("phase", S), ("layer_name", S), ("layer", I), *_AGG,
     ("heads_duration_ns", F), ("split_overhead_ns", F), ("share_of_phase_pct", F), ("share_of_step_pct", F),
-    ("share_of_gpu_busy_pct", F),
+    ("share_of_gpu_busy_pct", F), ("module_calls", I), ("module_duration_ns", F), ("module_duration_per_call_ns", F),
+    ("module_kernel_count", F), ("module_kernels_per_call", F), ("module_kernel_busy_ns", F), ("core_share_of_module_pct", F),
 ])
 
 HEADS = pa.schema([

@@ -71,7 +71,12 @@ def test_real_h100_traces_without_tags_get_layers_from_module_ranges(tmp_path, c
     flash = gpu[gpu["name"].str.contains("flash_fwd_kernel")]
     per_layer = flash.dropna(subset=["layer_name"]).groupby("layer_name").size()
     assert len(per_layer) == layers and (per_layer == 1).all()  # every layer its own flash attention kernel
-    assert gpu.loc[gpu["range_id"].notna(), "name"].str.contains("flash_fwd_kernel").all()  # and nothing else
+    assert gpu.loc[gpu["layer_name"].notna(), "name"].str.contains("flash_fwd_kernel").all()  # and nothing else
+    # the rest of each attention module's work is in the module's range (its projections, copies): no layer of its own
+    ranges = pd.read_parquet(out / "ranges")
+    in_module = kernels["range_id"].isin(ranges.loc[ranges["level"] == "module", "range_id"]) & (kernels["runs_on"] == "gpu")
+    assert kernels.loc[in_module, "layer_name"].isna().all()
+    assert in_module.sum() + len(flash.dropna(subset=["layer_name"])) == table["module_kernel_count"].sum()
     runs = pd.read_parquet(out / "runs")
     assert runs["device_name"].tolist() == ["NVIDIA H100 80GB HBM3"] and runs["device_sm_count"].tolist() == [132]
     # far from both ceilings (≤ 20 % of the H100's bandwidth, ≤ 10 % of its bf16 FLOP/s): no "memory-bound" from the

@@ -23,8 +23,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from headcount import build, signals
+from headcount.attribute import untagged
 from headcount.cli.main import main
 from headcount.parsers import kineto
+from headcount.reports import findings
 from tests.nsight import nsight_bin
 
 KINETO = Path(__file__).parent / "fixtures" / "kineto"
@@ -208,6 +210,52 @@ def test_sdpa_traces_say_what_found_them(trace, layers, names):
     tables, _ = _tables(KINETO / trace)
     table = tables["layers"]
     assert len(table) == layers and (table["signal"] == "operator").all() and table["found_as"].str.fullmatch(names).all()
+
+
+def test_the_whole_attention_module_is_reported_beside_its_core():
+    """Issue 31, item 2, on the Qwen1.5 H100 trace: each Qwen2Attention module runs 23 GPU operations (the flash
+    kernel among them) for ~650 µs of busy time; the layers table reports the module beside the core, each figure
+    equal to what the raw events give by hand (launches inside the module on its thread, their GPU operations)."""
+    raw = json.load(gzip.open(KINETO / "h100_qwen1.5-0.5b_kineto.json.gz"))["traceEvents"]
+    modules = sorted((e for e in raw if str(e.get("name", "")).startswith("nn.Module: Qwen2Attention_")), key=lambda e: e["ts"])
+    launches = [e for e in raw if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("ph") == "X"]
+    work = {e["args"].get("correlation"): e for e in raw if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")}
+    by_hand = []
+    for m in modules:
+        ops = [work[r["args"]["correlation"]] for r in launches if r["tid"] == m["tid"] and m["ts"] <= r["ts"]
+               and r["ts"] + r["dur"] <= m["ts"] + m["dur"] and r["args"].get("correlation") in work]
+        by_hand.append((len(ops), max(o["ts"] + o["dur"] for o in ops) - min(o["ts"] for o in ops), sum(o["dur"] for o in ops)))
+    tables, _ = _tables(KINETO / "h100_qwen1.5-0.5b_kineto.json.gz")
+    layers = tables["layers"].sort_values("layer").reset_index(drop=True)
+    assert len(layers) == len(by_hand) == 24
+    for row, (ops, span_us, busy_us) in zip(layers.itertuples(), by_hand):
+        assert row.module_calls == 1 and row.module_kernels_per_call == ops == 23
+        assert row.module_duration_per_call_ns == pytest.approx(span_us * 1e3, abs=2)  # µs with 3 decimals in the JSON
+        assert row.module_kernel_busy_ns == pytest.approx(busy_us * 1e3, abs=25)
+        assert row.kernels_per_call == 1 and row.core_share_of_module_pct == pytest.approx(100 * row.duration_ns / row.module_duration_ns)
+    assert 640e3 < layers["module_kernel_busy_ns"].median() < 660e3 and 10 < layers["core_share_of_module_pct"].median() < 20
+    line = findings.module_lines(layers)[0]
+    assert line.startswith("fwd, sdpa: the whole attention modules span 16.5 ms per step (23.0 GPU operations per call, busy "
+                           "15.5 ms, 49 % of GPU busy time); the attention core 2.72 ms of it (16 %)")
+    assert (tables["ranges"]["level"] == "module").sum() == 24
+
+
+def test_a_module_holding_two_calls_is_neither_calls_module():
+    """An attention module around two core calls (a cross- and a self-attention in one module) says nothing of
+    either: no module range, no module figures."""
+    def event(kind, name, start, end):
+        return {"kind": kind, "name": name, "pid": 1, "tid": 1, "start_ns": start, "end_ns": end, "correlation_id": None,
+                "args": None, "sequence": None, "graph_node_id": None}
+    events = pd.DataFrame([event("module", "nn.Module: MyAttention_0", 0, 1000),
+                           event("op", "aten::scaled_dot_product_attention", 100, 200),
+                           event("op", "aten::scaled_dot_product_attention", 300, 400),
+                           event("module", "nn.Module: MyAttention_1", 2000, 3000),
+                           event("op", "aten::scaled_dot_product_attention", 2100, 2200)])
+    found = untagged.find_calls(events)
+    names = list(found.ranges["name"])
+    assert names.count("headcount@module") == 1
+    module = found.ranges[found.ranges["name"] == "headcount@module"].iloc[0]
+    assert (module["start_ns"], module["end_ns"]) == (2000, 3000)
 
 
 # ---------------------------------------------------------------- no attention at all

@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 
 from headcount.arrays import positions, unique_inverse
-from headcount.naming import PHASES, parse_path
+from headcount.naming import MODULE, PHASES, parse_path
 
-LEVELS = ["phase", "layer", "head", "other"]
+LEVELS = ["phase", "layer", "head", "other", "module"]
 
 
 def as_categorical(values) -> pd.Categorical:
@@ -107,7 +107,38 @@ def label_ranges(ranges: pd.DataFrame, steps: pd.DataFrame, ours: np.ndarray | N
     ranges["head"] = take_int(head, inverse)
     ranges["level"] = pd.Categorical.from_codes(np.where(manual, LEVELS.index("layer"), level_codes), categories=LEVELS)
     ranges["step"] = step_of(ranges["start_ns"].to_numpy(np.int64), steps)
+    _label_modules(ranges, ours, name, parent_pos)
     return ranges
+
+
+def _label_modules(ranges: pd.DataFrame, ours: np.ndarray, name: pd.Categorical, parent_pos: np.ndarray) -> None:
+    """A range of ours named :data:`~headcount.naming.MODULE` gets level ``module`` and the phase and layer of
+    the layer range it holds (under its phase range, and the recording's own module range where one nests between)."""
+    module_code = np.flatnonzero(name.categories == MODULE)
+    if not len(module_code):
+        return
+    is_module = ours & (name.codes == module_code[0])
+    if not is_module.any():
+        return
+    level = ranges["level"].cat.codes.to_numpy().copy()
+    level[is_module] = LEVELS.index("module")
+    layer_rows = np.flatnonzero(level == LEVELS.index("layer"))
+    holder = parent_pos[layer_rows]
+    for _ in range(4):  # up from each layer range (through its phase range) to the nearest module range of ours
+        found = (holder >= 0) & is_module[np.maximum(holder, 0)]
+        step = (holder >= 0) & ~found
+        holder = np.where(step, parent_pos[np.maximum(holder, 0)], holder)
+    found = (holder >= 0) & is_module[np.maximum(holder, 0)]
+    child, parent = layer_rows[found], holder[found]
+    phase = ranges["phase"].cat.codes.to_numpy().copy()
+    layer_name = ranges["layer_name"].cat.codes.to_numpy().copy()
+    phase[parent], layer_name[parent] = phase[child], layer_name[child]
+    ranges["phase"] = pd.Categorical.from_codes(phase, dtype=ranges["phase"].dtype)
+    ranges["layer_name"] = pd.Categorical.from_codes(layer_name, dtype=ranges["layer_name"].dtype)
+    layer = ranges["layer"].to_numpy(dtype="float64", na_value=np.nan)
+    layer[parent] = layer[child]
+    ranges["layer"] = pd.array(np.where(np.isnan(layer), pd.NA, layer), dtype="Int64") if len(layer) else ranges["layer"]
+    ranges["level"] = pd.Categorical.from_codes(level, categories=LEVELS)
 
 
 def label_ops(range_ids: np.ndarray, ranges: pd.DataFrame) -> dict[str, object]:

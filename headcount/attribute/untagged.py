@@ -13,6 +13,11 @@ names the recording gives it (``found_as``).
   operators count once: the outermost); a module call spans the module's
   ``nn.Module`` range, projections included where the module holds them; a
   kernel call spans the runtime call that launched the kernel.
+- **Module around a core call.** A forward operator or kernel call inside an
+  attention module (the outermost: ``Qwen2Attention_3``, ``Qwen3Attention_7``
+  around SGLang's ``RadixAttention_7``) that holds no other call gets a
+  ``module`` range around its phase range, spanning the module: the layer's
+  whole attention (projections, rotary embedding, copies) beside its core.
 - **Layer index** ``N``: the instance suffix of the nearest enclosing module
   named like a repeated block (``Qwen3DecoderLayer_5``, ``GPT2Block_3``), else
   of the nearest attention module (``RadixAttention_5``): ``provenance``
@@ -49,7 +54,7 @@ import pandas as pd
 
 from headcount import signals
 from headcount.call_log import CallLog, CallShape
-from headcount.naming import DOMAIN
+from headcount.naming import DOMAIN, MODULE
 
 _DTYPES = {"c10::BFloat16": ("bfloat16", 2), "c10::Half": ("float16", 2), "float": ("float32", 4), "double": ("float64", 8),
            "c10::Float8_e4m3fn": ("float8_e4m3fn", 1), "c10::Float8_e5m2": ("float8_e5m2", 1)}
@@ -89,6 +94,7 @@ class _Call:
     numbered_by: str = CALL_ORDER
     sequences: frozenset = frozenset()
     forward: "_Call | None" = None   # a backward call: the forward call it belongs to
+    module: tuple[int, int] | None = None  # the attention module around a forward core call: its start and end
 
 
 class _Thread:
@@ -292,6 +298,7 @@ def find_calls(events: pd.DataFrame) -> Found:
         if c.forward is not None:  # a backward call: its forward call's layer and shapes
             f = c.forward
             c.layer, c.layer_name, c.numbered_by, c.shape = f.layer, f.layer_name, f.numbered_by, f.shape
+    _attention_modules(calls, module_threads)
 
     if left_out:
         found.notices.append(f"{left_out} attention kernels have no launch call of their own in the recording (replayed from a "
@@ -302,6 +309,8 @@ def find_calls(events: pd.DataFrame) -> Found:
     rows = []
     for c in calls:
         # as headcount tags a call: phase around layer.N (1 ns wider, so that the two nest unambiguously)
+        if c.module is not None:  # around the phase range: the whole module (projections, rotary, copies) besides the core
+            rows.append(_range(events, MODULE, c.pid, c.tid, min(c.module[0], c.start - 2), max(c.module[1], c.end + 2)))
         rows.append(_range(events, c.phase, c.pid, c.tid, c.start - 1, c.end + 1))
         rows.append(_range(events, c.layer_name, c.pid, c.tid, c.start, c.end))
         found.calls.append(CallLog(thread_id=0, phase=c.phase, layer_name=c.layer_name, layer=c.layer, head=None, kv_head=None,
@@ -312,6 +321,25 @@ def find_calls(events: pd.DataFrame) -> Found:
     found.ranges = ranges
     found.notices[:0] = _summary(calls)
     return found
+
+
+def _attention_modules(calls: list[_Call], module_threads: dict) -> None:
+    """Give each forward call found by its operator or kernel the outermost attention module around it
+    (``Qwen2Attention_3``; ``Qwen3Attention_7`` around SGLang's ``RadixAttention_7``), where that module
+    holds no other call: the call is then the attention core, and the module what the layer's attention
+    costs in all."""
+    core = [c for c in calls if c.phase == "fwd" and c.signal != "module"]
+    held: dict = {}
+    for call, around in zip(core, _around(module_threads, core)):
+        frame = module_threads[(call.pid, call.tid)].frame if around else None
+        # the outermost: Qwen3Attention (projections, rotary) around SGLang's RadixAttention (the kernel's call alone)
+        inner = next((p for p in around if signals.match("module", str(frame["name"].iloc[p]))), None)
+        if inner is not None:
+            held.setdefault((call.pid, call.tid, inner), []).append(call)
+    for (pid, tid, inner), held_calls in held.items():
+        if len(held_calls) == 1:  # a module that holds two calls is neither's
+            frame = module_threads[(pid, tid)].frame
+            held_calls[0].module = (int(frame["start_ns"].iloc[inner]), int(frame["end_ns"].iloc[inner]))
 
 
 def _range(events: pd.DataFrame, name: str, pid, tid, start: int, end: int) -> dict:

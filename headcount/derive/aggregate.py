@@ -141,10 +141,44 @@ def layers_table(ranges: pd.DataFrame) -> pd.DataFrame:
         table = table.merge(sums, on=GROUP_LAYER, how="left")
         table["split_overhead_ns"] = table["duration_ns"] - table["heads_duration_ns"]
     table = _derive(table, "measured")
+    table = _with_module(table, ranges[ranges["level"] == "module"])
     total = table.groupby(["implementation", "phase"], dropna=False)["duration_ns"].transform("sum")
     table["share_of_phase_pct"] = 100.0 * table["duration_ns"] / total
     table["provenance"] = "measured"
     return table
+
+
+MODULE_COLUMNS = ["module_calls", "module_duration_ns", "module_duration_per_call_ns", "module_kernel_count",
+                  "module_kernels_per_call", "module_kernel_busy_ns", "core_share_of_module_pct"]
+
+
+def _with_module(table: pd.DataFrame, modules: pd.DataFrame) -> pd.DataFrame:
+    """Add the whole attention module of each layer row, where the recording names it (``module`` ranges:
+    :func:`headcount.attribute.untagged.find_calls`): ``module_calls``, ``module_duration_ns`` (its time, on
+    the same basis as ``duration_ns``, summed over calls) and per call, ``module_kernel_count`` (GPU
+    operations launched inside it, the core's included) and per call, ``module_kernel_busy_ns``, and
+    ``core_share_of_module_pct`` (the core's ``duration_ns`` over the module's, in %, where every call of
+    the row has its module). All null where no module range was recorded."""
+    for column in MODULE_COLUMNS:
+        table[column] = np.nan
+    if not len(modules) or not len(table):
+        return table
+    grouped = modules.groupby(GROUP_LAYER, dropna=False, sort=True)
+    counted = "kernel_count" if "kernel_count" in modules else "gpu_op_count"
+    per = pd.DataFrame({
+        "module_calls": grouped.size(),
+        "module_duration_ns": grouped["duration_ns"].sum(min_count=1).astype("float64"),
+        "module_kernel_count": grouped[counted].sum(min_count=1).astype("float64") if counted in modules else np.nan,
+        "module_kernel_busy_ns": grouped["kernel_busy_ns"].sum(min_count=1).astype("float64") if "kernel_busy_ns" in modules else np.nan,
+    }).reset_index()
+    out = table.drop(columns=MODULE_COLUMNS).merge(per, on=GROUP_LAYER, how="left")
+    out["module_duration_per_call_ns"] = out["module_duration_ns"] / out["module_calls"]
+    out["module_kernels_per_call"] = out["module_kernel_count"] / out["module_calls"]
+    whole = out["module_calls"] == out["calls"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["core_share_of_module_pct"] = (100.0 * out["duration_ns"] / out["module_duration_ns"]).where(
+            whole & (out["module_duration_ns"] > 0))
+    return out
 
 
 def heads_table(ranges: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:

@@ -163,10 +163,31 @@ def _standout_lines(rows: pd.DataFrame, key: str, where: str, what: str, whats: 
             f"({v['reference']}), beyond the spread (±{number(v['noise_pct'], 2)} %)" for v in hot.to_dict("records")]
 
 
+def module_lines(layers: pd.DataFrame) -> list[str]:
+    """Per implementation and phase of one run whose recording names the attention modules: the whole
+    modules' time per step beside the core's, the GPU operations per call, and their share of GPU busy time."""
+    if "module_duration_ns" not in layers or not layers["module_duration_ns"].notna().any():
+        return []
+    lines = []
+    for (impl, phase), g in layers[layers["module_duration_ns"].notna()].groupby(_GROUP, sort=True):
+        steps = g["steps"].max() if g["steps"].notna().any() and g["steps"].max() > 0 else 1
+        module, core = g["module_duration_ns"].sum() / steps, g["duration_ns"].sum() / steps
+        busy = g["module_kernel_busy_ns"].sum(min_count=1) / steps
+        gpu_busy = (g["duration_ns"] / (g["share_of_gpu_busy_pct"] / 100.0)).median() / steps if "share_of_gpu_busy_pct" in g else float("nan")
+        busy_text = (f", busy {number(busy / 1e6)} ms, {number(100.0 * busy / gpu_busy, 2)} % of GPU busy time"
+                     if pd.notna(busy) and pd.notna(gpu_busy) and gpu_busy > 0 else "")
+        per_call = g["module_kernel_count"].sum() / g["module_calls"].sum()
+        lines.append(f"{phase}, {impl}: the whole attention modules span {number(module / 1e6)} ms per step "
+                     f"({number(per_call, 3)} GPU operations per call{busy_text}); the attention core {number(core / 1e6)} ms "
+                     f"of it ({number(100.0 * core / module, 2)} %), the rest is the modules' other work (projections and the like); "
+                     f"measured, {len(g)} layers with their module recorded")
+    return lines
+
+
 def bottlenecks(layers: pd.DataFrame, heads: pd.DataFrame, top: int = 5) -> list[str]:
-    """The bottlenecks of one run in words: the costliest layers, whether any
-    layer stands out, then heads measured on their own."""
-    return layer_lines(layers, top) + layer_noise_lines(layers) + head_lines(heads, top)
+    """The bottlenecks of one run in words: the costliest layers, the whole attention modules beside their core
+    where recorded, whether any layer stands out, then heads measured on their own."""
+    return layer_lines(layers, top) + module_lines(layers) + layer_noise_lines(layers) + head_lines(heads, top)
 
 
 def run_info(runs: pd.DataFrame | None, run_id) -> dict:
