@@ -33,7 +33,8 @@ class FileResult:
     """What became of one file.
 
     Attributes:
-        path: the input file; run_id: its run (staged under ``OUT/.staging-<run_id>`` when ``error`` is None).
+        path: the input file; run_id: its run (staged under ``OUT/.staging-<run_id>`` when ``error`` is None);
+            runs: the runs staged there when the file held several (one per process; see :attr:`run_ids`).
         lines: one-line facts for the progress output; notices: what the reader should know.
         error, hint, exit_code: the :class:`~headcount.errors.HeadcountError` that stopped it, if any.
     """
@@ -45,6 +46,13 @@ class FileResult:
     error: str | None = None
     hint: str | None = None
     exit_code: int = 0
+    runs: list[str] = field(default_factory=list)
+
+    @property
+    def run_ids(self) -> list[str]:
+        """The runs staged under ``.staging-<run_id>``: ``run_id`` itself, or one per process of a
+        recording of several (``<run_id>-pid<pid>``)."""
+        return self.runs or [self.run_id]
 
 
 def stage_file(path: str, out: str, run_id: str, options: ReadOptions) -> FileResult:
@@ -55,24 +63,40 @@ def stage_file(path: str, out: str, run_id: str, options: ReadOptions) -> FileRe
     anything else (a bug) raises.
     """
     from headcount import env, sources
-    from headcount.reports import dataset
-    from headcount.reports.metadata import runs_row
 
     env.release_freed_memory()
+    runs, lines, notices = [], [], []
     try:
         source = sources.for_path(Path(path))
         result = source.parse(Path(path), run_id, options)
-        meta = _metadata(path, run_id, source.name, result.version, result.device, result.notices, result.run)
-        with dataset.StagedRun(out, run_id, meta) as staged:
-            for name, frame in result.pieces():
-                if name in WRITTEN:
-                    staged.write(name, frame)
-                del frame  # not held while the next piece is built
-            meta.update(result.run)  # what the build learnt of the run while streaming (a trace's calls: dtype, batch, seq)
-            staged.write("runs", runs_row(meta))
+        if result.runs is None:
+            _stage(out, run_id, run_id, _metadata(path, run_id, source.name, result.version, result.device, result.notices,
+                                                  result.run), result)
+            return FileResult(str(path), run_id, result.lines, result.notices)
+        for suffix, each in result.runs:  # one run per process, staged side by side
+            runs.append(f"{run_id}-{suffix}")
+            _stage(out, runs[-1], run_id, _metadata(path, runs[-1], source.name, each.version, each.device, each.notices, each.run),
+                   each)
+            lines += each.lines
+            notices += [f"process {each.run['pid']}: {n}" for n in each.notices]
     except HeadcountError as exc:
         return FileResult(str(path), run_id, **_failure(path, exc))
-    return FileResult(str(path), run_id, result.lines, result.notices)
+    lines.append(f"{path}: {len(runs)} processes ran GPU work: one run each ({', '.join(r.rsplit('-', 1)[1] for r in runs)})")
+    return FileResult(str(path), run_id, lines, notices, runs=runs)
+
+
+def _stage(out: str, run_id: str, staging: str, meta: dict, parsed) -> None:
+    """Stage ``parsed``'s tables and runs row as run ``run_id`` under ``.staging-<staging>``."""
+    from headcount.reports import dataset
+    from headcount.reports.metadata import runs_row
+
+    with dataset.StagedRun(out, run_id, meta, staging=staging) as staged:
+        for name, frame in parsed.pieces():
+            if name in WRITTEN:
+                staged.write(name, frame)
+            del frame  # not held while the next piece is built
+        meta.update(parsed.run)  # what the build learnt of the run while streaming (a trace's calls: dtype, batch, seq)
+        staged.write("runs", runs_row(meta))
 
 
 def _failure(path, exc: HeadcountError) -> dict:
@@ -86,7 +110,9 @@ SHARD_ROWS = 1_000_000  # NVTX rows from which one nsys export is split across t
 
 @dataclass
 class ShardResult:
-    """What a worker made of one shard of a large export: its attention ranges and row counts, or an error."""
+    """What a worker made of one shard of a large export: its attention ranges and row counts, or an error.
+    An export whose processes are runs of their own (:attr:`processes`): each process's attention ranges,
+    steps rows and GPUs by process id instead."""
 
     attention: object = None
     steps: object = None
@@ -94,17 +120,27 @@ class ShardResult:
     error: str | None = None
     hint: str | None = None
     exit_code: int = 0
+    processes: dict | None = None
+
+
+def process_meta(meta: dict, run_id: str, pid: str, device, processes: int) -> dict:
+    """The metadata of the run of process ``pid`` of a file whose processes are runs of their own."""
+    return {**meta, "run_id": run_id, "pid": pid, "processes_in_recording": processes,
+            **({"device": device.as_dict()} if device is not None else {})}
 
 
 def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards: int, plan, options: ReadOptions) -> ShardResult:
     """Attribute and stage one shard of a large nsys export (:func:`headcount.build.nsys_shard`)
-    as the pieces ``part-s<shard>`` of run ``run_id``; the parent finishes the run."""
+    as the pieces ``part-s<shard>`` of run ``run_id``; the parent finishes the run. Where the
+    export's processes are runs of their own, each process is staged as its run's pieces."""
     from headcount import build, env, parse_file
     from headcount.reports import dataset
 
     env.release_freed_memory()
     counts: dict = {}
     attention, steps = None, []
+    if len(plan.gpu_processes) > 1:
+        return _stage_shard_processes(path, out, run_id, meta, shard, shards, plan, options)
     try:
         with dataset.StagedRun(out, run_id, meta, part=f"s{shard}", manifest=False) as staged:
             for name, frame in build.nsys_shard(Path(path), plan, shard, shards, options):
@@ -119,6 +155,35 @@ def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards
     except HeadcountError as exc:
         return ShardResult(**_failure(path, exc))
     return ShardResult(attention, steps, counts)
+
+
+def _stage_shard_processes(path: str, out: str, run_id: str, meta: dict, shard: int, shards: int, plan,
+                           options: ReadOptions) -> ShardResult:
+    """:func:`stage_shard` of an export whose processes are runs of their own (``<run_id>-pid<pid>``)."""
+    from headcount import build, parse_file
+    from headcount.parsers import nsys_sqlite
+    from headcount.reports import dataset
+
+    counts: dict = {}
+    processes: dict = {}
+    try:
+        for part in build.nsys_processes(Path(path), plan, (shard, shards), options):
+            pid = nsys_sqlite.process_of(part)
+            used = sorted(int(d) for d in part.gpu["device"].dropna().unique()) if len(part.gpu) else []
+            attention, steps = [], []
+            sub = f"{run_id}-pid{pid}"
+            each = process_meta(meta, sub, pid, nsys_sqlite.describe_device(plan.devices, used), len(plan.gpu_processes))
+            with dataset.StagedRun(out, sub, each, part=f"s{shard}", manifest=False, staging=run_id) as staged:
+                for name, frame in build.process_pieces([part], None, "unknown", plan.devices, plan.gpu_metrics, attention, set(),
+                                                         release=True, steps=steps):
+                    parse_file.tally(counts, name, frame)
+                    staged.write(name, frame)
+                    del frame
+            processes[pid] = (attention, steps, used)
+            del part
+    except HeadcountError as exc:
+        return ShardResult(**_failure(path, exc))
+    return ShardResult(counts=counts, processes=processes)
 
 
 def _shards(path: str, jobs: int):
@@ -256,7 +321,7 @@ def _metadata(path: str, run_id: str, source: str, version, device, notices: lis
                         device=device or Device("cuda"), program={})
 
 
-def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResult]) -> FileResult:
+def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResult], plan=None) -> FileResult:
     """The shards of one file are staged: add its layers, heads, findings and runs rows (or report the first error)."""
     from headcount import build, parse_file
     from headcount.reports import dataset
@@ -265,6 +330,9 @@ def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResul
     failed = next((r for r in parts if r.error), None)
     if failed:
         return FileResult(path, run_id, error=failed.error, hint=failed.hint, exit_code=failed.exit_code)
+    counts = {k: sum(r.counts.get(k, 0) for r in parts) for k in ("kernels", "ranges", "attributed")}
+    if any(r.processes is not None for r in parts):
+        return _finish_processes(path, run_id, out, meta, parts, counts, plan)
     try:
         layers, heads = build.nsys_aggregates([r.attention for r in parts], None, Device.from_dict(meta.get("device")))
         findings = build.run_findings([f for r in parts for f in (r.steps or [])], layers, heads)
@@ -275,8 +343,43 @@ def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResul
             staged.write("runs", runs_row(meta))
     except HeadcountError as exc:
         return FileResult(path, run_id, **_failure(path, exc))
-    counts = {k: sum(r.counts.get(k, 0) for r in parts) for k in ("kernels", "ranges", "attributed")}
     return FileResult(path, run_id, parse_file.nsys_lines(path, counts, f" ({len(parts)} shards in parallel)"))
+
+
+def _finish_processes(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResult], counts: dict, plan) -> FileResult:
+    """:func:`_finish` of an export whose processes are runs of their own: each run's layers, heads, findings and runs rows."""
+    from headcount import build, parse_file
+    from headcount.parsers import nsys_sqlite
+    from headcount.reports import dataset
+    from headcount.reports.metadata import runs_row
+
+    processes = {pid: got for r in parts for pid, got in (r.processes or {}).items()}
+    runs, notices = [], []
+    try:
+        for pid in sorted(processes, key=lambda p: int(p) if str(p).isdigit() else str(p)):
+            attention, steps, used = processes[pid]
+            sub = f"{run_id}-pid{pid}"
+            device = nsys_sqlite.describe_device(plan.devices, used)
+            each = process_meta(meta, sub, pid, device, len(processes))
+            found: list[str] = []
+            layers, heads = build.nsys_aggregates(attention, None, Device.from_dict(each.get("device")))
+            if not len(layers):
+                found.append(f"{build.NO_ATTENTION} (neither headcount's ranges nor an attention operator, module or kernel name "
+                             "in the export)")
+            each["notices"] = [*each.get("notices", []), *found]
+            findings = build.run_findings(steps, layers, heads)
+            with dataset.StagedRun(out, sub, each, staging=run_id) as staged:
+                staged.write("layers", layers)
+                staged.write("heads", heads)
+                staged.write("findings", findings)
+                staged.write("runs", runs_row(each))
+            runs.append(sub)
+            notices += [f"process {pid}: {n}" for n in found]
+    except HeadcountError as exc:
+        return FileResult(path, run_id, **_failure(path, exc))
+    lines = parse_file.nsys_lines(path, counts, f" ({len(parts)} shards in parallel)")
+    lines.append(f"{path}: {len(runs)} processes ran GPU work: one run each ({', '.join(r.rsplit('-', 1)[1] for r in runs)})")
+    return FileResult(path, run_id, lines, notices, runs=runs)
 
 
 def _cores() -> int:
@@ -389,7 +492,7 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
                 parts[i].append(future.result())
                 if len(parts[i]) < shards[i][0]:
                     continue
-                results[i] = _finish(files[i][0], files[i][1], out, metas[i], parts[i])
+                results[i] = _finish(files[i][0], files[i][1], out, metas[i], parts[i], shards[i][1])
             done(results[i])
     return results
 

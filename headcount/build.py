@@ -706,7 +706,7 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: Devi
     """
     attention, used, steps = [], set(), []
     notices = [] if notices is None else notices
-    yield from _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention, used, release=release, steps=steps,
+    yield from process_pieces(parts, calls, implementation, devices, gpu_metrics, attention, used, release=release, steps=steps,
                                notices=notices)
     # the GPU the work ran on: the program's (headcount run), else the one the export describes
     layers, heads = nsys_aggregates(attention, calls, device or nsys_sqlite.describe_device(devices, sorted(used)))
@@ -734,7 +734,7 @@ def collected(pieces) -> dict[str, pd.DataFrame]:
     return {name: _concat(frames) for name, frames in parts.items()}
 
 
-def _process_pieces(parts, calls, implementation, devices, gpu_metrics, attention: list, used: set, release: bool = False,
+def process_pieces(parts, calls, implementation, devices, gpu_metrics, attention: list, used: set, release: bool = False,
                     steps: list | None = None, notices: list[str] | None = None):
     """``ranges``, ``kernels`` and ``steps`` of each part; its attention ranges go to ``attention``, its GPUs to
     ``used``, its steps rows to ``steps``. ``release``: the parts are transient (read for this): each is emptied once projected."""
@@ -785,7 +785,7 @@ def nsys_shard(path: Path, plan, shard: int, shards: int, options: ReadOptions =
     parent (which also gets the ``steps`` rows back, for the findings)."""
     attention: list[pd.DataFrame] = []
     parts = nsys_processes(path, plan, (shard, shards), options)
-    for name, frame in _process_pieces(parts, None, "unknown", plan.devices, plan.gpu_metrics, attention, set(), release=True):
+    for name, frame in process_pieces(parts, None, "unknown", plan.devices, plan.gpu_metrics, attention, set(), release=True):
         yield name, frame
         del frame
     if not attention:  # no process id falls in this shard

@@ -53,6 +53,9 @@ class Parsed:
             ``implementation``, ``dtype``, ``batch``, ``seq`` once :meth:`pieces` is consumed).
         stream: instead of ``tables``, the tables in pieces (``(name, DataFrame)``),
             built while they are consumed (large recordings, one process at a time).
+        runs: instead of either, a recording of several processes that each ran GPU work
+            (the ranks of a distributed job): ``(suffix, Parsed)`` of each process, one run
+            each (``<run id>-pid<pid>``), built while they are consumed.
     """
 
     tables: dict[str, pd.DataFrame]
@@ -62,6 +65,7 @@ class Parsed:
     notices: list[str] = field(default_factory=list)
     stream: Iterator[tuple[str, pd.DataFrame]] | None = None
     run: dict = field(default_factory=dict)
+    runs: Iterator[tuple[str, "Parsed"]] | None = None
 
     def pieces(self) -> Iterator[tuple[str, pd.DataFrame]]:
         """``(table name, rows)`` to write, in order; consumed once."""
@@ -91,19 +95,39 @@ def _nsys_file(path: Path, export: AbstractContextManager, options: ReadOptions)
         stack.close()
         raise NothingRecorded(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     parsed = Parsed({}, nsys_sqlite.describe_device(plan.devices, plan.gpu_devices), plan.meta.get("EXPORT_PRODUCT_VERSION"))
-    parsed.stream = _nsys_stream(path, sqlite, plan, parsed.lines, stack, parsed.notices, options)
+    if len(plan.gpu_processes) > 1:  # ranks: one run each, as `headcount run` makes them
+        parsed.runs = _nsys_runs(path, sqlite, plan, parsed, stack, options)
+    else:
+        parsed.stream = _nsys_stream(path, nsys_processes(sqlite, plan, options=options), plan, parsed.lines, parsed.notices)
+        parsed.stream = _closing(parsed.stream, stack)
     return parsed
 
 
-def _nsys_stream(path: Path, sqlite: Path, plan, lines: list[str], stack: ExitStack, notices: list[str], options: ReadOptions):
-    counts: dict = {}
+def _closing(stream, stack: ExitStack):
     with stack:
-        for name, frame in nsys_pieces(nsys_processes(sqlite, plan, options=options), devices=plan.devices, gpu_metrics=plan.gpu_metrics,
-                                       release=True, notices=notices):
-            tally(counts, name, frame)
-            yield name, frame
-            del frame  # the consumer is done with it: not held while the next process is built
-    lines.extend(nsys_lines(path, counts))
+        yield from stream
+
+
+def _nsys_stream(path: Path, parts, plan, lines: list[str], notices: list[str], what: str = ""):
+    counts: dict = {}
+    for name, frame in nsys_pieces(parts, devices=plan.devices, gpu_metrics=plan.gpu_metrics, release=True, notices=notices):
+        tally(counts, name, frame)
+        yield name, frame
+        del frame  # the consumer is done with it: not held while the next process is built
+    lines.extend(nsys_lines(f"{path}{what}", counts))
+
+
+def _nsys_runs(path: Path, sqlite: Path, plan, whole: Parsed, stack: ExitStack, options: ReadOptions):
+    """``(pid<pid>, Parsed)`` of each process of an export whose processes ran GPU work on their own."""
+    with stack:
+        for part in nsys_processes(sqlite, plan, options=options):
+            pid = nsys_sqlite.process_of(part)
+            used = sorted(int(d) for d in part.gpu["device"].dropna().unique()) if len(part.gpu) else []
+            run = Parsed({}, nsys_sqlite.describe_device(plan.devices, used) or whole.device, whole.version,
+                         run={"pid": pid, "processes_in_recording": len(plan.gpu_processes)})
+            run.stream = _nsys_stream(path, [part], plan, run.lines, run.notices, f" (process {pid})")
+            del part  # held by the stream only: released once it is built
+            yield f"pid{pid}", run
 
 
 def from_nsys_export(path: Path, run_id: str, options: ReadOptions) -> Parsed:

@@ -238,3 +238,37 @@ def test_a_commit_killed_at_any_step_is_completed_or_undone_by_the_next_command(
         assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".headcount.lock"], k
         outcomes.add(tuple(marker))
     assert outcomes == {tuple(old), tuple(new)}  # killed before the journal: the old report; after it: the new one
+
+
+def test_the_runs_of_one_file_are_committed_together_at_any_kill(tmp_path, two_profiles, monkeypatch):
+    """An export of two processes (the H100×2 nsys export) is two runs, staged side by side under the file's one
+    staging id. Killed at every rename, replace, unlink or rmtree of its ``--append`` commit, the next command leaves
+    the old report or the new one with both processes' runs, never one of them, and nothing staged behind."""
+    from pathlib import Path
+
+    from headcount.cli.main import main
+
+    export = Path(__file__).parent / "fixtures" / "nsys" / "h100x2_pytorch_nsys2026.2.sqlite"
+    first = two_profiles[0]
+    probe = tmp_path / "probe"
+    first.save(probe)
+    seen = _commit_killed_at(monkeypatch, 0)
+    assert main(["parse", str(export), "-o", str(probe), "--append", "--jobs", "1"]) == 0
+    steps = seen["n"]
+    monkeypatch.undo()
+    marker, held = _state(probe)
+    assert marker[0] == first.run_id and len(marker) == 3 and [m.rsplit("-", 1)[1] for m in marker[1:]] == ["pid111", "pid112"]
+    assert all(runs == set(marker) for runs in held.values()), held
+    assert steps >= 8
+    for k in range(1, steps + 1):
+        out = tmp_path / f"append-{k}"
+        first.save(out)
+        _commit_killed_at(monkeypatch, k)
+        with pytest.raises(_Killed):
+            main(["parse", str(export), "-o", str(out), "--append", "--jobs", "1"])
+        monkeypatch.undo()
+        assert main(["query", str(out), "SELECT run_id FROM runs"]) == 0  # the next command
+        marker, held = _state(out)
+        assert len(marker) in (1, 3), (k, marker)
+        assert all(runs == set(marker) for runs in held.values()), (k, held)
+        assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".headcount.lock"], k

@@ -11,6 +11,7 @@ from headcount import AttentionTagger, attention_range, tag, tag_attention, unta
 from headcount.errors import HeadcountError
 from headcount.naming import parse_path, sanitize
 from headcount.tagging.layer_names import layer_names
+from headcount.tagging.tagger import head_order
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
@@ -39,10 +40,11 @@ def test_llama_gqa_head_mode_ranges():
     layer_calls = [(c.phase, c.layer_name) for c in calls if c.head is None]
     assert layer_calls == [("fwd", "layer.0"), ("fwd", "layer.1"), ("bwd", "layer.1"), ("bwd", "layer.0")]
     fwd_heads = [(c.layer_name, c.head, c.kv_head) for c in calls if c.head is not None and c.phase == "fwd"]
-    assert fwd_heads == [(f"layer.{i}", h, h // 2) for i in range(2) for h in range(4)]
+    # each call computes its heads in its drawn order (tagger.head_order), each with its GQA key/value head
+    assert fwd_heads == [(f"layer.{i}", h, h // 2) for i in range(2) for h in head_order(f"layer.{i}", 0, 4)]
     # backward heads run in reverse order, inside their layer
     bwd_heads = [(c.layer_name, c.head) for c in calls if c.head is not None and c.phase == "bwd"]
-    assert bwd_heads == [(f"layer.{i}", h) for i in (1, 0) for h in (3, 2, 1, 0)]
+    assert bwd_heads == [(f"layer.{i}", h) for i in (1, 0) for h in reversed(head_order(f"layer.{i}", 0, 4))]
     assert all(c.shape.q_heads == 4 and c.shape.kv_heads == 2 for c in calls if c.head is None)
     assert all(c.shape.q_heads == 1 and c.shape.kv_heads == 1 for c in calls if c.head is not None)
 

@@ -104,7 +104,8 @@ def run(args) -> int:
             _discard(out, files, created)
             raise
         failed = [r for r in results if r.error]
-        good = [r.run_id for r in results if not r.error]
+        good = [r.run_id for r in results if not r.error]  # staged under these ids
+        runs = [run for r in results if not r.error for run in r.run_ids]  # one per file, or per process of a file
         if failed and not args.keep_going:
             _discard(out, files, created)
             first = failed[0]
@@ -112,8 +113,8 @@ def run(args) -> int:
             raise HeadcountError(f"{first.error}{others}; nothing was written", hint=first.hint, exit_code=first.exit_code or 2)
         dataset.discard(out, [r.run_id for r in failed])
         if good:
-            dataset.commit(out, good, append=args.append, force=args.force)
-            terminal.console().print(f"Report: {args.out}/ ({len(good)} run{'s' if len(good) > 1 else ''})")
+            dataset.commit(out, runs, append=args.append, force=args.force, staged=good)
+            terminal.console().print(f"Report: {args.out}/ ({len(runs)} run{'s' if len(runs) > 1 else ''})")
     for r in failed:
         terminal.console(stderr=True).print(f"headcount: error: {r.error}" + (f" ({r.hint})" if r.hint else ""), soft_wrap=True, highlight=False)
     if failed:

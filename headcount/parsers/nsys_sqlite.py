@@ -25,7 +25,7 @@ import sqlite3
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -455,6 +455,7 @@ class ExportPlan:
         last_nvtx_ns: the export's last NVTX timestamp (where ranges left open end, as nsys has it).
         meta, devices, gpu_metrics: as in :class:`~headcount.tables.Timeline` (whole export).
         gpu_devices: the device ids that ran GPU work.
+        gpu_processes: the process ids that launched GPU work (two or more: ``parse`` makes one run of each process).
     """
 
     processes: list[int] | None
@@ -465,6 +466,7 @@ class ExportPlan:
     devices: pd.DataFrame
     gpu_metrics: pd.DataFrame
     gpu_devices: list[int]
+    gpu_processes: list[int] = field(default_factory=list)
 
 
 def plan_export(path: str | Path) -> ExportPlan:
@@ -483,13 +485,10 @@ def plan_export(path: str | Path) -> ExportPlan:
         meta = _read_meta(src, tables)
         if _size(src, tables) <= STREAM_ROWS:
             metrics, devices = _read_gpu_metrics(src, tables), _read_devices(src, tables)
-            used = set()
-            for table in GPU_TABLES:
-                if table in tables and "deviceId" in src.columns(table):
-                    used.update(d for (d,) in src.rows(f"SELECT DISTINCT deviceId FROM {table}") if _is_int(d))
+            used, gpu_pids = _gpu_users(src, tables)
             bulk = ("NVTX_EVENTS", *API_TABLES, *GPU_TABLES)
             anything = any(src.rows(f"SELECT 1 FROM {t} LIMIT 1") for t in bulk if t in tables)
-            return ExportPlan(None, not anything, {}, None, meta, devices, metrics, sorted(used))
+            return ExportPlan(None, not anything, {}, None, meta, devices, metrics, sorted(used), sorted(gpu_pids))
         nvtx_rows, last, pids = {}, None, set()
         if "NVTX_EVENTS" in tables:
             types = ",".join(str(t) for t in RANGE_EVENT_TYPES)
@@ -502,18 +501,27 @@ def plan_export(path: str | Path) -> ExportPlan:
         for table in API_TABLES:
             if table in tables:
                 pids.update(int(p) for (p,) in src.rows(f"SELECT DISTINCT {_pid_of('globalTid')} FROM {table}") if p is not None)
-        used = set()
-        for table in GPU_TABLES:
-            if table in tables:
-                device = "deviceId" if "deviceId" in src.columns(table) else "NULL"
-                for p, d in src.rows(f"SELECT DISTINCT {_pid_of('globalPid')}, {device} FROM {table}"):
-                    pids.update([p] if _is_int(p) else [])
-                    used.update([d] if _is_int(d) else [])
+        used, gpu_pids = _gpu_users(src, tables)
+        pids.update(gpu_pids)
         metrics = _read_gpu_metrics(src, tables)
         devices = _read_devices(src, tables)
     finally:
         src.close()
-    return ExportPlan(sorted(pids), not pids, nvtx_rows, last, meta, devices, metrics, sorted(used))
+    return ExportPlan(sorted(pids), not pids, nvtx_rows, last, meta, devices, metrics, sorted(used), sorted(gpu_pids))
+
+
+def _gpu_users(src, tables) -> tuple[set, set]:
+    """The device ids that ran GPU work, and the process ids that launched it."""
+    used, pids = set(), set()
+    for table in GPU_TABLES:
+        if table in tables:
+            columns = src.columns(table)
+            device = "deviceId" if "deviceId" in columns else "NULL"
+            pid = _pid_of("globalPid") if "globalPid" in columns else "NULL"
+            for p, d in src.rows(f"SELECT DISTINCT {pid}, {device} FROM {table}"):
+                pids.update([int(p)] if _is_int(p) else [])
+                used.update([d] if _is_int(d) else [])
+    return used, pids
 
 
 def by_process(export: Timeline):

@@ -387,13 +387,16 @@ class StagedRun:
         HeadcountError: a piece does not fit its table's schema; an I/O error.
     """
 
-    def __init__(self, out: str | Path, run_id: str, metadata: dict, part: str = "0", manifest: bool = True):
+    def __init__(self, out: str | Path, run_id: str, metadata: dict, part: str = "0", manifest: bool = True,
+                 staging: str | None = None):
         """``part``: this writer's file name (``part-<part>.parquet``); several
         writers (worker processes) stage pieces of one run side by side, and the
-        one with ``manifest`` writes ``run.json``."""
+        one with ``manifest`` writes ``run.json``. ``staging``: the staging
+        directory's id where it is not ``run_id`` (the runs of one file's
+        processes are staged side by side, under the file's id)."""
         self.out, self.run_id, self.metadata = Path(out), run_id, metadata
         self.part, self.manifest = part, manifest
-        self.staging = self.out / f".staging-{run_id}"
+        self.staging = self.out / f".staging-{staging or run_id}"
         self.rows: dict[str, int] = {}
         self._writers: dict[str, pq.ParquetWriter] = {}
         self._meta_json = json.dumps(metadata, sort_keys=True, default=str).encode()
@@ -455,10 +458,11 @@ class StagedRun:
             self.discard()
 
 
-def commit(out: str | Path, run_ids: list[str], append: bool = False, force: bool = False) -> Path:
+def commit(out: str | Path, run_ids: list[str], append: bool = False, force: bool = False, staged: list[str] | None = None) -> Path:
     """Move staged runs (:class:`StagedRun`, closed) into the report at ``out``
     and list them in ``headcount.json``: under the report's lock, through a
-    journal (see the module docstring).
+    journal (see the module docstring). ``staged``: the staging directories'
+    ids where they are not ``run_ids`` (one file's runs staged side by side).
 
     Raises:
         HeadcountError: see :func:`check_output` (checked again under the lock:
@@ -469,6 +473,7 @@ def commit(out: str | Path, run_ids: list[str], append: bool = False, force: boo
     """
     out = Path(out)
     journal = None
+    staged = list(staged or run_ids)
     with report_lock(out):
         try:
             check_output(out, append=append, force=force)  # completes an interrupted commit first (recover)
@@ -476,6 +481,7 @@ def commit(out: str | Path, run_ids: list[str], append: bool = False, force: boo
             replace = bool(force and previous)
             journal = {
                 "runs": list(run_ids),
+                "staged": staged,
                 "keep_runs": [] if replace else [str(r) for r in previous.get("runs", [])],
                 "set_aside": sorted(e.name for e in out.iterdir() if e.name in (*TABLES, "manifests", MARKER)) if replace else [],
                 "trash": f".trash-{run_ids[0]}" if replace else None,
@@ -485,13 +491,13 @@ def commit(out: str | Path, run_ids: list[str], append: bool = False, force: boo
             _run_journal(out, journal)
         except OSError as exc:
             if journal is None:
-                discard(out, run_ids)
+                discard(out, staged)
             raise HeadcountError(f"{out}: cannot write the report ({exc.strerror or exc})" +
                                  ("; the next headcount command on it completes the commit" if journal else ""),
                                  hint="check free space and permissions") from exc
         except HeadcountError:
             if journal is None:
-                discard(out, run_ids)
+                discard(out, staged)
             raise
     return out
 
@@ -513,7 +519,7 @@ def _run_journal(out: Path, journal: dict) -> None:
                 if (out / name).exists() and not (trash / name).exists():
                     (out / name).rename(trash / name)
         elif step == "place":
-            for run_id in journal["runs"]:
+            for run_id in journal.get("staged", journal["runs"]):
                 staging = out / f".staging-{run_id}"
                 if not staging.exists():
                     continue
@@ -531,7 +537,7 @@ def _run_journal(out: Path, journal: dict) -> None:
         else:
             if journal["trash"]:
                 shutil.rmtree(out / journal["trash"], ignore_errors=True)
-            _remove_staging(out, journal["runs"])
+            _remove_staging(out, journal.get("staged", journal["runs"]))
     (out / JOURNAL).unlink(missing_ok=True)
 
 
@@ -586,7 +592,8 @@ def discard(out: str | Path, run_ids: list[str]) -> None:
     needs (:func:`recover` completes that commit)."""
     pending = set()
     try:
-        pending = set(json.loads((Path(out) / JOURNAL).read_text()).get("runs", []))
+        journal = json.loads((Path(out) / JOURNAL).read_text())
+        pending = set(journal.get("staged", journal.get("runs", [])))
     except (OSError, json.JSONDecodeError, AttributeError):
         pass
     _remove_staging(out, [r for r in run_ids if r not in pending])
