@@ -56,13 +56,14 @@ class FileResult:
 
 
 def stage_file(path: str, out: str, run_id: str, options: ReadOptions) -> FileResult:
-    """Read ``path``, build its tables and stage them as run ``run_id`` under ``out``.
+    """Read ``path``, build its tables and stage them as run ``run_id`` under ``out`` (an export of several
+    processes that ran GPU work: a run ``<run_id>-pid<pid>`` of each, staged side by side under ``run_id``).
 
     Runs in this process, a worker process or a Ray task alike (arguments and
     result are plain values). Errors a user can cause come back in the result;
     anything else (a bug) raises.
     """
-    from headcount import env, sources
+    from headcount import env, parse_file, sources
 
     env.release_freed_memory()
     runs, lines, notices = [], [], []
@@ -81,7 +82,7 @@ def stage_file(path: str, out: str, run_id: str, options: ReadOptions) -> FileRe
             notices += [f"process {each.run['pid']}: {n}" for n in each.notices]
     except HeadcountError as exc:
         return FileResult(str(path), run_id, **_failure(path, exc))
-    lines.append(f"{path}: {len(runs)} processes ran GPU work: one run each ({', '.join(r.rsplit('-', 1)[1] for r in runs)})")
+    lines.append(parse_file.processes_line(path, runs))
     return FileResult(str(path), run_id, lines, notices, runs=runs)
 
 
@@ -124,9 +125,11 @@ class ShardResult:
 
 
 def process_meta(meta: dict, run_id: str, pid: str, device, processes: int) -> dict:
-    """The metadata of the run of process ``pid`` of a file whose processes are runs of their own."""
-    return {**meta, "run_id": run_id, "pid": pid, "processes_in_recording": processes,
-            **({"device": device.as_dict()} if device is not None else {})}
+    """The metadata of the run of process ``pid`` of a file whose processes are runs of their own
+    (the sharded path's; :func:`headcount.parse_file.process_facts` as the one-worker path)."""
+    from headcount.parse_file import process_facts
+
+    return {**meta, "run_id": run_id, **process_facts(pid, processes), **({"device": device.as_dict()} if device is not None else {})}
 
 
 def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards: int, plan, options: ReadOptions) -> ShardResult:
@@ -364,8 +367,7 @@ def _finish_processes(path: str, run_id: str, out: str, meta: dict, parts: list[
             found: list[str] = []
             layers, heads = build.nsys_aggregates(attention, None, Device.from_dict(each.get("device")))
             if not len(layers):
-                found.append(f"{build.NO_ATTENTION} (neither headcount's ranges nor an attention operator, module or kernel name "
-                             "in the export)")
+                found.append(build.NO_ATTENTION_IN_EXPORT)
             each["notices"] = [*each.get("notices", []), *found]
             findings = build.run_findings(steps, layers, heads)
             with dataset.StagedRun(out, sub, each, staging=run_id) as staged:
@@ -378,7 +380,7 @@ def _finish_processes(path: str, run_id: str, out: str, meta: dict, parts: list[
     except HeadcountError as exc:
         return FileResult(path, run_id, **_failure(path, exc))
     lines = parse_file.nsys_lines(path, counts, f" ({len(parts)} shards in parallel)")
-    lines.append(f"{path}: {len(runs)} processes ran GPU work: one run each ({', '.join(r.rsplit('-', 1)[1] for r in runs)})")
+    lines.append(parse_file.processes_line(path, runs))
     return FileResult(path, run_id, lines, notices, runs=runs)
 
 

@@ -620,6 +620,7 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
 
 
 NO_ATTENTION = "no attention found: kernels, steps and findings only"
+NO_ATTENTION_IN_EXPORT = f"{NO_ATTENTION} (neither headcount's ranges nor an attention operator, module or kernel name in the export)"
 
 
 def launched_in(events: pd.DataFrame) -> np.ndarray:
@@ -711,7 +712,7 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: Devi
     # the GPU the work ran on: the program's (headcount run), else the one the export describes
     layers, heads = nsys_aggregates(attention, calls, device or nsys_sqlite.describe_device(devices, sorted(used)))
     if not len(layers) and not any(NO_ATTENTION in n for n in notices):
-        notices.append(f"{NO_ATTENTION} (neither headcount's ranges nor an attention operator, module or kernel name in the export)")
+        notices.append(NO_ATTENTION_IN_EXPORT)
     findings = run_findings(steps, layers, heads)  # first: it gives the layers their shares of the steps
     yield "layers", layers
     yield "heads", heads

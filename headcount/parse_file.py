@@ -124,10 +124,20 @@ def _nsys_runs(path: Path, sqlite: Path, plan, whole: Parsed, stack: ExitStack, 
             pid = nsys_sqlite.process_of(part)
             used = sorted(int(d) for d in part.gpu["device"].dropna().unique()) if len(part.gpu) else []
             run = Parsed({}, nsys_sqlite.describe_device(plan.devices, used) or whole.device, whole.version,
-                         run={"pid": pid, "processes_in_recording": len(plan.gpu_processes)})
+                         run=process_facts(pid, len(plan.gpu_processes)))
             run.stream = _nsys_stream(path, [part], plan, run.lines, run.notices, f" (process {pid})")
             del part  # held by the stream only: released once it is built
             yield f"pid{pid}", run
+
+
+def process_facts(pid, processes: int) -> dict:
+    """What the run of one process of a recording of several says of itself (its runs row's ``pid``)."""
+    return {"pid": pid, "processes_in_recording": processes}
+
+
+def processes_line(path, runs: list[str]) -> str:
+    """The progress line of a file whose processes became runs of their own."""
+    return f"{path}: {len(runs)} processes ran GPU work: one run each ({', '.join(r.rsplit('-', 1)[1] for r in runs)})"
 
 
 def from_nsys_export(path: Path, run_id: str, options: ReadOptions) -> Parsed:
