@@ -82,7 +82,7 @@ class Parsed:
         return self.tables
 
 
-def _nsys_file(path: Path, export: AbstractContextManager, options: ReadOptions) -> Parsed:
+def _nsys_file(path: Path, export: AbstractContextManager, options: ReadOptions, run_id: str) -> Parsed:
     """An nsys export (``export`` yields its path, and cleans up when the pieces are consumed)."""
     stack = ExitStack()
     try:
@@ -95,6 +95,10 @@ def _nsys_file(path: Path, export: AbstractContextManager, options: ReadOptions)
         stack.close()
         raise NothingRecorded(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     parsed = Parsed({}, nsys_sqlite.describe_device(plan.devices, plan.gpu_devices), plan.meta.get("EXPORT_PRODUCT_VERSION"))
+    children = _call_logs(path)
+    if children:  # a `headcount run` raw folder: its ranks' call logs as the run would have read them
+        with stack:
+            return _from_raw_folder(path, sqlite, children, run_id, parsed)
     if len(plan.gpu_processes) > 1:  # ranks: one run each, as `headcount run` makes them
         parsed.runs = _nsys_runs(path, sqlite, plan, parsed, stack, options)
     else:
@@ -130,6 +134,40 @@ def _nsys_runs(path: Path, sqlite: Path, plan, whole: Parsed, stack: ExitStack, 
             yield f"pid{pid}", run
 
 
+def _call_logs(path: Path) -> list[dict] | None:
+    """The call logs beside an nsys report in a ``headcount run`` raw folder (``child-<pid>.json``), or None."""
+    folder = path.parent if path.is_file() else None
+    if folder is None or not any(folder.glob("child-*.json")):
+        return None
+    from headcount.wrap import assemble
+
+    return assemble.read_children(folder) or None
+
+
+def _from_raw_folder(path: Path, sqlite: Path, children: list[dict], run_id: str, whole: Parsed) -> Parsed:
+    """The runs ``headcount run`` would have written from this raw folder (one per tagged rank, with its call log):
+    a report made later from the raw files an interrupt kept has the tables the run would have given."""
+    from headcount.wrap import assemble
+
+    ranks = assemble.from_nsys(sqlite, children, run_id)
+    parsed = [_rank_parsed(path, r, whole) for r in ranks]
+    if len(ranks) == 1 and ranks[0].run_id == run_id:
+        return parsed[0]
+    whole.runs = iter([(r.run_id.removeprefix(f"{run_id}-"), p) for r, p in zip(ranks, parsed)])
+    return whole
+
+
+def _rank_parsed(path: Path, rank, whole: Parsed) -> Parsed:
+    info = rank.info
+    device = Device.from_dict(info.get("device")) or whole.device
+    program = info.get("program") or {}
+    run = {k: info.get(k) for k in ("pid", "rank", "world_size", "implementation", "complete", "ended_by") if info.get(k) is not None}
+    run.update(steps=info.get("steps_seen"), torch=program.get("torch"), transformers=program.get("transformers"))
+    line = f"{path}: a headcount run's raw files, rank {rank.rank}: {len(rank.tables.get('layers', []))} layer rows, read with its call log"
+    return Parsed(rank.tables, device, whole.version, lines=[line],
+                  notices=list(info.get("notices", [])), run=run)
+
+
 def process_facts(pid, processes: int) -> dict:
     """What the run of one process of a recording of several says of itself (its runs row's ``pid``)."""
     return {"pid": pid, "processes_in_recording": processes}
@@ -141,13 +179,13 @@ def processes_line(path, runs: list[str]) -> str:
 
 
 def from_nsys_export(path: Path, run_id: str, options: ReadOptions) -> Parsed:
-    return _nsys_file(path, nullcontext(path), options)
+    return _nsys_file(path, nullcontext(path), options, run_id)
 
 
 def from_nsys_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     from headcount.parsers.nsys_rep import exported
 
-    return _nsys_file(path, exported(path), options)
+    return _nsys_file(path, exported(path), options, run_id)
 
 
 def _ncu_file(path: Path, run_id: str, options: ReadOptions, read) -> Parsed:

@@ -118,24 +118,79 @@ def run(args) -> int:
     console.print(f"headcount run: {args.backend}, {args.mode} mode{f', steps {args.steps}' if args.steps else ''}; raw files in {raw}/")
 
     try:
-        status, tool_lines = launcher.run(argv, env, route=wrapper.stdout_route())
+        ran = launcher.run(argv, env, route=wrapper.stdout_route())
     except FileNotFoundError as exc:
         raise HeadcountError(f"{argv[0]}: cannot be started ({exc.strerror})", hint="check the command", exit_code=3) from exc
-    wrapper.check(raw, tool_lines, tool_info)
+    if ran.killed or ran.held:  # killed: what the tool had not written is lost; held: the user stopped headcount there
+        console.print(f"headcount: {'killed' if ran.killed else 'interrupted'}; no report was written; {_kept(wrapper, raw, out)}",
+                      soft_wrap=True, highlight=False)
+        return INTERRUPTED
+    try:
+        return _report(args, console, wrapper, ran, raw, out, run_id, tool_info)
+    except KeyboardInterrupt:  # while the recording is exported, read or committed: nothing half-written, the raw files kept
+        console.print(f"headcount: interrupted; no report was written; {_kept(wrapper, raw, out)}", soft_wrap=True, highlight=False)
+        return INTERRUPTED
+
+
+INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C, as shells and nsys give it
+
+
+def recorded_steps(tables: dict) -> int | None:
+    """The steps a rank's recording holds (its ``steps`` rows within a step); None where it has no steps table."""
+    steps = tables.get("steps")
+    if steps is None or "step" not in steps:
+        return None
+    return int(steps["step"].dropna().nunique())
+
+
+def first_recorded(runs: list) -> assemble.RankRun:
+    return next((r for r in runs if not assemble.empty(r.tables)), runs[0])
+
+
+def _interrupted_notice(run: assemble.RankRun) -> str:
+    """What an interrupted run's recording covers: the steps recorded before the recorder stopped (the program may
+    run on a little longer while its recorder shuts down; those steps are not in it)."""
+    held, seen = recorded_steps(run.tables), run.info.get("steps_seen")
+    of = f" of the {seen} the program began" if seen and held is not None and seen != held else ""
+    return f"interrupted: the recording covers {held} steps{of}, those before the interrupt" if held is not None \
+        else "interrupted: the recording covers the steps before the interrupt"
+
+
+def _kept(wrapper, raw: Path, out: Path) -> str:
+    """What an interrupt leaves: the raw files, and the command that makes the report from them later."""
+    report = wrapper.raw_report(raw)
+    if report is None or not report.exists():
+        return f"the raw files are kept in {raw}/"
+    return f"the raw files are kept in {raw}/; make the report from them later with: headcount parse {report} -o {out} --append"
+
+
+def _report(args, console, wrapper, ran, raw: Path, out: Path, run_id: str, tool_info: dict) -> int:
+    """Read what the program's run recorded and commit it as the report (one run per rank)."""
+    status = ran.status
+    wrapper.check(raw, ran.tool_lines, tool_info)
     try:
         runs, notes = wrapper.assemble(raw, run_id, console), []
     except NothingRecorded as exc:  # e.g. an nsys report of a program that stopped before its first range
         runs, notes = [], [exc.message]
+    if ran.interrupted:
+        for r in runs:
+            r.info["notices"] = [*r.info.get("notices", []), _interrupted_notice(r)]
+            r.info["complete"] = False
     if not runs or all(assemble.empty(r.tables) for r in runs):
         notes += [n for r in runs for n in r.info.get("notices", [])]
         note = f" ({'; '.join(notes)})" if notes else ""
+        if ran.interrupted:
+            console.print(f"headcount: interrupted before anything tagged was recorded{note}")
+            return INTERRUPTED
         if status:
             console.print(f"headcount: error: the program exited with status {status} and nothing tagged was recorded{note}")
             return status
         raise HeadcountError(f"nothing tagged was recorded{note}",
                              hint="does the program build a transformers model (or use --tag-sdpa)? raw files are kept in " + str(raw),
                              exit_code=4)
-    if status:
+    if ran.interrupted:
+        console.print(f"{_interrupted_notice(first_recorded(runs))}; the run is marked incomplete")
+    elif status:
         console.print(f"the program exited with status {status}: the report holds what was recorded, marked incomplete")
     staged = []  # every rank's run staged, then all committed together: never a report with some ranks only
     try:
@@ -147,7 +202,7 @@ def run(args) -> int:
                 # the program's device and versions, as its own process saw them (never this launcher's)
                 meta = run_metadata(r.run_id, args.backend, tool_info.get("tool_version"), args.mode,
                                     {**r.info, **tool_info, "program_exit_status": status, "steps": r.info.get("steps_seen"),
-                                     "complete": bool(r.info.get("complete", True)) and status == 0},
+                                     "complete": bool(r.info.get("complete", True)) and status == 0 and not ran.interrupted},
                                     device=Device.from_dict(r.info.get("device")),
                                     program=r.info.get("program") or {})
                 with dataset.StagedRun(out, r.run_id, meta) as run:
@@ -165,4 +220,4 @@ def run(args) -> int:
     console_report.print_summary(first.tables["layers"], first.tables["heads"], None, console=terminal.console(),
                                  kernels=first.tables["kernels"], steps=first.tables.get("steps"), findings=first.tables.get("findings"))
     terminal.console().print(f"Report: {out}/ ({written} run{'s' if written > 1 else ''}: {', '.join(r.run_id for r in runs)}); raw files: {raw}/")
-    return status
+    return INTERRUPTED if ran.interrupted else status

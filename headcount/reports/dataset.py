@@ -239,10 +239,27 @@ def read_marker(out: Path) -> dict:
         raise HeadcountError(f"{path}: unreadable report marker ({exc})", hint=f"repair or remove it, or use {_opt('force')}") from exc
 
 
+def umask() -> int:
+    """This process's file mode creation mask (read, not changed: ``os.umask`` can only be read by setting it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _write_json_atomic(path: Path, doc: dict) -> None:
-    """Write ``path`` through a temporary file of this writer's own, then replace it."""
+    """Write ``path`` through a temporary file of this writer's own, then replace it. The file gets the mode
+    any file the user creates gets (0666 less the umask), not ``mkstemp``'s private 0600: readers of a shared
+    report directory list its runs from the marker."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".headcount-{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "w") as fh:
             fh.write(json.dumps(doc, indent=2, sort_keys=True, default=str))
         os.replace(tmp, path)
@@ -274,7 +291,7 @@ def report_lock(out: Path, wait_s: float | None = None):
         return
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o666)  # less the umask: a colleague in the group may write too
     except OSError as exc:
         raise HeadcountError(f"{out}: cannot write the report ({exc.strerror or exc})", hint="check free space and permissions") from exc
     try:
@@ -335,7 +352,7 @@ class Claim:
         """
         staging = self.out / f".staging-{run_id}"
         ready = Path(tempfile.mkdtemp(prefix=CLAIMING, dir=self.out))
-        fd = os.open(ready / CLAIM, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(ready / CLAIM, os.O_RDWR | os.O_CREAT, 0o666)
         self._fds.append(fd)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a directory nobody else knows: never held
         try:

@@ -3,9 +3,11 @@ auto-tagging hook, the session's options) and the process itself.
 
 The program's output is passed through line by line (nothing is swallowed)
 while lines that NVIDIA's tools write (``==ERROR==``, ``==WARNING==``) are
-kept for :mod:`headcount.collector.nvidia_tools` to read. Ctrl-C is passed to
-the program, whose session then flushes what it recorded; a second Ctrl-C
-stops it at once.
+kept for :mod:`headcount.collector.nvidia_tools` to read. The program runs in
+its own process group: Ctrl-C is passed to that group once, as a terminal
+would, so the recording tool writes what it recorded and the program's
+session flushes its call log; a second Ctrl-C kills the group at once
+(:func:`run`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import headcount
@@ -62,8 +66,40 @@ def _pump(stream, sink, keep: list[str], route=None) -> None:
     stream.close()
 
 
-def run(argv: list[str], env: dict, route=None) -> tuple[int, list[str]]:
-    """Run ``argv``; returns (exit status, the tool lines it printed).
+@dataclass
+class Ran:
+    """How the program ended (:func:`run`).
+
+    Attributes:
+        status: its exit status (the recording tool's, where one wraps it).
+        tool_lines: the lines NVIDIA's tools printed (``==ERROR==``, ``==WARNING==``).
+        interrupted: a Ctrl-C reached headcount while it ran (passed on once, as a terminal would).
+        killed: a second Ctrl-C killed it and its tool at once: whatever the tool had not written is lost.
+        held: the Ctrl-C came once the program had ended, while its tool wrote its report: it was held
+            until the tool finished (the report is whole; the user asked headcount to stop there).
+    """
+
+    status: int
+    tool_lines: list[str]
+    interrupted: bool = False
+    killed: bool = False
+    held: bool = False
+
+
+GROUP_WAIT_S = 30.0  # after the tool exits, how long its helpers (nsys's agent) may take to end before they are killed
+
+
+def run(argv: list[str], env: dict, route=None) -> Ran:
+    """Run ``argv`` in its own process group and wait for the whole group to end.
+
+    Ctrl-C (SIGINT) then reaches headcount alone, which passes one SIGINT to the
+    program's whole group, exactly as a terminal does to a command run on its
+    own: nsys then stops the program and writes its report, the program's
+    session flushes what it recorded. The interrupt is held while the tool
+    writes its report after the program ended (``route.program_ended()``):
+    a SIGINT there would make nsys drop it. A second Ctrl-C kills the group at
+    once. Helpers that outlive the tool (nsys's agent) are waited for, at most
+    :data:`GROUP_WAIT_S`, then killed: no process headcount started outlives it.
 
     Args:
         route: where each line of the command's stdout goes: ``route(line,
@@ -74,29 +110,89 @@ def run(argv: list[str], env: dict, route=None) -> tuple[int, list[str]]:
     Raises:
         FileNotFoundError: ``argv[0]`` does not exist (the caller words it).
     """
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                            errors="replace")
+    # a process group that is not the terminal's foreground one would be stopped (SIGTTIN) by a read of the terminal:
+    # the program reads no terminal (a pipe or a file given as stdin is passed on)
+    stdin = subprocess.DEVNULL if _is_terminal(sys.stdin) else None
+    proc = subprocess.Popen(argv, env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                            errors="replace", process_group=0)
     kept: list[str] = []
     threads = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, kept, route), daemon=True),
                threading.Thread(target=_pump, args=(proc.stderr, sys.stderr, kept), daemon=True)]
     for t in threads:
         t.start()
-    interrupts = []
+    ran = Ran(0, kept)
+    ended = getattr(route, "program_ended", lambda: False)
 
     def forward(signum, frame):
-        interrupts.append(signum)
-        if len(interrupts) == 1:
-            notice("interrupt passed to the program; it flushes what it recorded (Ctrl-C again to kill it)")
-            proc.send_signal(signal.SIGINT)
-        else:
-            proc.kill()
+        if ran.interrupted and not ran.killed:
+            ran.killed = True
+            notice("second interrupt: the program and its recorder are killed")
+            _signal_group(proc.pid, signal.SIGKILL)
+            return
+        ran.interrupted = True
+        if ended():
+            ran.held = True
+            notice("the program has ended and its recorder is writing its report: it is left to finish "
+                   "(Ctrl-C again to kill it; the report is then lost)")
+            return
+        notice("interrupt passed to the program: it stops, and what it recorded is written (Ctrl-C again to kill it at once)")
+        _signal_group(proc.pid, signal.SIGINT)
 
     previous = signal.signal(signal.SIGINT, forward) if threading.current_thread() is threading.main_thread() else None
     try:
-        status = proc.wait()
+        ran.status = proc.wait()
+        _wait_group(proc.pid, GROUP_WAIT_S)
+    except BaseException:
+        _signal_group(proc.pid, signal.SIGKILL)  # headcount itself is going: nothing it started stays behind
+        proc.wait()
+        raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
         for t in threads:
             t.join(timeout=10)
-    return status, kept
+    return ran
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (ValueError, OSError):
+        return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group ``pgid`` is still running (zombies awaiting their parent excepted)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for entry in Path("/proc").iterdir():  # killpg also reaches zombies: look at their states
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _wait_group(pgid: int, timeout_s: float) -> None:
+    """Wait until no process of group ``pgid`` runs, at most ``timeout_s``; then kill what is left."""
+    deadline = time.monotonic() + timeout_s
+    while group_alive(pgid):
+        if time.monotonic() > deadline:
+            _signal_group(pgid, signal.SIGKILL)
+            return
+        time.sleep(0.05)

@@ -55,6 +55,10 @@ class Wrapper:
     def check(self, raw: Path, tool_lines: list[str], info: dict) -> None:
         """Read the tool's verdict once the program ended; raises HeadcountError where the tool failed."""
 
+    def raw_report(self, raw: Path) -> Path | None:
+        """The tool's own report in the raw folder, which ``headcount parse`` reads (None: the records are headcount's own)."""
+        return None
+
     def assemble(self, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
         """The raw folder → one :class:`~headcount.wrap.assemble.RankRun` per rank."""
         return assemble.from_cupti(assemble.read_children(raw), run_id)
@@ -85,7 +89,7 @@ class Nsys(Wrapper):
         """nsys writes its own lines to the program's stdout: a progress bar per
         step of writing the report (dropped) and what it does (to stderr).
         Once it says ``Generating '….qdstrm'`` the program has exited, so every
-        later line is nsys's."""
+        later line is nsys's (and ``route.program_ended()`` says so to the launcher)."""
         done = []
 
         def route(line: str, sink):
@@ -98,7 +102,11 @@ class Nsys(Wrapper):
                 return sys.stderr
             return sink
 
+        route.program_ended = lambda: bool(done)  # nsys is writing its report: an interrupt now would lose it
         return route
+
+    def raw_report(self, raw: Path) -> Path | None:
+        return raw / "run.nsys-rep"
 
     def assemble(self, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
         rep = raw / "run.nsys-rep"
@@ -107,6 +115,7 @@ class Nsys(Wrapper):
         from headcount.parsers.nsys_rep import exported
 
         children = assemble.read_children(raw)
+        console.print(f"reading {rep} (exported to SQLite by nsys)…", soft_wrap=True, highlight=False)
         with console.status("exporting and reading the nsys report…"), exported(rep) as sqlite:
             return assemble.from_nsys(sqlite, children, run_id)
 
@@ -141,6 +150,9 @@ class Ncu(Nsys):
         info["tool_notices"] = warnings
         if error is not None and not (raw / "run.ncu-rep").exists():
             raise error
+
+    def raw_report(self, raw: Path) -> Path | None:
+        return raw / "run.ncu-rep"
 
     def assemble(self, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
         from headcount.parsers import ncu_rep

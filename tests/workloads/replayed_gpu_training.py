@@ -12,7 +12,8 @@ steps = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 model = tiny_llama()
 ids = torch.randint(0, 128, (2, 16))
 replay, _ = cupti_replay.factory()
-for _ in range(steps):
+for step in range(steps):
     with cupti_replay.LaunchOnEveryOp(replay):
         model(input_ids=ids, labels=ids).loss.backward()
+    print(f"step {step}", flush=True)
 print(f"launched {replay.launches} replayed kernels")
