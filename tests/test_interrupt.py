@@ -170,21 +170,22 @@ def test_an_interrupted_cupti_run_keeps_its_records(tmp_path):
 
 @pytest.mark.parametrize("mask, files, dirs", [(0o027, 0o640, 0o750), (0o022, 0o644, 0o755), (0o002, 0o664, 0o775)])
 def test_report_files_follow_the_umask(tmp_path, mask, files, dirs):
-    """Every file of a report (the marker, manifests, Parquet parts, the page, the lock) and every directory has the
-    mode the user's umask gives: under 027 a colleague in the group reads it and nobody else does; under 022
-    everyone reads it. The atomic renames stay."""
+    """Every file of a report (the marker, manifests, Parquet parts, the page, the trace export, the lock) and every
+    directory has the mode the user's umask gives: under 027 a colleague in the group reads it and nobody else does;
+    under 022 everyone reads it. The atomic renames stay."""
     out = tmp_path / "r"
     previous = os.umask(mask)
     try:
         for args in (["parse", str(KINETO / "h100_bert-small_sdpa_kineto.json.gz"), "-o", str(out)],
                      ["parse", str(KINETO / "h100_qwen1.5-0.5b_kineto.json.gz"), "-o", str(out), "--append"],
-                     ["report", str(out)]):
+                     ["report", str(out)], ["export", str(out)]):
             assert subprocess.run([sys.executable, "-m", "headcount.cli.main", *args], cwd=ROOT, capture_output=True,
                                   timeout=300).returncode == 0
     finally:
         os.umask(previous)
     entries = [out, *out.rglob("*")]
     assert any(p.name == "headcount.json" for p in entries) and any(p.suffix == ".html" for p in entries)
+    assert any(p.parent.name == "traces" for p in entries)  # the trace export, written through a temporary file too
     wrong = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in entries
              if (p.stat().st_mode & 0o777) != (dirs if p.is_dir() else files)}
     assert not wrong
