@@ -359,7 +359,7 @@ def implementation_of(calls, fallback: str | None = None) -> str:
 
 
 def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None, nvtx_tagged: bool = True,
-                      device: Device | None = None, exclude_steps=(), void_steps=()) -> Built:
+                      device: Device | None = None, exclude_steps=(), void_steps=(), interrupted: bool = False) -> Built:
     """The one path from a cupti source's records file to headcount's tables,
     for :class:`~headcount.api.AttentionProfiler` and ``headcount run --backend cupti`` alike.
 
@@ -373,6 +373,8 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
         device: where the work ran (for ``roofline_class``).
         exclude_steps: steps kept out of the figures (:func:`tables_from_events`).
         void_steps: step ranges that are no step (:func:`tables_from_events`).
+        interrupted: the recording was stopped by a signal (Ctrl-C): the ranges still open then (the call
+            and step in progress) are left out, with a notice; otherwise an open range is an error.
 
     Returns:
         The tables; ``info``: the collector's facts for the run metadata (its
@@ -385,6 +387,11 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
     info = {**header.get("stats", {}), "notices": list(header.get("notices", [])),
             "nvtx_marker_records": cupti_records.marker_count(records)}
     new = []
+    if interrupted:
+        records, open_ranges = cupti_records.without_open_ranges(records)
+        if open_ranges:
+            new.append(f"{open_ranges} headcount ranges were open when the recording was interrupted (the call and step in "
+                       "progress): left out, with what they alone held")
     if info.get("nvtx_markers_enabled") and not info["nvtx_marker_records"] and nvtx_tagged:
         new.append("NVTX_INJECTION64_PATH is set but no NVTX marker record arrived: it must be set before the "
                    "process's first NVTX call (export it before starting Python); headcount's own ranges are unaffected")

@@ -131,6 +131,38 @@ def test_an_unclosed_range_is_an_error_not_a_guess():
         cupti_records.events_frame(header, records)
 
 
+def test_ranges_left_open_by_an_interrupt_are_left_out_with_a_notice(llama, tmp_path):
+    """A process stopped by Ctrl-C mid-call (``headcount run --backend cupti``) leaves its call and step in progress
+    open in its records: with ``ended_by`` a signal, they are left out with a notice and the rest is the report (the
+    last layer call fewer); without it, an open range stays an error."""
+    import gzip
+    import os
+
+    from headcount.wrap import assemble
+
+    model, inputs = llama
+    prof, _ = profile_replayed(model, inputs, steps=2, tmp_path=tmp_path)
+    header, records = cupti_records.read_records(prof.trace_path)
+    ranges = [r for r in records if r["kind"] == "range"]
+    last_layer = max((r for r in ranges if r["name"].startswith("layer.")), key=lambda r: r["start"])
+    last_step = max((r for r in ranges if r["name"].startswith("step.")), key=lambda r: r["start"])
+    for r in (last_layer, last_step):
+        r["end"] = None  # as the interrupt found them
+    cut = tmp_path / "interrupted.jsonl.gz"
+    with gzip.open(cut, "wt") as fh:
+        for line in (header, *records):
+            fh.write(json.dumps(line) + "\n")
+    child = {"records": str(cut), "calls": prof._tagger.calls, "rank": 0, "world_size": 1, "pid": os.getpid(), "notices": [],
+             "nvtx_tagged": prof._tagger.emitter.use_nvtx, "device": {"kind": "cpu", "compute_capability": "9.0"}}
+    [run] = assemble.from_cupti([{**child, "ended_by": "signal SIGINT"}], prof.run_id)
+    assert any("2 headcount ranges were open when the recording was interrupted" in n for n in run.info["collector"]["notices"])
+    whole = prof.get_stats()["ranges"]
+    kept = run.tables["ranges"]
+    assert len(kept[kept["level"] == "layer"]) == len(whole[whole["level"] == "layer"]) - 1
+    with pytest.raises(HeadcountError, match="never closed"):
+        assemble.from_cupti([{**child, "ended_by": "exit"}], prof.run_id)
+
+
 # ---------------------------------------------------------------- attribution
 @pytest.mark.parametrize("mode", ["layer", "head"])
 def test_external_correlation_attributes_like_the_launch_calls(llama, mode):

@@ -48,9 +48,21 @@ def _interrupt_when(proc: subprocess.Popen, seen) -> tuple[list[str], str]:
     return lines, proc.stdout.read()
 
 
-def _nothing_left(pgid: int) -> bool:
-    """No process of the command's group (headcount, nsys, its agent, the program) is running."""
-    return not group_alive(pgid)
+def _nothing_left(sid: int) -> bool:
+    """No process of the command's session is running: headcount (the session's leader, started as a terminal starts
+    it), nor anything it started, whatever process group it put it in (nsys, its agent, the program, nsys export)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            alive.append(entry.name)
+    assert not group_alive(sid)
+    return not alive
 
 
 def _tables(out: Path) -> dict[str, pd.DataFrame]:

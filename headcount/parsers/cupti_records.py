@@ -97,6 +97,12 @@ def graph_nodes(records: list[dict]) -> tuple[dict[int, int | None], dict[int, i
     return made, origin
 
 
+def without_open_ranges(records: list[dict]) -> tuple[list[dict], int]:
+    """``records`` less the range records never closed, and how many they were (a recording a signal stopped)."""
+    kept = [r for r in records if not (r["kind"] == "range" and r.get("end") is None)]
+    return kept, len(records) - len(kept)
+
+
 def events_frame(header: dict, records: list[dict]) -> pd.DataFrame:
     """The events table of a records file (columns: Kineto's plus :data:`EXTRA`).
 

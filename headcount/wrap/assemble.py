@@ -118,7 +118,8 @@ def from_cupti(children: list[dict], run_id: str) -> list[RankRun]:
         device = Device.from_dict(child.get("device"))
         limits = device.limits() if device is not None else None
         built = tables_from_cupti(child["records"], child["calls"], rid, impl, limits,
-                                  nvtx_tagged=child.get("nvtx_tagged", True), device=device)
+                                  nvtx_tagged=child.get("nvtx_tagged", True), device=device,
+                                  interrupted=str(child.get("ended_by") or "").startswith("signal"))
         for line in built.notices:
             notice(f"process {child.get('pid')}: {line}")
         info.update(implementation=impl, collector=built.info)
