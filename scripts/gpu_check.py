@@ -258,6 +258,12 @@ def workload(args) -> int:
     model, inputs, _ = _model(args)
     _train_step(model, inputs)
     _sync()
+    if args.plain and args.endless:  # until interrupted (issue 33's trial): a line per step to interrupt at
+        for step in range(100_000):
+            _train_step(model, inputs)
+            _sync()
+            print(f"step {step}", flush=True)
+        return 0
     if args.plain:
         _train_step(model, inputs)
         _sync()
@@ -543,6 +549,66 @@ def check_wrapped_runs(c: _Checked) -> None:
             c.record(f"headcount run --backend {backend}", "FAIL", (c.out / f"run-{backend}.log").read_text().strip().splitlines()[-1][:300])
 
 
+def interrupt(out: Path, args) -> int:
+    """``headcount run --backend B`` of an endless training loop, interrupted as a terminal does (SIGINT to the
+    command's process group) after it printed step 3; writes ``interrupt-B.json``: the exit status, whether the
+    report holds the run with the interrupt's notice, its recorded steps, and any process of the command's session
+    still running afterwards (issue 33: for ncu this is the first check on a GPU)."""
+    import signal
+    import subprocess
+
+    report = out / f"interrupt-{args.backend}"
+    workload = [sys.executable, str(Path(__file__).resolve()), "workload", "--plain", "--endless", "--model", args.model,
+                "--impl", args.impl, "--batch", str(args.batch), "--seq", str(args.seq), "--dtype", args.dtype,
+                *(["--dry-run"] if args.dry_run else [])]
+    extra = ["--nvtx-include", "headcount@fwd/layer.0/", "--cache-control", "none"] if args.backend == "ncu" else []
+    proc = subprocess.Popen([sys.executable, "-m", "headcount.cli.main", "run", "--backend", args.backend, *extra, "-o", str(report),
+                             "--force", "--", *workload], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines, sent = [], False
+    for line in proc.stdout:
+        lines.append(line)
+        if line.strip() == "step 3" and not sent:
+            os.killpg(proc.pid, signal.SIGINT)
+            sent = True
+    rc = proc.wait()
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else None
+        except OSError:
+            continue
+        if fields and int(fields[3]) == proc.pid and fields[0] != "Z":
+            left.append(int(entry.name))
+    doc = {"backend": args.backend, "interrupted": sent, "exit_status": rc, "processes_left": left, "tail": "".join(lines[-15:])}
+    manifests = sorted(report.glob("manifests/*/run.json"))
+    if manifests:
+        meta = json.loads(manifests[0].read_text())
+        doc.update(report=True, notices=meta.get("notices", []), complete=meta.get("complete"))
+        steps = report / "steps"
+        if steps.exists():
+            import pandas as pd
+
+            doc["steps_recorded"] = int(pd.read_parquet(steps)["step"].dropna().nunique())
+    else:
+        doc["report"] = False
+    (out / f"interrupt-{args.backend}.json").write_text(json.dumps(doc, indent=2, default=str))
+    print(json.dumps({k: v for k, v in doc.items() if k != "tail"}, default=str))
+    return 0
+
+
+def check_interrupts(c: _Checked) -> None:
+    for backend in ("nsys", "cupti", "ncu"):
+        doc = c.load(f"interrupt-{backend}.json")
+        if doc is None:
+            continue
+        noticed = any(str(n).startswith("interrupted: the recording covers") for n in doc.get("notices", []))
+        ok = doc["interrupted"] and doc["exit_status"] == 130 and doc.get("report") and noticed and not doc["processes_left"]
+        c.record(f"Ctrl-C keeps the recording ({backend})", "ok" if ok else "FAIL",
+                 f"exit {doc['exit_status']}, report {doc.get('report')}, {doc.get('steps_recorded')} steps recorded, "
+                 f"notice {noticed}, processes left {doc['processes_left']}")
+
+
 def check_compiled(c: _Checked) -> None:
     compiled_dir = c.out / "report-compiled"
     if (compiled_dir / "kernels").exists():
@@ -599,7 +665,7 @@ def check_training_windows(c: _Checked) -> None:
 
 CHECKS = (check_copy_ceiling, check_cupti_probes, check_occupancy_vs_driver, check_profile_report, check_steps,
           check_attention_ranges, check_bandwidth, check_per_implementation, check_heads_explain_layers, check_ncu_slice,
-          check_wrapped_runs, check_compiled, check_cuda_graphs, check_collector_overhead, check_training_windows)
+          check_wrapped_runs, check_interrupts, check_compiled, check_cuda_graphs, check_collector_overhead, check_training_windows)
 """The checks, in the order they run and print; each reads what the GPU steps left in OUT."""
 
 
@@ -630,10 +696,12 @@ def main(argv=None) -> int:
         s = sub.add_parser(name)
         s.add_argument("out")
         s.add_argument("--dry-run", action="store_true")
-    for name in ("overhead", "workload", "cuda-graph", "training"):
+    for name in ("overhead", "workload", "cuda-graph", "training", "interrupt"):
         s = sub.add_parser(name)
-        if name in ("overhead", "cuda-graph", "training"):
+        if name in ("overhead", "cuda-graph", "training", "interrupt"):
             s.add_argument("out")
+        s.add_argument("--backend", default="nsys")
+        s.add_argument("--endless", action="store_true")
         s.add_argument("--every", type=int, default=10)
         s.add_argument("--tagger-only", action="store_true")
         s.add_argument("--model", default="bert-base")
@@ -660,6 +728,8 @@ def main(argv=None) -> int:
         return training_windows(Path(args.out), args)
     if args.cmd == "cuda-graph":
         return cuda_graph(Path(args.out), args)
+    if args.cmd == "interrupt":
+        return interrupt(Path(args.out), args)
     return check(Path(args.out))
 
 

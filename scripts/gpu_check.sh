@@ -29,6 +29,8 @@
 #   8c. captures its forward into a CUDA graph while tagged and replays it once per step, under
 #      the cupti source (report-graphed/) and under nsys --cuda-graph-trace=node (graph-nsys/,
 #      report-graph-nsys/): every replayed attention kernel must land in its layer;
+#   8d. interrupts `headcount run` (ncu, cupti, nsys) after step 3 as a terminal does: the report must
+#      hold the steps before it, exit 130, nothing left running (interrupt-*.json);
 #   9. checks the numbers against physics and writes summary.json (exit 1 if a check fails).
 # Each step has a time limit and the whole check a deadline ($DEADLINE, default
 # 540 s; steps that no longer fit are skipped, the checks always run); a
@@ -206,6 +208,14 @@ if [ "$DRY" = 0 ] && command -v nsys > /dev/null; then
   [ -f "$OUT/graph-nsys/run.nsys-rep" ] && step graph-nsys-parse 120 $PY -m headcount.cli.main parse \
     "$OUT/graph-nsys/run.nsys-rep" -o "$OUT/report-graph-nsys" --force
 fi
+
+# 8d. Ctrl-C keeps the recording: headcount run interrupted after step 3 (issue 33; ncu's first check on a GPU) ----
+INTARGS="--model $MODEL --batch ${RUN_BATCH:-4} --seq $SEQ --dtype $DTYPE --impl sdpa $DRYFLAG"
+if [ "$DRY" = 0 ]; then
+  command -v ncu > /dev/null && step interrupt-ncu 150 $PY scripts/gpu_check.py interrupt "$OUT" --backend ncu $INTARGS
+  step interrupt-cupti 120 $PY scripts/gpu_check.py interrupt "$OUT" --backend cupti $INTARGS
+fi
+command -v nsys > /dev/null && step interrupt-nsys 120 $PY scripts/gpu_check.py interrupt "$OUT" --backend nsys $INTARGS
 
 # 9. physics ---------------------------------------------------------------------
 log "start check"

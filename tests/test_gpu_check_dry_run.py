@@ -38,6 +38,7 @@ def test_gpu_check_dry_run(tmp_path):
     files = (out / "files.tsv").read_text()
     assert "report/layers/" in files and "bandwidth.json" in files
     assert checks["headcount run --backend nsys"]["status"] == "ok"
+    assert checks["Ctrl-C keeps the recording (nsys)"]["status"] == "ok", checks["Ctrl-C keeps the recording (nsys)"]
     assert "report/report.html" in files
     graph = checks["CUDA graph replays in their layers (cupti)"]  # no CUDA graph on CPU: the eager stand-in's calls
     assert graph["status"] == "skip" and "calls [3]" in graph["detail"], graph
