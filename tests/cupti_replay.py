@@ -3,7 +3,7 @@
 What it stands in for: the CUDA driver and a GPU under CUPTI. No GPU has
 been lent to this project yet, so no CUPTI records captured from a real GPU
 exist; the records this replay delivers are **real cupti-python record
-objects** (``cupti.cupti.ActivityKernel13``, ``ActivityAPI``,
+objects** (``cupti.cupti.ActivityKernel<N>``, the newest the installed cupti-python has; ``ActivityAPI``,
 ``ActivityExternalCorrelation``), built here and filled the way CUPTI fills
 them (same fields, same nanosecond clock semantics, per-thread external
 correlation stacks, asynchronous kernels on one stream), and handed to the
@@ -31,11 +31,19 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 import zlib
 
 from cupti import cupti as real
 from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def kernel_record_class(module=real):
+    """The newest kernel activity record class the installed cupti-python has (``ActivityKernel13`` in 13.4,
+    ``ActivityKernel10`` in 13.0.1): what CUPTI hands out for kernels is whichever its bindings provide."""
+    numbered = [(int(m.group(1)), name) for name in dir(module) if (m := re.fullmatch(r"ActivityKernel(\d+)", name))]
+    return getattr(module, max(numbered)[1])
 
 
 class ReplayCupti:
@@ -259,7 +267,7 @@ class ReplayCupti:
     def _kernel(self, api, corr: int, name: str, graph_node_id: int, kernel_ns: int | None = None):
         """The record of one kernel of launch call ``api``: runs on one stream, after the previous kernel."""
         h = zlib.crc32(name.encode())
-        k = real.ActivityKernel13()
+        k = kernel_record_class()()
         k.kind = int(real.ActivityKind.CONCURRENT_KERNEL)
         k.name = name
         k.queued = api.start + self.launch_cost_ns // 2
