@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 PROFILE_ARGS ?= --force
 PYTEST_ARGS ?=
 
-.PHONY: setup profile test lint bench clean gpu-wheels gpu-check-dry
+.PHONY: setup profile test lint bench clean gpu-wheels gpu-check-dry test-cupti-pins
 
 setup: $(VENV)/.installed
 
@@ -47,5 +47,9 @@ gpu-wheels: setup
 gpu-check-dry: setup
 	PYTHON=$(PY) bash scripts/gpu_check.sh --dry-run gpu_check_dry_out
 
+# the suite with the libcupti that CUDA torch pins (13.0.85, 13.2.86), CPU torch beside it (scripts/cupti_pins.sh)
+test-cupti-pins:
+	PYTHON=$(PYTHON) bash scripts/cupti_pins.sh
+
 clean:
-	rm -rf $(VENV) headcount-report .pytest_cache .hypothesis gpu_check_out gpu_check_dry_out .whl/site-*
+	rm -rf $(VENV) headcount-report .pytest_cache .hypothesis gpu_check_out gpu_check_dry_out .whl/site-* .venv-cupti-*

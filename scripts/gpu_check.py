@@ -400,8 +400,10 @@ def check_cupti_probes(c: _Checked) -> None:
     for probe in sorted(c.out.glob("probe-*.json")):
         doc = json.loads(probe.read_text())
         pm = (doc.get("stats") or {}).get("pm_sampling", {})
-        detail = (f"kernels {doc.get('kernels')}, kinds {doc.get('kinds')}, PM sampling "
-                  f"{'on ' + str(pm.get('metrics')) if pm.get('enabled') else 'off: ' + str(pm.get('notice'))}"
+        samples = (pm.get("samples") or {}) if isinstance(pm.get("samples"), dict) else {}
+        detail = (f"kernels {doc.get('kernels')}, kinds {doc.get('kinds')}, libcupti {(doc.get('stats') or {}).get('libcupti')}, "
+                  f"PM sampling {'on ' + str(pm.get('metrics')) if pm.get('enabled') else 'off: ' + str(pm.get('notice'))}"
+                  f"{', ' + str(pm.get('populated_samples', samples.get('count'))) + ' samples' if pm.get('enabled') else ''}"
                   if doc.get("ok") else doc.get("error"))
         c.record(f"cupti probe {probe.stem}", "ok" if doc.get("ok") else "info", detail)
         c.summary[probe.stem] = doc

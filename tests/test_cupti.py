@@ -164,6 +164,40 @@ def test_ranges_left_open_by_an_interrupt_are_left_out_with_a_notice(llama, tmp_
         assemble.from_cupti([{**child, "ended_by": "exit"}], prof.run_id)
 
 
+def test_the_loaded_libcupti_exports_what_pm_sampling_calls():
+    """The libcupti this environment loads (the nvidia-cuda-cupti wheel's: 13.4+ by default, torch 2.14's 13.0.85 with
+    the README's --no-deps route) exports every function PM sampling calls on headcount's path, so no notice; a
+    library lacking them (the C library itself, a real one) gets a notice naming each and saying where DRAM comes from
+    instead."""
+    library = cupti_source.libcupti_path()
+    assert library and "libcupti.so" in library
+    assert cupti_source.missing_functions(library) == [] and cupti_source.pm_sampling_gap(library) is None
+    import ctypes.util
+
+    libc = ctypes.util.find_library("c")
+    gap = cupti_source.pm_sampling_gap(libc)
+    assert gap.startswith("PM sampling needs cuptiProfilerInitialize, ") and "cuptiPmSamplingCounterDataGetSampleInfo" in gap
+    assert "--backend nsys --gpu-metrics on, or --backend ncu" in gap
+    assert cupti_source.missing_functions("/nonexistent/libcupti.so") == list(cupti_source.PM_SAMPLING_FUNCTIONS)
+
+
+def test_pm_sampling_loads_and_fails_only_at_the_driver():
+    """Where cupti-python has PM sampling, its collector imports and is refused only by the missing driver (never a
+    missing module or symbol): also with torch's older libcupti under newer bindings (the README's route). Skipped,
+    naming what is missing, where the installed cupti-python has no pm_sampling (13.0.1, 13.2.0)."""
+    try:
+        from cupti import pm_sampling
+    except ImportError as exc:
+        pytest.skip(f"cupti-python {cupti_source.cupti_version()} has no pm_sampling ({exc})")
+    from headcount import env
+
+    if env.driver_present():
+        pytest.skip("an NVIDIA driver is present: the collector would start")
+    with pytest.raises(Exception) as raised:
+        pm_sampling.Collector(device_index=0).enable()
+    assert "driver" in str(raised.value).lower(), raised.value
+
+
 # ---------------------------------------------------------------- attribution
 @pytest.mark.parametrize("mode", ["layer", "head"])
 def test_external_correlation_attributes_like_the_launch_calls(llama, mode):

@@ -434,8 +434,15 @@ class CuptiRecorder:
                     from cupti import pm_sampling as pm
                 except ImportError:
                     pm = None
+            library = libcupti_path()
+            self.stats["libcupti"] = library
+            gap = pm_sampling_gap(library) if self._pm_module is None else None  # a stand-in module needs no library
             if pm is None:
-                self.stats["pm_sampling"] = {"enabled": False, "notice": f"PM sampling needs cupti-python ≥ 13.3 (installed: {self.version})"}
+                self.stats["pm_sampling"] = {"enabled": False, "notice": (
+                    f"PM sampling needs cupti-python ≥ 13.3 (installed: {self.version}); with the CUPTI your torch "
+                    "brought: pip install --no-deps 'cupti-python==13.4.*' pyelftools (README)")}
+            elif gap:
+                self.stats["pm_sampling"] = {"enabled": False, "notice": gap}
             else:
                 self._sampler = PmSampler(pm, self.device_index, self.pm_interval_ns)
                 self._sampler.start()
@@ -542,6 +549,57 @@ def enable_nvtx_injection() -> str | None:
     if lib:
         os.environ["NVTX_INJECTION64_PATH"] = lib
     return lib
+
+
+PM_SAMPLING_FUNCTIONS = (
+    "cuptiProfilerInitialize", "cuptiProfilerDeInitialize", "cuptiDeviceGetChipName",
+    "cuptiProfilerHostGetSupportedChips", "cuptiProfilerHostInitialize", "cuptiProfilerHostDeinitialize",
+    "cuptiProfilerHostConfigAddMetrics", "cuptiProfilerHostGetConfigImageSize", "cuptiProfilerHostGetConfigImage",
+    "cuptiProfilerHostEvaluateToGpuValues",
+    "cuptiPmSamplingSetConfig", "cuptiPmSamplingEnable", "cuptiPmSamplingDisable", "cuptiPmSamplingStart", "cuptiPmSamplingStop",
+    "cuptiPmSamplingDecodeData", "cuptiPmSamplingGetCounterDataInfo", "cuptiPmSamplingGetCounterDataSize",
+    "cuptiPmSamplingCounterDataImageInitialize", "cuptiPmSamplingCounterDataGetSampleInfo",
+)
+"""The libcupti functions cupti-python's PM sampling calls on headcount's path (a collector given a metric list, no
+single-pass set name): all exported by libcupti 13.0.85 (torch 2.14's) and 13.4, read from cupti-python 13.4's
+``pm_sampling`` and ``profiler_host`` modules."""
+
+
+def libcupti_path() -> str | None:
+    """The libcupti this process has loaded (``/proc/self/maps``), else the one the nvidia-cuda-cupti wheel installed
+    (what cupti-python loads), else None."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                path = line.split()[-1] if line.strip() else ""
+                if "/libcupti.so" in path:
+                    return path
+    except OSError:
+        pass
+    return injection_library()
+
+
+def missing_functions(library: str, names: tuple[str, ...] = PM_SAMPLING_FUNCTIONS) -> list[str]:
+    """Those of ``names`` that ``library`` does not export (loading it needs no driver); all of them where it cannot
+    be loaded at all."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(library)
+    except OSError:
+        return list(names)
+    return [name for name in names if not hasattr(lib, name)]
+
+
+def pm_sampling_gap(library: str | None) -> str | None:
+    """Why PM sampling cannot run on ``library`` (the functions it lacks, named), or None."""
+    if library is None:
+        return None
+    missing = missing_functions(library)
+    if not missing:
+        return None
+    return (f"PM sampling needs {', '.join(missing)}, which {library} does not export: DRAM is not sampled here "
+            "(get it with --backend nsys --gpu-metrics on, or --backend ncu)")
 
 
 def require() -> None:
