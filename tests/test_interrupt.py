@@ -65,6 +65,18 @@ def _nothing_left(sid: int) -> bool:
     return not alive
 
 
+def _agents() -> set[int]:
+    """nsys agents running (``nsys --start-agent``): they leave the tool's session, and one outlived every killed nsys."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"--start-agent" in (entry / "cmdline").read_bytes():
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 def _tables(out: Path) -> dict[str, pd.DataFrame]:
     return {name: ds.dataset(out / name, partitioning="hive").to_table().to_pandas().drop(columns=["run_id"])
             for name in ("ranges", "kernels", "layers", "heads", "steps", "findings")}
@@ -142,6 +154,7 @@ def test_a_second_interrupt_kills_at_once_and_keeps_the_raw_files(tmp_path):
     """A program that ignores Ctrl-C: the first interrupt is passed on (and ignored), the second kills it and its
     recorder at once; no report, the raw folder kept and named, exit 130, nothing left running."""
     out = tmp_path / "out"
+    agents = _agents()
     proc = _headcount(["run", "--backend", "nsys", "-o", str(out), "--", sys.executable, str(WORKLOADS / "endless_cpu_training.py"),
                        "--ignore-sigint"])
     before, _ = [], None
@@ -157,6 +170,7 @@ def test_a_second_interrupt_kills_at_once_and_keeps_the_raw_files(tmp_path):
     assert _nothing_left(proc.pid)
     assert "killed; no report was written; the raw files are kept in" in rest
     assert not (out / "headcount.json").exists() and list((out / "raw").iterdir())
+    assert _agents() <= agents  # the agent of the killed nsys, in a session of its own, was killed too
 
 
 def test_an_interrupted_cupti_run_keeps_its_records(tmp_path):

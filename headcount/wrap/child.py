@@ -17,7 +17,8 @@ never builds a model — torchrun's launcher, a data worker — is left alone):
   calls made outside transformers (``sdpa.K``: the K-th such call of the step);
 - for the cupti backend, runs the in-process collector.
 
-At exit — normal, uncaught exception, SIGTERM or SIGINT — it closes what is
+At exit — normal, uncaught exception, SIGTERM or SIGINT (noted by a handler that lets the program unwind, so
+the files are written at exit with no lock of the interrupted code held) — it closes what is
 open and writes ``<raw>/child-<pid>.pkl``: rank, steps, the call log (the
 analytic model needs the shapes), status and notices, and, for cupti, the
 records file. ``complete`` is false when the program died.
@@ -88,6 +89,8 @@ class ChildSession:
         self.tagging = False
         self.crashed: str | None = None
         self.finished = False
+        self.signalled: str | None = None  # "signal SIGINT": what ended the program (its files are written at exit)
+        self.resignal: int | None = None  # a signal whose default action ends the process once the files are written
         self._local = threading.local()
         self._pretrained = None
         self._types: dict[type, bool] = {}
@@ -232,6 +235,7 @@ class ChildSession:
         if self.finished:
             return
         self.finished = True
+        reason = reason or self.signalled
         complete = reason is None and self.crashed is None
         try:
             self._close_step()
@@ -257,6 +261,9 @@ class ChildSession:
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, default=str)
         os.replace(tmp, path)
+        if self.resignal is not None:  # end as the signal's default action would have: status and all
+            signal.signal(self.resignal, signal.SIG_DFL)
+            os.kill(os.getpid(), self.resignal)
 
 
 def _device() -> dict | None:
@@ -323,12 +330,18 @@ def install() -> None:
 
 
 def _on_signal(session: ChildSession, sig, previous):
+    """The handler of SIGINT/SIGTERM: it only notes the signal and lets the program unwind (KeyboardInterrupt, or
+    SystemExit where the default action would end it); the files are written at exit (atexit), once no lock the
+    interrupted code held is held any more. Flushing CUPTI inside the handler could wait for a lock the
+    interrupted frame holds: a program stopped there never ended."""
     def handler(signum, frame):
-        session.finish(reason=f"signal {signal.Signals(signum).name}")
+        if previous is signal.SIG_IGN:
+            return
+        session.signalled = f"signal {signal.Signals(signum).name}"
         if callable(previous):
-            return previous(signum, frame)
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+            return previous(signum, frame)  # SIGINT: Python's own handler raises KeyboardInterrupt
+        session.resignal = signum
+        raise SystemExit(128 + signum)
     return handler
 
 

@@ -127,7 +127,7 @@ def run(argv: list[str], env: dict, route=None) -> Ran:
         if ran.interrupted and not ran.killed:
             ran.killed = True
             notice("second interrupt: the program and its recorder are killed")
-            _signal_group(proc.pid, signal.SIGKILL)
+            _signal_group(proc.pid, signal.SIGKILL)  # its detached helpers are killed once it is gone (_wait_group)
             return
         ran.interrupted = True
         if ended():
@@ -141,10 +141,11 @@ def run(argv: list[str], env: dict, route=None) -> Ran:
     previous = signal.signal(signal.SIGINT, forward) if threading.current_thread() is threading.main_thread() else None
     try:
         ran.status = proc.wait()
-        _wait_group(proc.pid, GROUP_WAIT_S)
+        _wait_group(proc.pid, 0.0 if ran.killed else GROUP_WAIT_S)
     except BaseException:
         _signal_group(proc.pid, signal.SIGKILL)  # headcount itself is going: nothing it started stays behind
         proc.wait()
+        _wait_group(proc.pid, 0.0)
         raise
     finally:
         if previous is not None:
@@ -188,11 +189,33 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def detached_helpers(tool_pid: int) -> list[int]:
+    """Processes a tool started in sessions of their own: nsys's agent (``nsys --start-agent
+    --session-name=profile-<nsys's pid>``) leaves the tool's process group, and outlives an nsys that was killed."""
+    mark = f"--session-name=profile-{tool_pid}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if mark in (entry / "cmdline").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 def _wait_group(pgid: int, timeout_s: float) -> None:
-    """Wait until no process of group ``pgid`` runs, at most ``timeout_s``; then kill what is left."""
+    """Wait until no process of group ``pgid`` runs, nor a helper the tool detached (:func:`detached_helpers`), at
+    most ``timeout_s``; then kill what is left."""
     deadline = time.monotonic() + timeout_s
-    while group_alive(pgid):
+    while group_alive(pgid) or detached_helpers(pgid):
         if time.monotonic() > deadline:
             _signal_group(pgid, signal.SIGKILL)
+            for pid in detached_helpers(pgid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
             return
         time.sleep(0.05)
