@@ -172,7 +172,7 @@ def _stage_shard_processes(path: str, out: str, run_id: str, meta: dict, shard: 
     try:
         for part in build.nsys_processes(Path(path), plan, (shard, shards), options):
             pid = nsys_sqlite.process_of(part)
-            used = sorted(int(d) for d in part.gpu["device"].dropna().unique()) if len(part.gpu) else []
+            used = nsys_sqlite.devices_of(part)
             attention, steps = [], []
             sub = f"{run_id}-pid{pid}"
             each = process_meta(meta, sub, pid, nsys_sqlite.describe_device(plan.devices, used), len(plan.gpu_processes))
@@ -366,8 +366,7 @@ def _finish_processes(path: str, run_id: str, out: str, meta: dict, parts: list[
             each = process_meta(meta, sub, pid, device, len(processes))
             found: list[str] = []
             layers, heads = build.nsys_aggregates(attention, None, Device.from_dict(each.get("device")))
-            if not len(layers):
-                found.append(build.NO_ATTENTION_IN_EXPORT)
+            build.note_no_attention(layers, found)
             each["notices"] = [*each.get("notices", []), *found]
             findings = build.run_findings(steps, layers, heads)
             with dataset.StagedRun(out, sub, each, staging=run_id) as staged:

@@ -630,6 +630,12 @@ NO_ATTENTION = "no attention found: kernels, steps and findings only"
 NO_ATTENTION_IN_EXPORT = f"{NO_ATTENTION} (neither headcount's ranges nor an attention operator, module or kernel name in the export)"
 
 
+def note_no_attention(layers: pd.DataFrame, notices: list[str]) -> None:
+    """Say (once) that an export's run has no attention layers."""
+    if not len(layers) and not any(NO_ATTENTION in n for n in notices):
+        notices.append(NO_ATTENTION_IN_EXPORT)
+
+
 def launched_in(events: pd.DataFrame) -> np.ndarray:
     """Which events' correlation id is that of a runtime call in ``events`` (a GPU operation whose launch is there)."""
     ids = pd.array(events["correlation_id"], dtype="Int64").to_numpy(np.int64, na_value=-1)  # ids are never negative
@@ -718,8 +724,7 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: Devi
                                notices=notices)
     # the GPU the work ran on: the program's (headcount run), else the one the export describes
     layers, heads = nsys_aggregates(attention, calls, device or nsys_sqlite.describe_device(devices, sorted(used)))
-    if not len(layers) and not any(NO_ATTENTION in n for n in notices):
-        notices.append(NO_ATTENTION_IN_EXPORT)
+    note_no_attention(layers, notices)
     findings = run_findings(steps, layers, heads)  # first: it gives the layers their shares of the steps
     yield "layers", layers
     yield "heads", heads
@@ -749,8 +754,7 @@ def process_pieces(parts, calls, implementation, devices, gpu_metrics, attention
     for export in parts:
         if notices is not None:
             notices.extend(export.notices)
-        if len(export.gpu):
-            used.update(int(d) for d in export.gpu["device"].dropna().unique())
+        used.update(nsys_sqlite.devices_of(export))
         ranges_table, kernels, step_rows = _nsys_process(export, calls, implementation, devices, gpu_metrics, release=release,
                                                          notices=notices)
         calls_of_figures = (ranges_table["level"] != "other").to_numpy() & ~graphs.capture_only(ranges_table)

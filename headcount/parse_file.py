@@ -126,8 +126,7 @@ def _nsys_runs(path: Path, sqlite: Path, plan, whole: Parsed, stack: ExitStack, 
     with stack:
         for part in nsys_processes(sqlite, plan, options=options):
             pid = nsys_sqlite.process_of(part)
-            used = sorted(int(d) for d in part.gpu["device"].dropna().unique()) if len(part.gpu) else []
-            run = Parsed({}, nsys_sqlite.describe_device(plan.devices, used) or whole.device, whole.version,
+            run = Parsed({}, nsys_sqlite.describe_device(plan.devices, nsys_sqlite.devices_of(part)) or whole.device, whole.version,
                          run=process_facts(pid, len(plan.gpu_processes)))
             run.stream = _nsys_stream(path, [part], plan, run.lines, run.notices, f" (process {pid})")
             del part  # held by the stream only: released once it is built

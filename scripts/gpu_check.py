@@ -574,14 +574,9 @@ def interrupt(out: Path, args) -> int:
             os.killpg(proc.pid, signal.SIGINT)
             sent = True
     rc = proc.wait()
-    left = []
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else None
-        except OSError:
-            continue
-        if fields and int(fields[3]) == proc.pid and fields[0] != "Z":
-            left.append(int(entry.name))
+    from headcount.wrap.launcher import running
+
+    left = running(sid=proc.pid)
     doc = {"backend": args.backend, "interrupted": sent, "exit_status": rc, "processes_left": left, "tail": "".join(lines[-15:])}
     manifests = sorted(report.glob("manifests/*/run.json"))
     if manifests:

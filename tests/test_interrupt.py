@@ -16,7 +16,7 @@ import pyarrow.dataset as ds
 import pytest
 from nsight import nsight_bin
 
-from headcount.wrap.launcher import group_alive
+from headcount.wrap.launcher import group_alive, running, with_argument
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
@@ -51,30 +51,13 @@ def _interrupt_when(proc: subprocess.Popen, seen) -> tuple[list[str], str]:
 def _nothing_left(sid: int) -> bool:
     """No process of the command's session is running: headcount (the session's leader, started as a terminal starts
     it), nor anything it started, whatever process group it put it in (nsys, its agent, the program, nsys export)."""
-    alive = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            alive.append(entry.name)
     assert not group_alive(sid)
-    return not alive
+    return not running(sid=sid)
 
 
 def _agents() -> set[int]:
     """nsys agents running (``nsys --start-agent``): they leave the tool's session, and one outlived every killed nsys."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and b"--start-agent" in (entry / "cmdline").read_bytes():
-                found.add(int(entry.name))
-        except OSError:
-            continue
-    return found
+    return set(with_argument(b"--start-agent"))
 
 
 def _tables(out: Path) -> dict[str, pd.DataFrame]:

@@ -544,6 +544,11 @@ def by_process(export: Timeline):
         del parts  # this process is done with: not held while the next one is cut out
 
 
+def devices_of(part: Timeline) -> list[int]:
+    """The device ids a timeline's GPU work ran on, ascending."""
+    return sorted(int(d) for d in part.gpu["device"].dropna().unique()) if len(part.gpu) else []
+
+
 def process_of(part: Timeline) -> str | None:
     """The process id (as text) of one process's timeline (:func:`by_process`), ``None`` when it holds no row."""
     for frame in (part.ranges, part.runtime, part.gpu):

@@ -169,6 +169,21 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def running(pgid: int | None = None, sid: int | None = None) -> list[int]:
+    """The processes (not zombies awaiting their parent) of process group ``pgid`` and/or session ``sid``, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, _, group, session = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:4]
+        except (OSError, ValueError):
+            continue
+        if state != "Z" and (pgid is None or int(group) == pgid) and (sid is None or int(session) == sid):
+            found.append(int(entry.name))
+    return found
+
+
 def group_alive(pgid: int) -> bool:
     """Whether any process of process group ``pgid`` is still running (zombies awaiting their parent excepted)."""
     try:
@@ -177,32 +192,27 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    for entry in Path("/proc").iterdir():  # killpg also reaches zombies: look at their states
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return bool(running(pgid=pgid))  # killpg also reaches zombies
 
 
-def detached_helpers(tool_pid: int) -> list[int]:
-    """Processes a tool started in sessions of their own: nsys's agent (``nsys --start-agent
-    --session-name=profile-<nsys's pid>``) leaves the tool's process group, and outlives an nsys that was killed."""
-    mark = f"--session-name=profile-{tool_pid}".encode()
+def with_argument(argument: bytes) -> list[int]:
+    """The processes one of whose command-line arguments is ``argument``, from /proc."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if mark in (entry / "cmdline").read_bytes().split(b"\0"):
+            if argument in (entry / "cmdline").read_bytes().split(b"\0"):
                 found.append(int(entry.name))
         except OSError:
             continue
     return found
+
+
+def detached_helpers(tool_pid: int) -> list[int]:
+    """Processes a tool started in sessions of their own: nsys's agent (``nsys --start-agent
+    --session-name=profile-<nsys's pid>``) leaves the tool's process group, and outlives an nsys that was killed."""
+    return with_argument(f"--session-name=profile-{tool_pid}".encode())
 
 
 def _wait_group(pgid: int, timeout_s: float) -> None:
