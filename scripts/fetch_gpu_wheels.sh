@@ -4,7 +4,8 @@
 # it with the checkout). scripts/gpu_check.sh installs them there with
 # `pip install --no-index --target`.
 #
-#   .whl/common      nvtx (0.2.11), rich and its parts, ncu-report, cuda-bindings, cuda-pathfinder, pyelftools
+#   .whl/common      nvtx (0.2.11), rich and its parts, cuda-pathfinder, pyelftools, and headcount's readers
+#                    (msgspec, duckdb, adbc-driver-sqlite), which the image lacks
 #   .whl/cupti-13.4  cupti-python 13.4 + libcupti 13.4 (PM sampling; needs a driver that accepts CUPTI 13.4)
 #   .whl/cupti-13.0  cupti-python 13.0 (uses the libcupti 13.0 that CUDA-13.0 torch already installs)
 set -euo pipefail
@@ -18,7 +19,10 @@ dl() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_25_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$dest" "$@"
 }
-dl .whl/common "nvtx==0.2.11" rich markdown-it-py mdurl pygments ncu-report pyelftools cuda-pathfinder "cuda-bindings>=13.0.2,<13.1"
+# the image has cuda-bindings, and ncu_report in Nsight Compute's extras/python (headcount finds it there):
+# leaving both here keeps the checkout and these wheels under the device tool's 64 MiB
+dl .whl/common "nvtx==0.2.11" rich markdown-it-py mdurl pygments pyelftools cuda-pathfinder msgspec duckdb \
+  adbc-driver-sqlite adbc-driver-manager
 dl .whl/cupti-13.4 "cupti-python==13.4.0" "nvidia-cuda-cupti>=13.4,<13.5"
 dl .whl/cupti-13.0 "cupti-python==13.0.1"
 du -sh .whl/*

@@ -2,7 +2,9 @@
 
 Subcommands (each writes JSON into the output folder):
 
-  probe-cupti OUT/NAME.json   can the cupti source record here? activity kinds, PM sampling, NVTX markers
+  probe-cupti OUT/NAME.json   can the cupti source record here? activity kinds, PM sampling, NVTX markers, libcupti
+  choose-cupti OUT NAME...    the first probe with PM samples, else the first that recorded kernels
+  pack SRC DEST               SRC as DEST/gpu_check.tgz.NN, 15 MiB pieces, 60 MiB in all (what the device tool returns)
   bandwidth OUT               copy-bandwidth ceiling (device-to-device copy, CUDA events)
   occupancy OUT               headcount's occupancy calculator vs the driver's, on kernels of known resources
   overhead OUT ...            step time without and with the cupti collector (%)
@@ -81,6 +83,7 @@ def probe_cupti(out: Path, nvtx_markers: bool) -> int:
             kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
         events = cupti_records.events_frame(header, records)
         kernels = events[events["kind"] == "kernel"]
+        doc.update(_libcupti_release(header["stats"].get("libcupti")))
         doc.update(ok=bool(len(kernels)), records=str(path), kinds=kinds, stats=header["stats"], notices=header["notices"],
                    kernels_with_external_id=int(kernels["external_id"].notna().sum()), kernels=int(len(kernels)),
                    queued_known=int(kernels["queued_ns"].notna().sum()))
@@ -90,6 +93,71 @@ def probe_cupti(out: Path, nvtx_markers: bool) -> int:
         doc.update(ok=False, error=classify(exc).one_line(), exception=f"{type(exc).__name__}: {exc}")
     _write(out, doc)
     return 0 if doc.get("ok") else 1
+
+
+def _libcupti_release(library: str | None) -> dict:
+    """Which release the loaded libcupti is (issue 35): the wheel whose files hold it, and CUPTI's own API version."""
+    from importlib import metadata
+
+    doc: dict = {"libcupti": library, "libcupti_wheel": None}
+    if library:
+        real = os.path.realpath(library)
+        for dist in metadata.distributions():
+            name = (dist.metadata["Name"] or "").lower()
+            if "cupti" not in name or name == "cupti-python":
+                continue
+            for f in dist.files or ():
+                if os.path.realpath(str(dist.locate_file(f))) == real:
+                    doc["libcupti_wheel"] = f"{name}=={dist.version}"
+        try:
+            import ctypes
+
+            version = ctypes.c_uint32()
+            status = ctypes.CDLL(library).cuptiGetVersion(ctypes.byref(version))
+            doc["cupti_api_version"] = version.value if status == 0 else f"cuptiGetVersion returned {status}"
+        except (OSError, AttributeError) as exc:
+            doc["cupti_api_version"] = f"unknown ({exc})"
+    return doc
+
+
+def choose_cupti(out: Path, names: list[str]) -> int:
+    """Print the first of ``names`` whose probe recorded PM samples, else the first whose probe recorded kernels
+    (``none`` when no probe did): the cupti-python the profile then uses."""
+    docs = {n: json.loads(p.read_text()) for n in names if (p := out / f"probe-cupti-{n}.json").exists()}
+    sampled = [n for n, d in docs.items() if d.get("ok") and ((d.get("stats") or {}).get("pm_sampling") or {}).get("populated_samples")]
+    working = [n for n, d in docs.items() if d.get("ok")]
+    print((sampled or working or ["none"])[0])
+    return 0
+
+
+def pack(src: Path, dest: Path, limit: int = 60 << 20, piece: int = 15 << 20) -> int:
+    """Pack ``src`` into ``dest/gpu_check.tgz.00``, ``.01``, … (pieces of ``piece`` bytes, ``limit`` in all): what
+    the device tool brings back is 8 files of 16 MiB at most. The largest files are left out, and listed in
+    ``left_out.txt`` inside the archive, until the archive fits. ``cat gpu_check.tgz.* | tar xz`` restores it."""
+    import io
+    import tarfile
+
+    files = sorted((p for p in src.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    left: list[Path] = []
+    while True:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+            for f in files:
+                tar.add(f, arcname=str(Path(src.name) / f.relative_to(src)))
+            note = "".join(f"{f.stat().st_size}\t{f.relative_to(src)}\n" for f in left).encode()
+            info = tarfile.TarInfo(f"{src.name}/left_out.txt")
+            info.size = len(note)
+            tar.addfile(info, io.BytesIO(note))
+        data = buf.getvalue()
+        if len(data) <= limit or not files:
+            break
+        left.append(files.pop())  # the largest that is left
+    dest.mkdir(parents=True, exist_ok=True)
+    for i in range(0, len(data), piece):
+        (dest / f"gpu_check.tgz.{i // piece:02d}").write_bytes(data[i:i + piece])
+    print(f"packed {len(files)} files into {len(data) / 2**20:.1f} MiB; left out {len(left)}: "
+          + ", ".join(f"{f.relative_to(src)} ({f.stat().st_size / 2**20:.0f} MiB)" for f in left))
+    return 0
 
 
 # ---------------------------------------------------------------- bandwidth
@@ -689,6 +757,12 @@ def main(argv=None) -> int:
     pr = sub.add_parser("probe-cupti")
     pr.add_argument("out")
     pr.add_argument("--nvtx-markers", action="store_true")
+    pk = sub.add_parser("pack")
+    pk.add_argument("src")
+    pk.add_argument("dest")
+    ch = sub.add_parser("choose-cupti")
+    ch.add_argument("out")
+    ch.add_argument("names", nargs="+")
     for name in ("bandwidth", "occupancy", "check"):
         s = sub.add_parser(name)
         s.add_argument("out")
@@ -713,6 +787,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "probe-cupti":
         return probe_cupti(Path(args.out), args.nvtx_markers)
+    if args.cmd == "pack":
+        return pack(Path(args.src), Path(args.dest))
+    if args.cmd == "choose-cupti":
+        return choose_cupti(Path(args.out), args.names)
     if args.cmd == "bandwidth":
         return bandwidth(Path(args.out), args.dry_run)
     if args.cmd == "occupancy":

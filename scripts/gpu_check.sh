@@ -10,8 +10,9 @@
 # installed there with `pip install --no-index --target`. In about 8 minutes
 # on an H200 it:
 #   1. prints the device and versions (environment.json, nvidia-smi.txt, doctor.json);
-#   2. finds a cupti-python that records here (13.4 with PM sampling, else 13.0
-#      on torch's libcupti) and probes NVTX marker records (probe-*.json);
+#   2. probes cupti-python 13.4 over torch's own libcupti (the README's route), 13.4 with
+#      libcupti 13.4, and 13.0: the libcupti each loaded and its PM samples; the profile uses
+#      the first that sampled; then NVTX marker records (probe-*.json);
 #   3. measures the copy-bandwidth ceiling (bandwidth.json);
 #   4. compares the occupancy calculator with the driver's (occupancy.json);
 #   5. profiles a bert-base-sized model (12 layers, 12 heads, batch 16, seq 512,
@@ -104,6 +105,12 @@ if torch.cuda.is_available():
 for tool in ("ncu", "nsys"):
     exe = shutil.which(tool)
     env[tool] = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1] if exe else None
+from importlib import metadata
+for dist in ("nvidia-cuda-cupti", "cuda-toolkit", "cupti-python", "cuda-bindings", "nvtx"):  # what torch brought (issue 35)
+    try:
+        env[dist] = metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        env[dist] = None
 try:
     import flash_attn
     env["flash_attn"] = flash_attn.__version__
@@ -113,17 +120,29 @@ print(json.dumps(env, indent=2))
 EOF
 cat "$OUT/environment.json"
 
-# 2. a cupti-python that records here ----------------------------------------
+# 2. which cupti-python records here, over which libcupti (issue 35) ------------
+# 13.4-torchlib is the README's route for a user's CUDA torch: cupti-python 13.4 alone (--no-deps) over the
+# libcupti that torch brought; 13.4 brings libcupti 13.4 too; 13.0 fits torch 2.14's pins and has no PM sampling.
+# Each probe records the libcupti it loaded (path, wheel, API version) and its PM samples; the profile uses the
+# first that sampled, else the first that recorded kernels.
+if [ "$DRY" = 0 ] && ls .whl/cupti-13.4/cupti_python-*.whl > /dev/null 2>&1; then
+  step install-cupti-13.4-torchlib 120 $PY -m pip install -q --no-index --no-deps --upgrade --target .whl/site-cupti-13.4-torchlib \
+    .whl/cupti-13.4/cupti_python-*.whl
+fi
 CUPTI_SITE=
-for v in 13.4 13.0; do
+PROBES="13.4-torchlib 13.4 13.0"
+[ "$DRY" = 1 ] && PROBES=13.4  # no driver: one probe shows the message
+for v in $PROBES; do
   site="$PWD/.whl/site-cupti-$v"
-  if [ "$DRY" = 1 ] || [ ! -d "$site" ]; then site=; fi
-  if PYTHONPATH="${site:+$site:}$PYTHONPATH" step "probe-cupti-$v" 150 $PY scripts/gpu_check.py probe-cupti "$OUT/probe-cupti-$v.json"; then
-    CUPTI_SITE=${site:-none}
-    break
-  fi
-  [ -z "$site" ] && break  # nothing else to try
+  if [ "$DRY" = 1 ]; then site=; elif [ ! -d "$site" ]; then continue; fi
+  PYTHONPATH="${site:+$site:}$PYTHONPATH" step "probe-cupti-$v" 120 $PY scripts/gpu_check.py probe-cupti "$OUT/probe-cupti-$v.json"
 done
+chosen=$($PY scripts/gpu_check.py choose-cupti "$OUT" $PROBES)
+log "cupti-python for the profile: $chosen"
+if [ "$chosen" != none ]; then
+  CUPTI_SITE="$PWD/.whl/site-cupti-$chosen"
+  [ "$DRY" = 1 ] || [ ! -d "$CUPTI_SITE" ] && CUPTI_SITE=none
+fi
 if [ -n "$CUPTI_SITE" ] && [ "$CUPTI_SITE" != none ]; then export PYTHONPATH="$CUPTI_SITE:$PYTHONPATH"; fi
 if [ -n "$CUPTI_SITE" ]; then
   sites=$($PY -c 'import site; print(" ".join(site.getsitepackages()))')
@@ -183,7 +202,7 @@ fi
 # 8. headcount run on a plain script: nsys, cupti, and ncu on layer 0 of one step --------
 if [ "$DRY" = 0 ]; then
   RUNARGS="--model $MODEL --batch ${RUN_BATCH:-4} --seq $SEQ --dtype $DTYPE --impl sdpa --plain"
-  step run-nsys 180 $PY -m headcount.cli.main run --backend nsys -o "$OUT/run-nsys" -- $PY scripts/gpu_check.py workload $RUNARGS
+  command -v nsys > /dev/null && step run-nsys 180 $PY -m headcount.cli.main run --backend nsys -o "$OUT/run-nsys" -- $PY scripts/gpu_check.py workload $RUNARGS
   step run-cupti 180 $PY -m headcount.cli.main run --backend cupti -o "$OUT/run-cupti" -- $PY scripts/gpu_check.py workload $RUNARGS
   command -v ncu > /dev/null && step run-ncu 240 $PY -m headcount.cli.main run --backend ncu --steps 1 \
     --nvtx-include "headcount@fwd/layer.0/" --nvtx-include "headcount@bwd/layer.0/" --cache-control none \

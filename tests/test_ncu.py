@@ -292,3 +292,43 @@ def test_kernels_say_where_each_row_ran_and_the_help_example_ranks_gpu_work(tmp_
     capsys.readouterr()
     assert main(["query", str(out), query]) == 0
     assert "aten::" not in capsys.readouterr().out
+
+
+def _without_the_wheel(tmp_path, env):
+    """``env`` in which ``import ncu_report`` fails in every process, as on a machine with only Nsight Compute."""
+    shadow = tmp_path / "shadow" / "ncu_report"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("no ncu-report wheel here")\n')
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(shadow.parent), env.get("PYTHONPATH")]))}
+
+
+def test_nsight_computes_own_ncu_report_is_found(tmp_path, monkeypatch):
+    """Without the ncu-report wheel, headcount looks for the ncu_report.py that Nsight Compute ships in
+    extras/python: beside the ncu that $HEADCOUNT_NCU names, or two folders above the binary it runs (the
+    installer's layout). Whether that module then reads a report depends on its release; not checked here."""
+    from headcount.parsers.ncu_rep import nsight_python_dirs
+
+    install = tmp_path / "nsight-compute" / "2025.3.1"
+    binary = install / "target" / "linux-desktop-glibc_2_11_3-x64" / "ncu"
+    binary.parent.mkdir(parents=True)
+    (install / "extras" / "python").mkdir(parents=True)
+    (install / "extras" / "python" / "ncu_report.py").write_text("")
+    binary.write_text("")
+    (install / "ncu").write_text("")
+    for ncu in (install / "ncu", binary):
+        monkeypatch.setenv("HEADCOUNT_NCU", str(ncu))
+        assert nsight_python_dirs()[0] == install / "extras" / "python"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ncu").symlink_to(install / "ncu")  # a link on PATH to the installer's script
+    monkeypatch.setenv("HEADCOUNT_NCU", str(tmp_path / "bin" / "ncu"))
+    assert nsight_python_dirs()[0] == install / "extras" / "python"
+
+
+def test_no_ncu_report_anywhere_is_one_line_with_the_ways_out(tmp_path):
+    import sys
+
+    env = _without_the_wheel(tmp_path, {**os.environ, "HEADCOUNT_NCU": str(tmp_path / "none"), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run([sys.executable, "-m", "headcount.cli.main", "parse", str(REP), "-o", str(tmp_path / "r")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "pip install ncu-report" in done.stderr and "HEADCOUNT_NCU" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()

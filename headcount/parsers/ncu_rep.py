@@ -21,13 +21,51 @@ from headcount.errors import HeadcountError
 from headcount.parsers.ncu_metrics import DEVICE_NAME, METRICS, kernels_frame, to_float
 
 
+def nsight_python_dirs() -> list[Path]:
+    """Folders holding Nsight Compute's own ``ncu_report.py`` (its ``extras/python``), newest first: beside the
+    ``ncu`` that ``$HEADCOUNT_NCU`` or PATH names (an installer's ``ncu`` lies beside ``extras/``, the binary it
+    runs two folders down), then the usual install roots (NVIDIA's installer, the CUDA toolkit)."""
+    import glob
+    import os
+    import shutil
+
+    found: list[Path] = []
+    ncu = os.environ.get("HEADCOUNT_NCU") or shutil.which("ncu")
+    if ncu:
+        for folder in (Path(ncu).parent, Path(os.path.realpath(ncu)).parent):  # a link on PATH, or the file itself
+            found += [folder / "extras" / "python", folder.parent.parent / "extras" / "python"]
+    roots = sorted(glob.glob("/opt/nvidia/nsight-compute/*") + glob.glob("/usr/local/cuda*/nsight-compute*")
+                   + glob.glob(os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "nsight-compute*")), reverse=True)
+    found += [Path(root) / "extras" / "python" for root in roots]
+    seen: list[Path] = []
+    for folder in found:
+        if (folder / "ncu_report.py").is_file() and folder not in seen:
+            seen.append(folder)
+    return seen
+
+
 def _module():
+    """NVIDIA's ``ncu_report``: the installed wheel, else the one in Nsight Compute's ``extras/python``.
+
+    Raises:
+        HeadcountError: neither imports.
+    """
     try:
         import ncu_report
     except ImportError as exc:
+        for folder in nsight_python_dirs():
+            sys.path.insert(0, str(folder))  # ahead of a broken install; its ncu_report.py loads the module beside it
+            try:
+                import ncu_report
+            except ImportError:
+                sys.path.remove(str(folder))
+                continue
+            return ncu_report
         raise HeadcountError(
-            "reading .ncu-rep files needs NVIDIA's ncu_report module",
-            hint="pip install ncu-report, or export with `ncu --import R --csv --page raw` and pass the CSV",
+            "reading .ncu-rep files needs NVIDIA's ncu_report module (neither installed nor found in an Nsight Compute's "
+            "extras/python)",
+            hint="pip install ncu-report, or set HEADCOUNT_NCU to your Nsight Compute's ncu, or export with "
+                 "`ncu --import R --csv --page raw` and pass the CSV",
         ) from exc
     return ncu_report
 
