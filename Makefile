@@ -23,6 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
+	$(VENV)/bin/headcount cupti install > /dev/null  # cupti-python 13.4 + libcupti 13.4 beside the environment
 	$(PY) -m pip install -q --no-deps "HolisticTraceAnalysis==0.5.0"  # its jupyterlab is not needed to read traces
 	touch $@
 

@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 from headcount import nsight
-from headcount.collector import cupti_source
+from headcount.collector import cupti_home, cupti_source
 from headcount.collector.cupti_errors import HOLDER_HINT, PERMISSION_HINT, classify
 from headcount.env import package_version as _version
 from headcount.errors import HeadcountError
@@ -39,11 +39,6 @@ class Check:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def _major_minor(version: str | None) -> tuple[int, int] | None:
-    m = re.match(r"(\d+)\.(\d+)", version or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def check_packages() -> list[Check]:
@@ -96,41 +91,42 @@ def driver_version() -> int | None:
 
 
 def check_cupti() -> list[Check]:
-    """cupti-python and libcupti: installed, matching, usable, not held."""
-    cp = _version("cupti-python")
-    lib = _version("nvidia-cuda-cupti")
-    out = []
+    """cupti-python and libcupti as the cupti source will load them (headcount's folder first,
+    :mod:`~headcount.collector.cupti_home`): installed, able to PM-sample, usable, not held."""
+    folder = cupti_home.activate()
+    held = cupti_home.installed(cupti_home.home())
+    out = [Check("cupti folder", "ok" if folder else "info",
+                 f"{cupti_home.home()}: " + ", ".join(f"{k} {v}" for k, v in sorted(held.items())) if folder else
+                 (cupti_home.note() or f"{cupti_home.home()} holds nothing: the environment's cupti-python is used, if any"),
+                 None if folder else "headcount cupti install: the CUPTI that samples DRAM, beside your torch (never replacing it)")]
+    cp = _version("cupti-python") if folder is None else held.get("cupti-python")
     if cp is None:
-        out.append(Check("cupti-python", "fail", "not installed", "pip install 'headcount[cupti]' (needs a CUDA 13.0+ driver)"))
+        out.append(Check("cupti-python", "fail", "not installed",
+                         "pip install 'headcount[cupti]' && headcount cupti install (needs a CUDA 13.0+ driver)"))
         return out
-    out.append(Check("cupti-python", "ok", cp))
-    want, have = _major_minor(cp), _major_minor(lib)
-    if lib is None:
-        out.append(Check("libcupti", "warn", "nvidia-cuda-cupti not installed: cupti-python looks for libcupti elsewhere",
-                         "pip install nvidia-cuda-cupti matching cupti-python"))
-    elif want and have and have < want:
-        # newer bindings over the libcupti torch pins (README's route): fine where it exports what headcount calls
-        gap = cupti_source.pm_sampling_gap(cupti_source.libcupti_path())
-        if gap:
-            out.append(Check("libcupti", "warn", f"nvidia-cuda-cupti {lib}, older than cupti-python {cp} declares: {gap}",
-                             "kernels and launches are still recorded; see the README for the install that matches your torch"))
-        else:
-            out.append(Check("libcupti", "ok", f"nvidia-cuda-cupti {lib} (older than cupti-python {cp} declares, "
-                                               "and it exports every function PM sampling calls)"))
+    out.append(Check("cupti-python", "ok", f"{cp} ({'headcount folder' if folder else 'environment'})"))
+    library = cupti_source.libcupti_path()
+    release = cupti_home.library_release(library) or _version("nvidia-cuda-cupti")
+    gap = cupti_source.pm_sampling_gap(library)
+    if library is None:
+        out.append(Check("libcupti", "warn", "none found: cupti-python looks for libcupti elsewhere (a CUDA toolkit)",
+                         "headcount cupti install"))
     else:
-        out.append(Check("libcupti", "ok", f"nvidia-cuda-cupti {lib}"))
+        out.append(Check("libcupti", "warn" if gap else "ok", f"nvidia-cuda-cupti {release or '(release unknown)'}: {library}"
+                         + (f"; {gap}" if gap else ""), "headcount cupti install" if gap else None))
     try:
         import cupti.pm_sampling  # noqa: F401 - whether PM sampling can be tried at all
         pm_ok = True
     except ImportError:
         pm_ok = False
-    out.append(Check("PM sampling (DRAM per head)", "ok" if pm_ok else "warn",
-                     f"cupti-python {cp} has it" if pm_ok else f"cupti-python {cp} has no pm_sampling (13.3 or newer has)",
-                     None if pm_ok else "pip install --no-deps 'cupti-python==13.4.*' pyelftools keeps your torch and its libcupti (README)"))
+    out.append(Check("PM sampling (DRAM per head)", "ok" if pm_ok and not gap else "warn",
+                     f"cupti-python {cp} has it" + (", over a libcupti that cannot run it" if gap else "") if pm_ok else
+                     f"cupti-python {cp} has no pm_sampling (13.3 or newer has)",
+                     None if pm_ok and not gap else "headcount cupti install keeps your torch and its libcupti"))
     torch_pin = _torch_cupti_pin()
-    if torch_pin and lib and not lib.startswith(torch_pin.rstrip(".*")):
-        out.append(Check("torch's libcupti", "warn", f"torch pins nvidia-cuda-cupti=={torch_pin}, installed {lib}",
-                         "torch.profiler may load a different libcupti than cupti-python; the cupti backend does not use torch.profiler"))
+    if torch_pin and release and not release.startswith(torch_pin.rstrip(".*")):
+        out.append(Check("torch's libcupti", "info", f"torch pins nvidia-cuda-cupti=={torch_pin}; the cupti source loads {release}",
+                         "torch.profiler in the same process uses the one loaded first (the cupti source's, once it ran)"))
     try:
         from cupti import cupti
 

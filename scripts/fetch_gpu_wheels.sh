@@ -6,7 +6,7 @@
 #
 #   .whl/common      nvtx (0.2.11), rich and its parts, cuda-pathfinder, pyelftools, and headcount's readers
 #                    (msgspec, duckdb, adbc-driver-sqlite), which the image lacks
-#   .whl/cupti-13.4  cupti-python 13.4 + libcupti 13.4 (PM sampling; needs a driver that accepts CUPTI 13.4)
+#   .whl/cupti-13.4  cupti-python 13.4 + libcupti 13.4: what `headcount cupti install` puts in its folder
 #   .whl/cupti-13.0  cupti-python 13.0 (uses the libcupti 13.0 that CUDA-13.0 torch already installs)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -97,23 +97,16 @@ def probe_cupti(out: Path, nvtx_markers: bool) -> int:
 
 def _libcupti_release(library: str | None) -> dict:
     """Which release the loaded libcupti is (issue 35): the wheel whose files hold it, and CUPTI's own API version."""
-    from importlib import metadata
+    import ctypes
 
-    doc: dict = {"libcupti": library, "libcupti_wheel": None}
+    from headcount.collector import cupti_home
+
+    release = cupti_home.library_release(library)
+    doc: dict = {"libcupti": library, "libcupti_wheel": f"nvidia-cuda-cupti=={release}" if release else None}
     if library:
-        real = os.path.realpath(library)
-        for dist in metadata.distributions():
-            name = (dist.metadata["Name"] or "").lower()
-            if "cupti" not in name or name == "cupti-python":
-                continue
-            for f in dist.files or ():
-                if os.path.realpath(str(dist.locate_file(f))) == real:
-                    doc["libcupti_wheel"] = f"{name}=={dist.version}"
         try:
-            import ctypes
-
             version = ctypes.c_uint32()
-            status = ctypes.CDLL(library).cuptiGetVersion(ctypes.byref(version))
+            status = ctypes.CDLL(library).cuptiGetVersion(ctypes.byref(version))  # the library loaded already: no second copy
             doc["cupti_api_version"] = version.value if status == 0 else f"cuptiGetVersion returned {status}"
         except (OSError, AttributeError) as exc:
             doc["cupti_api_version"] = f"unknown ({exc})"

@@ -10,9 +10,10 @@
 # installed there with `pip install --no-index --target`. In about 8 minutes
 # on an H200 it:
 #   1. prints the device and versions (environment.json, nvidia-smi.txt, doctor.json);
-#   2. probes cupti-python 13.4 over torch's own libcupti (the README's route), 13.4 with
-#      libcupti 13.4, and 13.0: the libcupti each loaded and its PM samples; the profile uses
-#      the first that sampled; then NVTX marker records (probe-*.json);
+#   2. probes the README's route (`headcount cupti install`'s folder: cupti-python 13.4 and
+#      libcupti 13.4 beside torch), 13.4 over torch's own libcupti, and 13.0: the libcupti each
+#      loaded and its PM samples; the profile uses the first that sampled; then NVTX marker
+#      records (probe-*.json);
 #   3. measures the copy-bandwidth ceiling (bandwidth.json);
 #   4. compares the occupancy calculator with the driver's (occupancy.json);
 #   5. profiles a bert-base-sized model (12 layers, 12 heads, batch 16, seq 512,
@@ -80,7 +81,7 @@ fi
 # 1. wheels and environment -------------------------------------------------
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ "$DRY" = 0 ] && [ -d .whl/common ]; then
-  for set in common cupti-13.4 cupti-13.0; do
+  for set in common cupti-13.0; do
     [ -d ".whl/$set" ] && step "install-$set" 120 $PY -m pip install -q --no-index --no-deps --upgrade --target ".whl/site-$set" .whl/$set/*.whl
   done
   export PYTHONPATH="$PWD/.whl/site-common:$PYTHONPATH"
@@ -121,32 +122,45 @@ EOF
 cat "$OUT/environment.json"
 
 # 2. which cupti-python records here, over which libcupti (issue 35) ------------
-# 13.4-torchlib is the README's route for a user's CUDA torch: cupti-python 13.4 alone (--no-deps) over the
-# libcupti that torch brought; 13.4 brings libcupti 13.4 too; 13.0 fits torch 2.14's pins and has no PM sampling.
+# folder: the README's route, what `headcount cupti install` does (cupti-python 13.4 and libcupti 13.4 with
+#   pip install --target into a folder beside the environment; headcount loads them first), from the carried wheels;
+# 13.4-torchlib: cupti-python 13.4 alone over the libcupti torch brought (CUPTI refused PM sampling there on an H100);
+# 13.0: fits torch 2.14's pins, no PM sampling.
 # Each probe records the libcupti it loaded (path, wheel, API version) and its PM samples; the profile uses the
 # first that sampled, else the first that recorded kernels.
+NO_FOLDER="$PWD/.whl/no-cupti-folder"
 if [ "$DRY" = 0 ] && ls .whl/cupti-13.4/cupti_python-*.whl > /dev/null 2>&1; then
+  step install-cupti-folder 120 $PY -m pip install -q --no-index --no-deps --upgrade --target .whl/cupti-folder .whl/cupti-13.4/*.whl
   step install-cupti-13.4-torchlib 120 $PY -m pip install -q --no-index --no-deps --upgrade --target .whl/site-cupti-13.4-torchlib \
     .whl/cupti-13.4/cupti_python-*.whl
 fi
 CUPTI_SITE=
-PROBES="13.4-torchlib 13.4 13.0"
-[ "$DRY" = 1 ] && PROBES=13.4  # no driver: one probe shows the message
+PROBES="folder 13.4-torchlib 13.0"
+[ "$DRY" = 1 ] && PROBES=folder  # no driver: one probe shows the message
 for v in $PROBES; do
+  if [ "$v" = folder ]; then
+    folder="$PWD/.whl/cupti-folder"
+    [ "$DRY" = 1 ] && folder=$($PY -c "from headcount.collector import cupti_home; print(cupti_home.home())")
+    HEADCOUNT_CUPTI_HOME=$folder step probe-cupti-folder 120 $PY scripts/gpu_check.py probe-cupti "$OUT/probe-cupti-folder.json"
+    continue
+  fi
   site="$PWD/.whl/site-cupti-$v"
-  if [ "$DRY" = 1 ]; then site=; elif [ ! -d "$site" ]; then continue; fi
-  PYTHONPATH="${site:+$site:}$PYTHONPATH" step "probe-cupti-$v" 120 $PY scripts/gpu_check.py probe-cupti "$OUT/probe-cupti-$v.json"
+  [ -d "$site" ] || continue
+  HEADCOUNT_CUPTI_HOME=$NO_FOLDER PYTHONPATH="$site:$PYTHONPATH" step "probe-cupti-$v" 120 $PY scripts/gpu_check.py probe-cupti "$OUT/probe-cupti-$v.json"
 done
 chosen=$($PY scripts/gpu_check.py choose-cupti "$OUT" $PROBES)
 log "cupti-python for the profile: $chosen"
-if [ "$chosen" != none ]; then
+if [ "$chosen" = folder ] && [ "$DRY" = 0 ]; then
+  export HEADCOUNT_CUPTI_HOME="$PWD/.whl/cupti-folder"
+  CUPTI_SITE=none
+elif [ "$chosen" != none ]; then
+  export HEADCOUNT_CUPTI_HOME=$NO_FOLDER
   CUPTI_SITE="$PWD/.whl/site-cupti-$chosen"
   [ "$DRY" = 1 ] || [ ! -d "$CUPTI_SITE" ] && CUPTI_SITE=none
 fi
 if [ -n "$CUPTI_SITE" ] && [ "$CUPTI_SITE" != none ]; then export PYTHONPATH="$CUPTI_SITE:$PYTHONPATH"; fi
 if [ -n "$CUPTI_SITE" ]; then
-  sites=$($PY -c 'import site; print(" ".join(site.getsitepackages()))')
-  LIBCUPTI=$(find ${CUPTI_SITE/none/} $sites -name 'libcupti.so*' 2>/dev/null | head -1)
+  LIBCUPTI=$($PY -c "from headcount.collector.cupti_source import injection_library; print(injection_library() or '')")
   log "NVTX injection library: ${LIBCUPTI:-none found}"
   if [ -n "$LIBCUPTI" ]; then
     # the profile injects NVTX into libcupti only if this probe shows that it works

@@ -8,6 +8,12 @@ import pytest
 import torch
 from hypothesis import settings
 
+from headcount.collector import cupti_home
+
+# the cupti source's own cupti-python and libcupti (`headcount cupti install`, run by make setup), before any test
+# imports cupti: tests see what the product loads
+cupti_home.activate()
+
 # Property tests draw the same examples on every run (CI included), so a failure
 # is reproducible; HYPOTHESIS_PROFILE=explore draws new ones.
 settings.register_profile("fixed", derandomize=True)

@@ -35,8 +35,11 @@ import re
 import threading
 import zlib
 
-from cupti import cupti as real
-from torch.utils._python_dispatch import TorchDispatchMode
+from headcount.collector import cupti_home
+
+cupti_home.activate()  # the cupti-python the product loads (also in a child process that imports this first)
+from cupti import cupti as real  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 
 def kernel_record_class(module=real):
@@ -407,10 +410,13 @@ def factory():
     global SHARED
     if SHARED is None:
         SHARED = ReplayCupti()
-    return SHARED, ReplayPm(clock=SHARED.get_timestamp)
+    # CUDA is up once the program launched something (model.to("cuda") before its first forward, here the operators
+    # before the first attention range): PM sampling starts there, as on a GPU
+    return SHARED, ReplayPm(clock=SHARED.get_timestamp), lambda: SHARED.launches > 0
 
 
-def profile_replayed(model, inputs, mode="layer", steps=2, replay=None, pm=None, tmp_path=None, backward=True):
+def profile_replayed(model, inputs, mode="layer", steps=2, replay=None, pm=None, tmp_path=None, backward=True,
+                     cuda_ready=lambda: True):
     """``AttentionProfiler`` on a :class:`CuptiRecorder` fed by this replay (H100 limits), ``steps``
     numbered steps of ``model(**inputs)`` with every operator launching: ``(profiler, replay)``."""
     from headcount import AttentionProfiler
@@ -420,7 +426,8 @@ def profile_replayed(model, inputs, mode="layer", steps=2, replay=None, pm=None,
     replay = replay or ReplayCupti()
     if pm is not None:
         pm.clock = replay.get_timestamp  # one clock for the replayed GPU and its PM sampler
-    rec = CuptiRecorder(cupti=replay, pm_module=pm, pm_sampling=pm is not None, record_dir=tmp_path)
+    # the model is on the GPU before profiling (cuda_ready), unless a test says otherwise
+    rec = CuptiRecorder(cupti=replay, pm_module=pm, pm_sampling=pm is not None, record_dir=tmp_path, cuda_ready=cuda_ready)
     rec.device_limits = LIMITS["9.0"]
     prof = AttentionProfiler(model, mode=mode, recorder=rec)
     with prof:

@@ -165,10 +165,10 @@ def test_ranges_left_open_by_an_interrupt_are_left_out_with_a_notice(llama, tmp_
 
 
 def test_the_loaded_libcupti_exports_what_pm_sampling_calls():
-    """The libcupti this environment loads (the nvidia-cuda-cupti wheel's: 13.4+ by default, torch 2.14's 13.0.85 with
-    the README's --no-deps route) exports every function PM sampling calls on headcount's path, so no notice; a
-    library lacking them (the C library itself, a real one) gets a notice naming each and saying where DRAM comes from
-    instead."""
+    """The libcupti the cupti source loads (headcount's folder's, `headcount cupti install`: 13.4, whatever libcupti the
+    environment's torch pins) exports every function PM sampling calls on headcount's path and is as new as the
+    bindings declare, so no notice; a library lacking them (the C library itself, a real one) gets a notice naming
+    each and saying where DRAM comes from instead."""
     library = cupti_source.libcupti_path()
     assert library and "libcupti.so" in library
     assert cupti_source.missing_functions(library) == [] and cupti_source.pm_sampling_gap(library) is None
@@ -183,8 +183,8 @@ def test_the_loaded_libcupti_exports_what_pm_sampling_calls():
 
 def test_pm_sampling_loads_and_fails_only_at_the_driver():
     """Where cupti-python has PM sampling, its collector imports and is refused only by the missing driver (never a
-    missing module or symbol): also with torch's older libcupti under newer bindings (the README's route). Skipped,
-    naming what is missing, where the installed cupti-python has no pm_sampling (13.0.1, 13.2.0)."""
+    missing module or symbol), with the folder `headcount cupti install` fills beside torch's own libcupti (the
+    README's route). Skipped, naming what is missing, where the loaded cupti-python has no pm_sampling."""
     try:
         from cupti import pm_sampling
     except ImportError as exc:
@@ -264,6 +264,24 @@ def test_pm_samples_are_apportioned_with_their_provenance(llama):
     assert (heads["dram_bytes_provenance"] == "apportioned").all()
     info = prof.run_metadata()["collector"]["pm_sampling"]
     assert info["enabled"] and info["interval_ns"] == cupti_source.DEFAULT_PM_INTERVAL_NS and info["completed_samples"] > 0
+
+
+def test_pm_sampling_waits_for_cuda_and_says_so_if_it_never_comes(llama, capsys):
+    """`headcount run` starts recording before the program touches CUDA, where CUPTI's profiler knows no device (on
+    an H100: "Invalid device_index: 0", tests/fixtures/gpu/h100-2026-12-05): PM sampling starts at the first range
+    that opens once CUDA is up, and a run where it never comes says so, its DRAM analytic (never zero)."""
+    model, inputs = llama
+    replay = ReplayCupti()
+    prof, _ = profile_replayed(model, inputs, steps=1, replay=replay, pm=ReplayPm(), cuda_ready=lambda: replay.launches > 0)
+    assert (prof.get_stats()["layers"]["dram_bytes_provenance"] == "sampled").all()
+    collector = prof.run_metadata()["collector"]
+    assert collector["pm_sampling"]["enabled"] and collector["pm_sampling"]["completed_samples"] > 0
+    assert collector["pm_sampling_started_ns"] > collector["started_ns"]
+    prof, _ = profile_replayed(model, inputs, steps=1, pm=ReplayPm(), cuda_ready=lambda: False)
+    assert "PM sampling never started: CUDA was not initialized" in capsys.readouterr().err
+    layers = prof.get_stats()["layers"]
+    assert (layers["dram_bytes_provenance"] == "analytic").all()
+    assert "dram_bytes_sampled" not in layers or layers["dram_bytes_sampled"].isna().all()
 
 
 def test_pm_sampling_unavailable_is_a_notice_and_tracing_goes_on(llama, capsys):
@@ -374,6 +392,7 @@ def test_cli_backend_cupti_fails_with_one_line(tmp_path, capsys):
 
 
 def test_nvtx_injection_is_set_only_when_asked_and_possible(monkeypatch, tmp_path):
+    monkeypatch.setenv("HEADCOUNT_CUPTI_HOME", str(tmp_path / "no-folder"))  # the wheel's library, not headcount's
     lib_dir = tmp_path / "nvidia" / "cu13" / "lib"
     lib_dir.mkdir(parents=True)
     (lib_dir / "libcupti.so.13").write_bytes(b"")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from headcount import doctor
 from headcount.cli.main import main as cli_main
 
@@ -52,24 +54,22 @@ def test_nvtx_injection_check(tmp_path):
     assert doctor.check_nvtx_injection({"NVTX_INJECTION64_PATH": str(lib)}).status == "ok"
 
 
-def test_libcupti_older_than_cupti_python_is_judged_by_what_it_exports(monkeypatch):
-    """Newer bindings over the libcupti torch pins (the README's route: cupti-python 13.4 over 13.0.85): fine where
-    the library exports every function PM sampling calls (the real one installed here does); a warning naming each
-    missing function where it does not (the C library stands in for a library that lacks them all)."""
-    import ctypes.util
+def test_doctor_names_the_folder_the_bindings_and_the_library_the_cupti_source_loads(monkeypatch, tmp_path):
+    """With `headcount cupti install` done (make setup), doctor says the folder, that cupti-python comes from it, the
+    libcupti and its release, and that PM sampling can run; with no folder and no cupti-python, what to run."""
+    from headcount.collector import cupti_home
 
-    from headcount.collector import cupti_source
-
-    versions = {"cupti-python": "13.4.0", "nvidia-cuda-cupti": "13.0.85"}
-    monkeypatch.setattr(doctor, "_version", lambda name: versions.get(name))
+    if cupti_home.activate() is None:
+        pytest.skip(f"no folder from `headcount cupti install` here ({cupti_home.note() or cupti_home.home()})")
     checks = {c.name: c for c in doctor.check_cupti()}
-    assert checks["libcupti"].status == "ok" and "exports every function PM sampling calls" in checks["libcupti"].detail
-    monkeypatch.setattr(cupti_source, "libcupti_path", lambda: ctypes.util.find_library("c"))
+    assert checks["cupti folder"].status == "ok" and str(cupti_home.home()) in checks["cupti folder"].detail
+    assert checks["cupti-python"].detail.endswith("(headcount folder)")
+    assert checks["libcupti"].status == "ok" and str(cupti_home.home()) in checks["libcupti"].detail
+    assert checks["PM sampling (DRAM per head)"].status == "ok"
+    monkeypatch.setattr(cupti_home, "activate", lambda: None)
+    monkeypatch.setattr(doctor, "_version", lambda name: None)
     checks = {c.name: c for c in doctor.check_cupti()}
-    assert checks["libcupti"].status == "warn" and "PM sampling needs cuptiProfilerInitialize" in checks["libcupti"].detail
-    versions.pop("cupti-python")
-    checks = {c.name: c for c in doctor.check_cupti()}
-    assert checks["cupti-python"].status == "fail" and "headcount[cupti]" in checks["cupti-python"].hint
+    assert checks["cupti-python"].status == "fail" and "headcount cupti install" in checks["cupti-python"].hint
 
 
 def test_subscriber_check_names_the_holder(monkeypatch):

@@ -294,6 +294,7 @@ def test_steps_parsing():
 
 
 def test_cupti_children_get_nvtx_injection(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADCOUNT_CUPTI_HOME", str(tmp_path / "no-folder"))  # the wheel's library, not headcount's
     lib_dir = tmp_path / "site" / "nvidia" / "cu13" / "lib"
     lib_dir.mkdir(parents=True)
     (lib_dir / "libcupti.so.13").write_bytes(b"")

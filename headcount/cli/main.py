@@ -18,7 +18,7 @@ from headcount.errors import HeadcountError
 # imported by the commands that need them, so `--version` and `query` do not wait for torch)
 COMMANDS = {"profile": "profile_cmd", "run": "run_cmd", "parse": "parse_cmd", "report": "report_cmd",
             "compare": "compare_cmd", "diff": "diff_cmd", "query": "query_cmd", "export": "export_cmd", "calibrate": "calibrate_cmd",
-            "doctor": "doctor_cmd"}
+            "doctor": "doctor_cmd", "cupti": "cupti_cmd"}
 
 EXAMPLES = """\
 examples:
@@ -33,6 +33,7 @@ examples:
   headcount query headcount-report "SELECT * FROM layers ORDER BY duration_ns DESC LIMIT 5"
   headcount doctor                       what works here: GPU, driver, CUPTI, counters, nsys/ncu
   headcount profile --backend cupti      in-process CUPTI on an NVIDIA GPU (launch latency, occupancy, DRAM samples)
+  headcount cupti install                the CUPTI that samples DRAM, beside your torch (never replacing it)
 
 Read the report:
   headcount query headcount-report "SELECT layer_name, head, duration_ns FROM heads ORDER BY duration_ns DESC LIMIT 5"

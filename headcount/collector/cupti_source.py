@@ -44,6 +44,7 @@ from pathlib import Path
 
 import msgspec
 
+from headcount.collector import cupti_home
 from headcount.collector.cupti_errors import classify
 from headcount.derive.sampling import PM_COUNTERS, PM_PERCENTS
 from headcount.env import cuda_usable, package_version
@@ -72,6 +73,7 @@ def load_cupti():
     Raises:
         HeadcountError: cupti-python is missing or cannot be imported.
     """
+    cupti_home.activate()  # headcount's own cupti-python and libcupti, where `headcount cupti install` put them
     try:
         from cupti import cupti
     except ImportError as exc:
@@ -155,9 +157,12 @@ class RangeLog:
         self._lock = threading.Lock()
         self._open = threading.local()  # this thread's open range ids, innermost last
         self.ranges: list[list] = []  # [id, domain, name, pid, tid, start, end]
+        self.before_open = None  # called before a range opens while set (the recorder's deferred PM sampling start)
 
     def open(self, domain: str, name: str) -> int:
         """Open a range on this thread; returns its id (≥ 1) for :meth:`close`."""
+        if self.before_open is not None:
+            self.before_open()
         with self._lock:
             rid = len(self.ranges) + 1
             self.ranges.append([rid, domain, name, self._pid, threading.get_native_id(), self._ts(), None])
@@ -304,7 +309,9 @@ class PmSampler:
     def stop(self) -> tuple[list[dict], dict]:
         """Stop, decode and evaluate; returns (samples, info)."""
         if self._collector is None:
-            return [], {"enabled": False, "notice": self.notice}
+            return [], {"enabled": False, "notice": self.notice or (
+                "PM sampling never started: CUDA was not initialized while headcount's ranges opened (DRAM is not "
+                f"sampled; {DRAM_ELSEWHERE})")}
         collector, self._collector = self._collector, None
         elapsed_ns = (time.perf_counter() - self._t0) * 1e9
         info = {"enabled": True, "metrics": self.metrics, "interval_ns": self.interval_ns}
@@ -334,6 +341,8 @@ class CuptiRecorder:
         record_dir: where to write the records file (a temporary directory by default).
         cupti: the ``cupti.cupti`` module (imported when omitted).
         pm_module: the ``cupti.pm_sampling`` module (imported when omitted).
+        cuda_ready: whether the program has initialized CUDA (default :func:`cuda_initialized`): PM sampling starts
+            once it has.
 
     Raises:
         HeadcountError: cupti-python cannot be imported (at construction).
@@ -344,9 +353,10 @@ class CuptiRecorder:
     correlates_ranges = True
 
     def __init__(self, pm_sampling: bool = True, pm_interval_ns: int = DEFAULT_PM_INTERVAL_NS,
-                 record_dir: str | Path | None = None, cupti=None, pm_module=None, device_index: int = 0):
+                 record_dir: str | Path | None = None, cupti=None, pm_module=None, device_index: int = 0, cuda_ready=None):
         self.cupti = cupti if cupti is not None else load_cupti()
         self._pm_module = pm_module
+        self._cuda_ready = cuda_ready or cuda_initialized
         self.pm_sampling = pm_sampling
         self.pm_interval_ns = pm_interval_ns
         self.device_index = device_index
@@ -436,19 +446,39 @@ class CuptiRecorder:
                     pm = None
             library = libcupti_path()
             self.stats["libcupti"] = library
+            self.stats["libcupti_release"] = cupti_home.library_release(library)
+            folder = cupti_home.activate()
+            self.stats["cupti_home"] = str(folder) if folder else cupti_home.note()
             gap = pm_sampling_gap(library) if self._pm_module is None else None  # a stand-in module needs no library
             if pm is None:
                 self.stats["pm_sampling"] = {"enabled": False, "notice": (
-                    f"PM sampling needs cupti-python ≥ 13.3 (installed: {self.version}); with the CUPTI your torch "
-                    "brought: pip install --no-deps 'cupti-python==13.4.*' pyelftools (README)")}
+                    f"PM sampling needs cupti-python ≥ 13.3 (installed: {self.version}): `headcount cupti install` adds it "
+                    f"beside your torch; {DRAM_ELSEWHERE}")}
             elif gap:
                 self.stats["pm_sampling"] = {"enabled": False, "notice": gap}
             else:
                 self._sampler = PmSampler(pm, self.device_index, self.pm_interval_ns)
-                self._sampler.start()
+                if self._cuda_ready():
+                    self._sampler.start()
+                else:
+                    # CUPTI's profiler knows no device before the driver is initialized ("Invalid device_index: 0" under
+                    # `headcount run`, which starts recording before the program touches CUDA): start at the first
+                    # range that opens once it is, without initializing CUDA ourselves (a fork after that breaks CUDA)
+                    self.range_log.before_open = self._start_sampler_once_cuda_is_up
+                    self._sampler_lock = threading.Lock()
         if self.stats["pm_sampling"].get("notice"):
             self.notices.append(self.stats["pm_sampling"]["notice"])
         self.stats["started_ns"] = cupti.get_timestamp()
+
+    def _start_sampler_once_cuda_is_up(self) -> None:
+        if not self._cuda_ready():
+            return
+        with self._sampler_lock:
+            if self.range_log.before_open is None:
+                return  # another thread started it
+            self.range_log.before_open = None
+            self.stats["pm_sampling_started_ns"] = self.cupti.get_timestamp()
+            self._sampler.start()
 
     def stop(self) -> Path:
         """Wait for the GPU, flush and disable; write the records file; returns its path."""
@@ -460,6 +490,8 @@ class CuptiRecorder:
                 torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - a failed sync is said, the records are still flushed
             self.notices.append(f"could not wait for the GPU before flushing CUPTI ({exc})")
+        if self.range_log is not None:
+            self.range_log.before_open = None
         if self._sampler is not None:
             samples, info = self._sampler.stop()
             self.records.extend(samples)
@@ -521,11 +553,14 @@ class CuptiRecorder:
 
 
 def injection_library() -> str | None:
-    """The libcupti that NVTX can inject (``nvidia/cu13/lib/libcupti.so*`` on
-    ``sys.path``, as the nvidia-cuda-cupti wheel installs it), or ``None``."""
+    """The libcupti that NVTX can inject: headcount's own (:mod:`~headcount.collector.cupti_home`), else
+    ``nvidia/cu13/lib/libcupti.so*`` on ``sys.path`` (as the nvidia-cuda-cupti wheel installs it), else ``None``."""
     import glob
     import sys
 
+    own = cupti_home.library()
+    if own is not None and (cupti_home.home() / "cupti").is_dir():
+        return str(own)  # the library headcount's cupti-python records with: markers must reach that one
     for base in sys.path:
         for pattern in ("nvidia/cu13/lib/libcupti.so*", "nvidia/cuda_cupti/lib/libcupti.so*"):
             hits = sorted(glob.glob(os.path.join(base or ".", pattern)))
@@ -565,41 +600,61 @@ single-pass set name): all exported by libcupti 13.0.85 (torch 2.14's) and 13.4,
 ``pm_sampling`` and ``profiler_host`` modules."""
 
 
-def libcupti_path() -> str | None:
-    """The libcupti this process has loaded (``/proc/self/maps``), else the one the nvidia-cuda-cupti wheel installed
-    (what cupti-python loads), else None."""
+def cuda_initialized() -> bool:
+    """Whether torch has initialized CUDA in this process (False before torch is imported; never initializes it)."""
+    import sys
+
+    torch = sys.modules.get("torch")
     try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                path = line.split()[-1] if line.strip() else ""
-                if "/libcupti.so" in path:
-                    return path
-    except OSError:
-        pass
-    return injection_library()
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch half imported, or without CUDA
+        return False
+
+
+def libcupti_path() -> str | None:
+    """The libcupti this process has loaded (``/proc/self/maps``), else the one cupti-python would load
+    (headcount's folder, then the nvidia-cuda-cupti wheel), else None."""
+    loaded = cupti_home.loaded_libraries()
+    return loaded[0] if loaded else injection_library()
 
 
 def missing_functions(library: str, names: tuple[str, ...] = PM_SAMPLING_FUNCTIONS) -> list[str]:
-    """Those of ``names`` that ``library`` does not export (loading it needs no driver); all of them where it cannot
-    be loaded at all."""
-    import ctypes
-
+    """Those of ``names`` that ``library`` does not export, read from its dynamic symbol table (pyelftools, which
+    cupti-python needs too): nothing is loaded into the process, where a second libcupti would split CUPTI in two.
+    All of them where the file cannot be read as a shared library."""
     try:
-        lib = ctypes.CDLL(library)
-    except OSError:
+        from elftools.common.exceptions import ELFError
+        from elftools.elf.elffile import ELFFile
+    except ImportError:
         return list(names)
-    return [name for name in names if not hasattr(lib, name)]
+    try:
+        with open(library, "rb") as fh:
+            table = ELFFile(fh).get_section_by_name(".dynsym")
+            exported = {sym.name for sym in table.iter_symbols() if sym["st_shndx"] != "SHN_UNDEF"} if table else set()
+    except (OSError, ELFError):
+        return list(names)
+    return [name for name in names if name not in exported]
+
+
+DRAM_ELSEWHERE = "DRAM meanwhile from --backend nsys --gpu-metrics on, or --backend ncu"
 
 
 def pm_sampling_gap(library: str | None) -> str | None:
-    """Why PM sampling cannot run on ``library`` (the functions it lacks, named), or None."""
+    """Why PM sampling cannot run on ``library``: the functions it lacks, named, or a release older than the
+    cupti-python in use declares (CUPTI then refuses every configuration); None when nothing is known against it."""
     if library is None:
         return None
     missing = missing_functions(library)
-    if not missing:
-        return None
-    return (f"PM sampling needs {', '.join(missing)}, which {library} does not export: DRAM is not sampled here "
-            "(get it with --backend nsys --gpu-metrics on, or --backend ncu)")
+    if missing:
+        return (f"PM sampling needs {', '.join(missing)}, which {library} does not export: DRAM is not sampled here "
+                f"(`headcount cupti install` brings a libcupti that has them; {DRAM_ELSEWHERE})")
+    release = cupti_home.library_release(library)
+    version, declared = cupti_home.bindings_need()
+    if cupti_home.older_than_declared(release, declared):
+        return (f"libcupti {release} ({library}) is older than cupti-python {version} declares ({declared}): CUPTI refuses "
+                "its PM sampling there (ERROR_INVALID_PARAMETER on an H100), so DRAM is not sampled "
+                f"(`headcount cupti install` puts libcupti {declared} beside your torch; {DRAM_ELSEWHERE})")
+    return None
 
 
 def require() -> None:

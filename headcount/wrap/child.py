@@ -133,7 +133,7 @@ class ChildSession:
                 module, _, name = factory.partition(":")
                 import importlib
 
-                kwargs["cupti"], kwargs["pm_module"] = getattr(importlib.import_module(module), name)()
+                kwargs.update(zip(("cupti", "pm_module", "cuda_ready"), getattr(importlib.import_module(module), name)()))
             self.recorder = cupti_source.CuptiRecorder(
                 pm_sampling=_env("PM", "1") == "1", pm_interval_ns=int(_env("PM_INTERVAL_NS", str(cupti_source.DEFAULT_PM_INTERVAL_NS))),
                 record_dir=os.path.join(self.raw, f"cupti-{self.pid}"), **kwargs)

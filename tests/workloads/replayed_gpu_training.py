@@ -11,7 +11,7 @@ from tiny_llama import tiny_llama
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 model = tiny_llama()
 ids = torch.randint(0, 128, (2, 16))
-replay, _ = cupti_replay.factory()
+replay = cupti_replay.factory()[0]
 for step in range(steps):
     with cupti_replay.LaunchOnEveryOp(replay):
         model(input_ids=ids, labels=ids).loss.backward()
