@@ -12,7 +12,11 @@ Quick start::
 from importlib import import_module
 
 from headcount._version import __version__
+from headcount.collector import cupti_home as _cupti_home
 from headcount.errors import HeadcountError
+
+# before torch is imported: a CUDA torch then loads the cupti source's libcupti, not its own older one
+_cupti_home.put_first()
 
 # imported on first use: the profiler pulls in torch (~2 s), which `headcount parse`,
 # `report`, `query` and the wrapped tools never need

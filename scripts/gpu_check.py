@@ -27,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import headcount  # noqa: E402, F401 - before torch: torch then loads the cupti folder's libcupti (cupti_home)
 
 
 def _cuda() -> bool:

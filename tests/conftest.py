@@ -1,18 +1,20 @@
 """Shared test fixtures: tiny models built from configs (no hub access)."""
 
+# ruff: noqa: E402 - headcount is imported before torch, on purpose
 from __future__ import annotations
+
+from headcount.collector import cupti_home
+
+# the cupti source's own cupti-python and libcupti (`headcount cupti install`, run by make setup), before torch and
+# before any test imports cupti: a CUDA torch then loads the folder's libcupti, and tests see what the product loads
+cupti_home.put_first()
+cupti_home.activate()
 
 import os
 
 import pytest
 import torch
 from hypothesis import settings
-
-from headcount.collector import cupti_home
-
-# the cupti source's own cupti-python and libcupti (`headcount cupti install`, run by make setup), before any test
-# imports cupti: tests see what the product loads
-cupti_home.activate()
 
 # Property tests draw the same examples on every run (CI included), so a failure
 # is reproducible; HYPOTHESIS_PROFILE=explore draws new ones.

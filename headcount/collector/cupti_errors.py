@@ -73,9 +73,11 @@ def classify(exc: BaseException, doing: str = "starting the cupti source") -> He
     lower = text.lower()
     if isinstance(exc, ImportError):
         if getattr(exc, "name", None) in ("cupti", "cupti.cupti") or "cupti" in lower and "no module" in lower:
-            return HeadcountError("cupti-python is not installed", hint="pip install 'headcount[cupti]' (needs a CUDA 13.0+ driver), or use --backend torch", exit_code=3)
+            return HeadcountError("cupti-python is not installed",
+                                  hint="pip install 'headcount[cupti]' && headcount cupti install (needs a CUDA 13.0+ driver), "
+                                       "or use --backend torch", exit_code=3)
         return HeadcountError(f"cupti-python cannot be imported: {text}",
-                              hint="reinstall cupti-python and nvidia-cuda-cupti of one release (`headcount doctor` shows what is installed)", exit_code=3)
+                              hint="headcount cupti install (`headcount doctor` shows what is installed)", exit_code=3)
     if kind == "NotSupportedError" or "driver" in lower and ("not found" in lower or "libcuda" in lower):
         if "libcuda" in lower or "not found" in lower:
             return HeadcountError("no NVIDIA driver on this machine (libcuda.so.1 not found)",

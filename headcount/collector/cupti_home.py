@@ -9,10 +9,12 @@ cupti-python 13.4 over libcupti 13.0.85 records activity but every PM sampling c
 
 So headcount keeps its CUPTI out of pip's view of the environment: ``headcount cupti install`` puts cupti-python
 and the libcupti it declares into ``<sys.prefix>/share/headcount/cupti-cpXY`` (``$HEADCOUNT_CUPTI_HOME`` elsewhere)
-with ``pip install --target``. torch, its pins and ``pip check`` stay as they were. Before the process's first
-``import cupti``, :func:`activate` loads that libcupti (cupti-python's loader, cuda-pathfinder, takes a libcupti
-the process has loaded already) and puts the folder first on ``sys.path``. torch.profiler keeps working: it loads
-libcupti by its soname, which then names the same library.
+with ``pip install --target``. torch, its pins and ``pip check`` stay as they were. ``import headcount`` puts the
+folder first on ``sys.path`` (:func:`put_first`), so that a CUDA torch imported afterwards preloads the folder's
+libcupti instead of its own (torch loads the first one on ``sys.path``; on an H100, torch 2.11 ran with libcupti
+13.4.92 so); before the first ``import cupti``, :func:`activate` loads it (cupti-python's loader, cuda-pathfinder,
+takes a libcupti the process has loaded already). One libcupti per process: where torch loaded its own first,
+the folder is left unused and the notice says to import headcount first.
 """
 
 from __future__ import annotations
@@ -107,6 +109,16 @@ def loaded_libraries() -> list[str]:
     return found
 
 
+def put_first() -> None:
+    """Put the folder first on ``sys.path`` (cheap; nothing is loaded). Called when headcount is imported: a CUDA
+    torch, imported after it, preloads the first ``nvidia/cu13/lib/libcupti.so*`` on ``sys.path`` (torch/__init__.py,
+    ``_preload_cuda_deps``), so torch and the cupti source then share the folder's libcupti; imported before it, torch
+    has loaded its own, and :func:`activate` leaves the folder unused."""
+    folder = home()
+    if str(folder) not in sys.path and (folder / "cupti").is_dir() and library(folder) is not None:
+        sys.path.insert(0, str(folder))
+
+
 def activate() -> Path | None:
     """Make the next ``import cupti`` take the folder's cupti-python and libcupti; returns the folder, or None
     when it holds none or cannot be used here (:func:`note` says why). Idempotent."""
@@ -122,8 +134,8 @@ def activate() -> Path | None:
         return None
     others = [p for p in loaded_libraries() if os.path.realpath(p) != os.path.realpath(lib)]
     if others:  # a second libcupti in one process would split CUPTI in two
-        _state["note"] = (f"{others[0]} was loaded before headcount could load {lib} (torch.profiler used first?): "
-                          "start headcount's profiling before torch.profiler")
+        _state["note"] = (f"{others[0]} was loaded before headcount could load {lib} (torch imported before headcount?): "
+                          "import headcount before torch, or run the program under `headcount run --backend cupti`")
         return None
     try:
         ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)

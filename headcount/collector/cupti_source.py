@@ -77,7 +77,10 @@ def load_cupti():
     try:
         from cupti import cupti
     except ImportError as exc:
-        raise classify(exc, "importing cupti-python") from exc
+        err = classify(exc, "importing cupti-python")
+        if cupti_home.note():  # the folder is there but could not be used: that is the cause to name
+            err = HeadcountError(f"{err.message}: {cupti_home.note()}", hint=err.hint, exit_code=err.exit_code)
+        raise err from exc
     return cupti
 
 
