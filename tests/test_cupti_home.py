@@ -30,10 +30,13 @@ def _fresh(code: str, env=None) -> dict:
 
 
 def test_a_fresh_process_records_with_the_folders_bindings_and_library():
-    """torch first (as every user program), then the cupti source: cupti-python and libcupti come from the folder,
-    PM sampling imports, and CUPTI stops only at the missing driver."""
+    """headcount, then torch (a CUDA torch then preloads the folder's libcupti: one library in the process), then the
+    cupti source: cupti-python and libcupti come from the folder, PM sampling imports, and CUPTI stops only at the
+    missing driver."""
     doc = _fresh("""
-        import json, torch
+        import json
+        import headcount
+        import torch
         from headcount.collector import cupti_home, cupti_source
         cupti = cupti_source.load_cupti()
         from cupti import pm_sampling
@@ -50,6 +53,26 @@ def test_a_fresh_process_records_with_the_folders_bindings_and_library():
     assert doc["module"].startswith(home) and doc["lib"].startswith(home) and doc["loaded"] == [doc["lib"]]
     assert doc["release"].startswith("13.4.") and doc["gap"] is None
     assert doc["error"].startswith("no NVIDIA driver")
+
+
+def test_torch_imported_first_keeps_its_own_libcupti_and_the_notice_says_what_to_do():
+    """A CUDA torch loads its libcupti at import (torch 2.15: 13.2.86): imported before headcount, that library stays
+    the process's only one, and the folder is left unused with a note naming the order to change. A CPU torch loads
+    none, and the folder is used."""
+    doc = _fresh("""
+        import json
+        import torch
+        from headcount.collector import cupti_home
+        before = cupti_home.loaded_libraries()
+        folder = cupti_home.activate()
+        print(json.dumps({"torch_loaded": before, "folder": str(folder), "note": cupti_home.note(),
+                          "after": cupti_home.loaded_libraries()}))
+    """)
+    if doc["torch_loaded"]:
+        assert doc["folder"] == "None" and "import headcount before torch" in doc["note"]
+        assert doc["after"] == doc["torch_loaded"]
+    else:
+        assert doc["folder"] == str(cupti_home.home()) and doc["after"] == [str(cupti_home.library())]
 
 
 def test_the_cli_says_what_it_installed_and_what_loads(capsys):

@@ -19,10 +19,7 @@ the folder is left unused and the notice says to import headcount first.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -71,6 +68,8 @@ def install(folder: Path | None = None, packages: tuple[str, ...] = PACKAGES) ->
     Raises:
         HeadcountError: pip failed (its last line), or a module cupti-python needs is missing from the environment.
     """
+    import subprocess
+
     missing = [m for m in NEEDS if _no_module(m)]
     if missing:
         raise HeadcountError(f"cupti-python needs {', '.join(missing)}, which this environment lacks",
@@ -137,6 +136,8 @@ def activate() -> Path | None:
         _state["note"] = (f"{others[0]} was loaded before headcount could load {lib} (torch imported before headcount?): "
                           "import headcount before torch, or run the program under `headcount run --backend cupti`")
         return None
+    import ctypes
+
     try:
         ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:
@@ -173,6 +174,7 @@ def library_release(path: str | None) -> str | None:
 
 def bindings_need() -> tuple[str, str | None]:
     """(cupti-python's version, the libcupti release it declares, e.g. ``13.4``) of the cupti-python imported."""
+    import re
     from importlib import metadata
 
     activate()
