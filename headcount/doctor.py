@@ -8,6 +8,7 @@ unsubscribes at once.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -236,3 +237,58 @@ def usable(checks: list[Check], backend: str) -> bool:
     if backend == "cupti":
         return not failed & {"gpu", "driver", "cupti-python", "libcupti", "cupti usable", "cupti subscriber", "transformers"}
     raise ValueError(backend)
+
+
+# ---------------------------------------------------------------- headcount cupti
+CUPTI_PACKAGES = cupti_home.PACKAGES
+
+# run in a fresh process: what `import cupti` takes there, as the cupti source will (headcount before torch)
+_CUPTI_STATE = """
+import json
+import headcount
+from headcount.collector import cupti_home, cupti_source
+doc = {"note": None}
+try:
+    cupti = cupti_source.load_cupti()
+    import cupti.pm_sampling  # noqa: F401
+    doc["bindings"] = cupti_home.bindings_need()[0]
+    doc["pm_sampling_module"] = True
+except Exception as exc:
+    doc["error"] = f"{type(exc).__name__}: {exc}"
+doc["active"] = str(cupti_home.activate() or "")
+doc["note"] = cupti_home.note()
+lib = cupti_source.libcupti_path()
+doc.update(libcupti=lib, libcupti_release=cupti_home.library_release(lib), gap=cupti_source.pm_sampling_gap(lib))
+try:
+    cupti_source.require()
+    doc["cupti_answers"] = True
+except Exception as exc:
+    doc["cupti_answers"] = False
+    doc["driver"] = str(exc).splitlines()[0]
+print(json.dumps(doc))
+"""
+
+
+def cupti_folder():
+    """Where ``headcount cupti install`` puts the cupti source's CUPTI (:func:`cupti_home.home`)."""
+    return cupti_home.home()
+
+
+def install_cupti() -> dict[str, str]:
+    """``headcount cupti install`` (:func:`cupti_home.install`); raises HeadcountError as it does."""
+    return cupti_home.install()
+
+
+def cupti_state() -> dict:
+    """What a fresh Python process of this environment loads for the cupti source: the folder and what it holds,
+    the bindings, the libcupti and its release, whether PM sampling can run on it, whether CUPTI answers."""
+    import subprocess
+    import sys
+
+    folder = cupti_home.home()
+    doc = {"folder": str(folder), "holds": cupti_home.installed(folder)}
+    done = subprocess.run([sys.executable, "-c", _CUPTI_STATE], capture_output=True, text=True, timeout=300)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {**doc, "error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    return {**doc, **json.loads(lines[-1])}

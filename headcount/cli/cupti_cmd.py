@@ -1,36 +1,12 @@
-"""``headcount cupti``: the cupti source's own CUPTI beside the environment (:mod:`headcount.collector.cupti_home`)."""
+"""``headcount cupti``: the cupti source's own CUPTI beside the environment (:mod:`headcount.collector.cupti_home`,
+through :mod:`headcount.doctor`)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from headcount.collector import cupti_home
+from headcount import doctor
 from headcount.reports import terminal
-
-# run in a fresh process after an install: what `import cupti` now takes, as the cupti source will
-_CONFIRM = """
-import json
-from headcount.collector import cupti_home, cupti_source
-doc = {"folder": str(cupti_home.activate() or ""), "note": cupti_home.note()}
-try:
-    cupti = cupti_source.load_cupti()
-    import cupti.pm_sampling  # noqa: F401
-    doc["bindings"] = cupti_home.bindings_need()[0]
-    doc["pm_sampling_module"] = True
-except Exception as exc:
-    doc["error"] = f"{type(exc).__name__}: {exc}"
-lib = cupti_source.libcupti_path()
-doc.update(libcupti=lib, libcupti_release=cupti_home.library_release(lib), gap=cupti_source.pm_sampling_gap(lib))
-try:
-    cupti_source.require()
-    doc["cupti_answers"] = True
-except Exception as exc:
-    doc["cupti_answers"] = False
-    doc["driver"] = str(exc).splitlines()[0]
-print(json.dumps(doc))
-"""
 
 
 def add_parser(subparsers):
@@ -48,22 +24,13 @@ def add_parser(subparsers):
     return p
 
 
-def confirm() -> dict:
-    """What a fresh Python process of this environment loads for the cupti source (see ``_CONFIRM``)."""
-    done = subprocess.run([sys.executable, "-c", _CONFIRM], capture_output=True, text=True, timeout=300)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
-    return json.loads(lines[-1])
-
-
 def run(args) -> int:
     console = terminal.console()
-    folder = cupti_home.home()
     if args.action == "install":
-        console.print(f"installing {' '.join(cupti_home.PACKAGES)} into {folder} (pip install --no-deps --target) …")
-        cupti_home.install(folder)
-    doc = {"folder": str(folder), "holds": cupti_home.installed(folder), **confirm()}
+        console.print(f"installing {' '.join(doctor.CUPTI_PACKAGES)} into {doctor.cupti_folder()} (pip install --no-deps --target) …")
+        doctor.install_cupti()
+    doc = doctor.cupti_state()
+    folder = doc["folder"]
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
