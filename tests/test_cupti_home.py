@@ -65,12 +65,17 @@ def test_torch_imported_first_keeps_its_own_libcupti_and_the_notice_says_what_to
         from headcount.collector import cupti_home
         before = cupti_home.loaded_libraries()
         folder = cupti_home.activate()
+        gap = None
+        if before:
+            from headcount.collector import cupti_source
+            gap = cupti_source.pm_sampling_gap(before[0])
         print(json.dumps({"torch_loaded": before, "folder": str(folder), "note": cupti_home.note(),
-                          "after": cupti_home.loaded_libraries()}))
+                          "after": cupti_home.loaded_libraries(), "gap": gap}))
     """)
     if doc["torch_loaded"]:
         assert doc["folder"] == "None" and "import headcount before torch" in doc["note"]
         assert doc["after"] == doc["torch_loaded"]
+        assert doc["gap"].startswith("PM sampling cannot run on libcupti") and "import headcount before torch" in doc["gap"]
     else:
         assert doc["folder"] == str(cupti_home.home()) and doc["after"] == [str(cupti_home.library())]
 

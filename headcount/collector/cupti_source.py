@@ -653,6 +653,9 @@ def pm_sampling_gap(library: str | None) -> str | None:
                 f"(`headcount cupti install` brings a libcupti that has them; {DRAM_ELSEWHERE})")
     release = cupti_home.library_release(library)
     version, declared = cupti_home.bindings_need()
+    if cupti_home.older_than_declared(release, declared) and cupti_home.note():
+        # the folder holds the right library, but another was loaded first: say that, not "install"
+        return f"PM sampling cannot run on libcupti {release} ({library}): {cupti_home.note()} ({DRAM_ELSEWHERE})"
     if cupti_home.older_than_declared(release, declared):
         return (f"libcupti {release} ({library}) is older than cupti-python {version} declares ({declared}): CUPTI refuses "
                 "its PM sampling there (ERROR_INVALID_PARAMETER on an H100), so DRAM is not sampled "
