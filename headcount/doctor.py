@@ -107,7 +107,7 @@ def check_cupti() -> list[Check]:
         return out
     out.append(Check("cupti-python", "ok", f"{cp} ({'headcount folder' if folder else 'environment'})"))
     library = cupti_source.libcupti_path()
-    release = cupti_home.library_release(library) or _version("nvidia-cuda-cupti")
+    release = cupti_home.library_release(library)
     gap = cupti_source.pm_sampling_gap(library)
     if library is None:
         out.append(Check("libcupti", "warn", "none found: cupti-python looks for libcupti elsewhere (a CUDA toolkit)",
@@ -127,7 +127,7 @@ def check_cupti() -> list[Check]:
     torch_pin = _torch_cupti_pin()
     if torch_pin and release and not release.startswith(torch_pin.rstrip(".*")):
         out.append(Check("torch's libcupti", "info", f"torch pins nvidia-cuda-cupti=={torch_pin}; the cupti source loads {release}",
-                         "torch.profiler in the same process uses the one loaded first (the cupti source's, once it ran)"))
+                         "torch, imported after headcount, loads the cupti source's too (one libcupti per process)"))
     try:
         from cupti import cupti
 

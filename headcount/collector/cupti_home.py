@@ -46,10 +46,11 @@ def home() -> Path:
 
 
 def library(folder: Path | None = None) -> Path | None:
-    """The libcupti in ``folder`` (default :func:`home`), or None."""
+    """The libcupti of ``folder`` (default :func:`home`) when the folder holds both it and cupti-python (what
+    ``headcount cupti install`` puts there), else None."""
     folder = home() if folder is None else folder
     hits = sorted(folder.glob("nvidia/cu*/lib/libcupti.so*"))
-    return hits[0] if hits else None
+    return hits[0] if hits and (folder / "cupti").is_dir() else None
 
 
 def installed(folder: Path | None = None) -> dict[str, str]:
@@ -114,7 +115,7 @@ def put_first() -> None:
     ``_preload_cuda_deps``), so torch and the cupti source then share the folder's libcupti; imported before it, torch
     has loaded its own, and :func:`activate` leaves the folder unused."""
     folder = home()
-    if str(folder) not in sys.path and (folder / "cupti").is_dir() and library(folder) is not None:
+    if str(folder) not in sys.path and library(folder) is not None:
         sys.path.insert(0, str(folder))
 
 
@@ -125,7 +126,7 @@ def activate() -> Path | None:
         return _state["activated"]
     folder = home()
     lib = library(folder)
-    if lib is None or not (folder / "cupti").is_dir():
+    if lib is None:
         return None
     module = sys.modules.get("cupti")
     if module is not None and not str(getattr(module, "__file__", "")).startswith(str(folder)):

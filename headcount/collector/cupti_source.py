@@ -562,7 +562,7 @@ def injection_library() -> str | None:
     import sys
 
     own = cupti_home.library()
-    if own is not None and (cupti_home.home() / "cupti").is_dir():
+    if own is not None:
         return str(own)  # the library headcount's cupti-python records with: markers must reach that one
     for base in sys.path:
         for pattern in ("nvidia/cu13/lib/libcupti.so*", "nvidia/cuda_cupti/lib/libcupti.so*"):
