@@ -106,12 +106,9 @@ if torch.cuda.is_available():
 for tool in ("ncu", "nsys"):
     exe = shutil.which(tool)
     env[tool] = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1] if exe else None
-from importlib import metadata
+from headcount.env import package_version
 for dist in ("nvidia-cuda-cupti", "cuda-toolkit", "cupti-python", "cuda-bindings", "nvtx"):  # what torch brought (issue 35)
-    try:
-        env[dist] = metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        env[dist] = None
+    env[dist] = package_version(dist)
 try:
     import flash_attn
     env["flash_attn"] = flash_attn.__version__
