@@ -386,4 +386,6 @@ def grouped_heads(tensor: torch.Tensor, dim: int, groups: int) -> tuple[torch.Te
     key/value head: ``n_kv * groups`` tensors with one head each on ``dim``."""
     if groups > 1 and torch.is_grad_enabled() and tensor.requires_grad:
         return _GroupedHeads.apply(tensor, dim, groups)
+    if groups == 1:
+        return tensor.split(1, dim)  # one backward node, one concatenation (narrow: a zero-filled copy per head, then sums)
     return tuple(tensor.narrow(dim, h // groups, 1) for h in range(tensor.shape[dim] * groups))

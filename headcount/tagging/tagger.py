@@ -306,7 +306,7 @@ class AttentionTagger:
         finally:
             self.emitter.pop2(tokens)
         if torch.is_grad_enabled() and hidden.requires_grad:
-            _hook_backward(_BackwardRange(self, ("bwd", info.name), log.in_phase("bwd")), result, (hidden,))
+            _hook_backward(_BackwardRange(self, ("bwd", info.name), log.in_phase("bwd")), result, (hidden,), core=False)
         return result
 
     @staticmethod
@@ -552,6 +552,9 @@ class AttentionTagger:
         head_meta = OneHead(log.shape) if log.shape is not None else None
         tid, phase, layer_name, layer, model = log.thread_id, log.phase, log.layer_name, log.layer, log.model
         record = self._log.append if self.log_calls else None
+        # split, not narrow: its backward is one concatenation of the heads' gradients, where narrow's
+        # is a zero-filled copy of the whole tensor per head, then a sum of them (glue that no head holds)
+        queries = query.split(1, head_dim)
         keys, values = grouped_heads(key, head_dim, groups), grouped_heads(value, head_dim, groups)
         results: list = [None] * n_q
         emitter = self.emitter
@@ -559,7 +562,7 @@ class AttentionTagger:
         self._turns[(layer_name, phase)] = turn + 1
         for h in head_order(layer_name, turn, n_q):
             g = h // groups
-            q_h, k_h, v_h = query.narrow(head_dim, h, 1), keys[h], values[h]
+            q_h, k_h, v_h = queries[h], keys[h], values[h]
             name = head_name(h)
             head_log = _new(CallLog, (tid, phase, layer_name, layer, h, g, head_meta, model, None, None, None))
             if track:
@@ -605,31 +608,90 @@ def _awaited(*tensors) -> bool:
     return any(getattr(t, _AWAITED, False) for t in tensors)
 
 
-def _hook_backward(bwd: _BackwardRange, result, inputs: tuple) -> None:
-    """Open ``bwd`` when the output's gradient arrives and close it once every
-    input's gradient is computed, from gradient hooks: unlike identity
-    functions they leave the backward graph as it is, so the order in which
-    PyTorch runs its nodes and sums shared gradients is unchanged (an
+def _hook_backward(bwd: _BackwardRange, result, inputs: tuple, core: bool = True) -> None:
+    """Open ``bwd`` when the output's gradient arrives and close it once the
+    call's own backward has computed every input's gradient, from hooks: unlike
+    identity functions they leave the backward graph as it is, so the order in
+    which PyTorch runs its nodes and sums shared gradients is unchanged (an
     identity on q, k and v changed Inkling2's gradients in the last bits: its
     attention also reads the hidden states for position bias, sinks and an
-    output gate, and the sum of their gradients was taken in another order)."""
+    output gate, and the sum of their gradients was taken in another order).
+
+    With ``core`` (an attention call: ``inputs`` are q, k, v) the range closes
+    from post-hooks on the call's own backward nodes that hand q, k and v their
+    gradients (:func:`_core_frontier`): a hook on q/k/v themselves runs only
+    when autograd reaches their node, and autograd, which runs the ready node
+    created last first, runs v's and k's projection backward before it reaches
+    q (on an H100, 8 of the 11 kernels of each bwd range of bert-base). Without
+    ``core`` (a module-hooked call: the range is the whole module, ``inputs``
+    its hidden states) the hooks are on the inputs.
+    """
     out = result if isinstance(result, torch.Tensor) else (result[0] if isinstance(result, tuple) and result else None)
     needing = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
     if not isinstance(out, torch.Tensor) or not out.requires_grad or not needing:
         return
     for tensor in needing:
         setattr(tensor, _AWAITED, True)
-    remaining = [len(needing)]
+    frontier = _core_frontier(out, needing) if core else None
+    waits = len(frontier) if frontier else len(needing)
+    remaining = [waits]
 
-    def input_done(grad):
+    def done(*_):
         remaining[0] -= 1
         if remaining[0] == 0:
-            remaining[0] = len(needing)  # retain_graph: a second backward closes it again
+            remaining[0] = waits  # retain_graph: a second backward closes it again
             bwd.close()
 
     out.register_hook(lambda grad: bwd.open())
-    for tensor in needing:
-        tensor.register_hook(input_done)
+    if frontier:
+        for node in frontier:
+            node.register_hook(done)
+    else:
+        for tensor in needing:
+            tensor.register_hook(done)
+
+
+_FRONTIER_WALK_LIMIT = 10_000  # backward nodes: past that, the inputs' own hooks close the range
+
+
+def _core_frontier(out: torch.Tensor, inputs: list) -> list | None:
+    """The backward nodes of one attention call that hand its inputs (q, k, v)
+    their gradients: the nodes reached from the output's node, without passing
+    through an input, that have an edge into an input's gradient edge.
+
+    The walk stays within the nodes made since the latest input was made
+    (autograd numbers the nodes of a thread in the order it makes them), so
+    it never leaves the call through a mask or a position bias into the rest
+    of the model. ``None`` where no such node is found (then the caller hooks
+    the inputs themselves)."""
+    get_edge = torch.autograd.graph.get_gradient_edge
+    edges = set()
+    floor = -1
+    for tensor in inputs:
+        edge = get_edge(tensor)
+        edges.add((edge.node, edge.output_nr))
+        if tensor.grad_fn is not None:
+            floor = max(floor, edge.node._sequence_nr())
+    start = out.grad_fn
+    if start is None:
+        return None
+    frontier, seen, stack = [], {start}, [start]
+    while stack:
+        node = stack.pop()
+        feeds = False
+        for nxt, nr in node.next_functions:
+            if nxt is None:
+                continue
+            if (nxt, nr) in edges:
+                feeds = True
+            elif nxt not in seen and nxt.next_functions and nxt._sequence_nr() > floor:
+                seen.add(nxt)
+                stack.append(nxt)
+        if feeds:
+            frontier.append(node)
+        if len(seen) > _FRONTIER_WALK_LIMIT:
+            return None
+    return frontier or None
 
 
 # --------------------------------------------------------------------------- public helpers
