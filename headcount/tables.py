@@ -74,7 +74,9 @@ _AGG = [
 
 LAYERS = pa.schema([
     ("implementation", S), ("phase", S), ("layer_name", S), ("layer", I), *_AGG,
-    ("heads_duration_ns", F), ("split_overhead_ns", F), ("share_of_phase_pct", F), ("share_of_step_pct", F),
+    ("heads_duration_ns", F), ("split_overhead_ns", F), ("heads_share_of_layer_pct", F), ("split_glue_ns", F),
+    ("split_gaps_ns", F), ("heads_dram_bytes", F), ("heads_bytes_share_of_layer_pct", F),
+    ("layer_mode_duration_per_call_ns", F), ("split_cost_x", F), ("share_of_phase_pct", F), ("share_of_step_pct", F),
     ("share_of_gpu_busy_pct", F), ("module_calls", I), ("module_duration_ns", F), ("module_duration_per_call_ns", F),
     ("module_kernel_count", F), ("module_kernels_per_call", F), ("module_kernel_busy_ns", F), ("core_share_of_module_pct", F),
 ])

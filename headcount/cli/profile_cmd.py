@@ -58,6 +58,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="parameter and activation dtype (default float32)")
     p.add_argument("--steps", type=int, default=3, help="profiled steps per implementation, after one warm-up step (default 3)")
     p.add_argument("--no-backward", action="store_true", help="forward only (inference)")
+    p.add_argument("--no-layer-pair", action="store_true", help="head mode: skip the paired layer-mode profile of each "
+                   "implementation (the same steps, fused) against which the report states the split's cost")
     p.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE[,MODE…]",
                    help="profile the model under torch.compile (Inductor) with this mode: "
                    f"{', '.join(COMPILE_MODES)} (default when given without a value); a comma-separated list "
@@ -193,6 +195,7 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
     """
     from headcount.api import AttentionProfiler  # torch: imported only when a model is profiled
     from headcount.build import with_findings
+    from headcount.derive.aggregate import with_split_cost
 
     run_id = new_run_id()
     runner = model
@@ -242,6 +245,10 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
             console.print(f"{impl}{label}: {args.steps} profiled steps {steps_s:.2f} s; stop {stopped - after_steps:.2f} s, "
                           f"read and attribute {post_s - (stopped - after_steps):.2f} s ({100 * post_s / steps_s:.0f} % of the steps)",
                           highlight=False, soft_wrap=True)
+            if args.mode == "head" and not args.no_layer_pair:
+                progress.update(task, description=f"{impl}{label}: paired layer mode")
+                stats["layers"] = with_split_cost(stats["layers"], _paired_layer_mode(args, model, runner, inputs, backward, backend,
+                                                                                      compile_mode, impl, extra))
             for name in ("kernels", "ranges", "layers", "heads", "steps"):
                 collected.setdefault(name, []).append(stats[name])
             meta = prof.run_metadata()
@@ -257,3 +264,20 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
                                  steps=tables["steps"], findings=tables["findings"])
     return out
 
+
+
+def _paired_layer_mode(args, model, runner, inputs, backward: bool, backend: str, compile_mode, impl: str, extra: dict):
+    """Head mode's reference: the same steps of the same model and inputs in layer mode (fused), profiled
+    the same way but kept out of the report; returns its ``layers`` table, which
+    :func:`headcount.derive.aggregate.with_split_cost` sets the head-mode layers against."""
+    from headcount import AttentionTagger
+    from headcount.api import AttentionProfiler
+
+    _warm_up(runner, inputs, backward, impl, AttentionTagger([model], mode="layer") if compile_mode else None)
+    prof = AttentionProfiler(model, mode="layer", backend=backend, metadata=extra, strict=True,
+                             pm_sampling=not args.no_pm_sampling, pm_interval_ns=int(args.pm_interval_us * 1000))
+    with prof:
+        for i in range(args.steps):
+            with prof.step(i):
+                _step(runner, inputs, backward)
+    return prof.get_stats()["layers"]

@@ -133,19 +133,86 @@ def layers_table(ranges: pd.DataFrame) -> pd.DataFrame:
     table = _aggregate(layer_ranges, GROUP_LAYER)
     head_ranges = ranges[ranges["level"] == "head"]
     if len(head_ranges):
-        parent_layer = head_ranges.merge(
-            layer_ranges[["range_id", *GROUP_LAYER]], left_on="parent_range_id", right_on="range_id",
-            suffixes=("", "_layer"),
-        )
-        sums = parent_layer.groupby(GROUP_LAYER, dropna=False)["duration_ns"].sum().rename("heads_duration_ns").reset_index()
-        table = table.merge(sums, on=GROUP_LAYER, how="left")
-        table["split_overhead_ns"] = table["duration_ns"] - table["heads_duration_ns"]
+        table = _with_split(table, layer_ranges, head_ranges)
     table = _derive(table, "measured")
+    if len(head_ranges):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            table["heads_bytes_share_of_layer_pct"] = (100.0 * table["heads_dram_bytes"] / table["dram_bytes"]).where(
+                table["dram_bytes_provenance"].isin(["measured", "sampled"]) & (table["dram_bytes"] > 0))
     table = _with_module(table, ranges[ranges["level"] == "module"])
     total = table.groupby(["implementation", "phase"], dropna=False)["duration_ns"].transform("sum")
     table["share_of_phase_pct"] = 100.0 * table["duration_ns"] / total
     table["provenance"] = "measured"
     return table
+
+
+SPLIT_COLUMNS = ["heads_duration_ns", "split_overhead_ns", "heads_share_of_layer_pct", "split_glue_ns", "split_gaps_ns",
+                 "heads_dram_bytes", "heads_bytes_share_of_layer_pct"]
+SPLIT_COST_COLUMNS = ["layer_mode_duration_per_call_ns", "split_cost_x"]
+
+
+def _with_split(table: pd.DataFrame, layer_ranges: pd.DataFrame, head_ranges: pd.DataFrame) -> pd.DataFrame:
+    """Head mode: where each layer's time went, besides its heads (docs/reading-a-report.md § Head mode).
+
+    Adds, summed over the row's calls: ``heads_duration_ns`` (the head ranges inside the layer's),
+    ``split_overhead_ns`` (layer − heads: time of a layer call that no head holds),
+    ``heads_share_of_layer_pct``, ``split_glue_ns`` (GPU work inside the layer but in no head: the
+    union of its kernels' busy time less the heads' — the split's and join's own kernels, the heads'
+    gradient concatenation), ``split_gaps_ns`` (the rest of the overhead: launch gaps and host time
+    between heads; both null on a CPU run, where the time outside the heads is host work, operators and
+    Python alike) and ``heads_dram_bytes`` (the heads' measured or sampled bytes; their share of the
+    layer's is added by :func:`layers_table` once the layer's bytes are known). Nothing of a layer call is
+    dropped: heads + glue + gaps = the layer's time."""
+    keys = ["range_id", *GROUP_LAYER]
+    if "pid" in layer_ranges and "pid" in head_ranges:
+        keys.append("pid")  # range ids are per process (and per implementation in one run)
+    inner = head_ranges.merge(layer_ranges[keys].rename(columns={"range_id": "parent_range_id"}),
+                              on=[k if k != "range_id" else "parent_range_id" for k in keys])
+    # GPU work only: a CPU operator may straddle a head range's edge (autograd opens a head's backward range
+    # inside one node and closes it inside another), so the operators' time cannot be cut at the heads
+    busy = "kernel_busy_ns"
+    summed = {"heads_duration_ns": inner["duration_ns"]}
+    if busy in inner and inner[busy].notna().any():
+        summed["heads_busy_ns"] = inner[busy]
+    sampled = [c for c in ("dram_bytes_measured", "dram_read_sampled_bytes", "dram_write_sampled_bytes") if c in inner]
+    for col in sampled:
+        summed[f"heads_{col}"] = inner[col]
+    sums = pd.DataFrame(summed).assign(**{k: inner[k] for k in GROUP_LAYER}).groupby(GROUP_LAYER, dropna=False).sum(min_count=1)
+    table = table.merge(sums.reset_index(), on=GROUP_LAYER, how="left")
+    table["split_overhead_ns"] = table["duration_ns"] - table["heads_duration_ns"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        table["heads_share_of_layer_pct"] = (100.0 * table["heads_duration_ns"] / table["duration_ns"]).where(table["duration_ns"] > 0)
+    if "heads_busy_ns" in table and busy in table:
+        table["split_glue_ns"] = (table[busy] - table["heads_busy_ns"]).clip(lower=0)
+        table["split_gaps_ns"] = table["split_overhead_ns"] - table["split_glue_ns"]
+    else:
+        table["split_glue_ns"] = table["split_gaps_ns"] = np.nan
+    measured = table.get("heads_dram_bytes_measured")
+    if measured is not None and measured.notna().any():
+        table["heads_dram_bytes"] = measured
+    elif "heads_dram_read_sampled_bytes" in table:
+        table["heads_dram_bytes"] = table["heads_dram_read_sampled_bytes"] + table["heads_dram_write_sampled_bytes"]
+    else:
+        table["heads_dram_bytes"] = np.nan
+    return table.drop(columns=[c for c in table.columns if c.startswith("heads_") and c not in SPLIT_COLUMNS])
+
+
+def with_split_cost(head_layers: pd.DataFrame, layer_layers: pd.DataFrame) -> pd.DataFrame:
+    """The split's cost of a head-mode run against a paired layer-mode profile of the same model, inputs and
+    implementation (``headcount profile --mode head`` makes one): ``layer_mode_duration_per_call_ns`` (the
+    paired row's median per call, else its mean) and ``split_cost_x`` (the head-mode row's over it, same
+    statistic). A row without a pair keeps nulls. Returns a copy of ``head_layers``."""
+    out = head_layers.copy()
+
+    def per_call(t):
+        p50 = t["duration_per_call_p50_ns"] if "duration_per_call_p50_ns" in t else pd.Series(np.nan, index=t.index)
+        return p50.where(p50.notna(), t["duration_per_call_ns"])
+
+    ref = layer_layers.assign(layer_mode_duration_per_call_ns=per_call(layer_layers))[[*GROUP_LAYER, "layer_mode_duration_per_call_ns"]]
+    out = out.drop(columns=SPLIT_COST_COLUMNS, errors="ignore").merge(ref, on=GROUP_LAYER, how="left")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["split_cost_x"] = (per_call(out) / out["layer_mode_duration_per_call_ns"]).where(out["layer_mode_duration_per_call_ns"] > 0)
+    return out
 
 
 MODULE_COLUMNS = ["module_calls", "module_duration_ns", "module_duration_per_call_ns", "module_kernel_count",
@@ -225,7 +292,7 @@ def _apportion(layer_ranges: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame
         if col in table:
             table[col] = table[col] * table["_share"]
     table["duration_per_call_ns"] = table["duration_ns"] / table["calls"]
-    table = table.drop(columns=["_share", "share_of_phase_pct", "heads_duration_ns", "split_overhead_ns"], errors="ignore")
+    table = table.drop(columns=["_share", "share_of_phase_pct", *SPLIT_COLUMNS, *SPLIT_COST_COLUMNS], errors="ignore")
     for col in ("duration_provenance", "dram_bytes_provenance", "bandwidth_provenance"):
         table[col] = np.where(table[col].isna(), None, "apportioned")
     table["provenance"] = "apportioned"

@@ -144,7 +144,7 @@ def _print_run(console: Console, layers: pd.DataFrame, heads: pd.DataFrame, kern
             number(row.ops_per_call or None), number(row.flop_per_step / 1e9), number(row.dram_bytes_per_step / 1e6), number(gbps),
         )
     console.print(table)
-    for line in findings.module_lines(layers):
+    for line in findings.module_lines(layers) + findings.split_lines(layers):
         console.print(f"  {line}", soft_wrap=True)
     if kernels is not None and _has_kernels(layers):
         console.print(_launch_table(layers, kernels))

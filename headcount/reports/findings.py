@@ -184,10 +184,53 @@ def module_lines(layers: pd.DataFrame) -> list[str]:
     return lines
 
 
+SPLIT_TOLERANCE_PCT = 10.0  # heads that sum to their layer within this are said to add up
+
+
+def split_lines(layers: pd.DataFrame) -> list[str]:
+    """Head mode, per implementation and phase of one run: what the split costs and where a layer call's
+    time went besides its heads (:func:`headcount.derive.aggregate._with_split`) — the heads' share of the
+    layers' time (and of their measured or sampled bytes), the time per layer call that no head holds, as
+    glue (work in the layer outside every head) and gaps (launch gaps, host time between heads), and the
+    layer time against a paired layer-mode profile where one was made. Nothing is left unsaid: a row whose
+    heads do not add up to their layer within :data:`SPLIT_TOLERANCE_PCT` says by how much."""
+    if "heads_duration_ns" not in layers or not layers["heads_duration_ns"].notna().any():
+        return []
+    lines = []
+    for (impl, phase), g in layers[layers["heads_duration_ns"].notna()].groupby(_GROUP, sort=True):
+        layer_ns, heads_ns, calls = g["duration_ns"].sum(), g["heads_duration_ns"].sum(), g["calls"].sum()
+        share = 100.0 * heads_ns / layer_ns if layer_ns > 0 else float("nan")
+        adds_up = abs(share - 100.0) <= SPLIT_TOLERANCE_PCT
+        text = f"head mode, {phase}, {impl}: the heads hold {number(share, 2)} % of their layers' time"
+        bytes_share = None
+        if "heads_bytes_share_of_layer_pct" in g and g["heads_bytes_share_of_layer_pct"].notna().any():
+            known = g["heads_bytes_share_of_layer_pct"].notna()
+            bytes_share = 100.0 * g["heads_dram_bytes"][known].sum() / g["dram_bytes"][known].sum()
+            text += f" and {number(bytes_share, 2)} % of their {g['dram_bytes_provenance'].iloc[0]} DRAM bytes"
+            adds_up = adds_up and abs(bytes_share - 100.0) <= SPLIT_TOLERANCE_PCT
+        text += (" (they add up, within 10 %)" if adds_up else " (they do not add up to their layers within 10 %)")
+        overhead = g["split_overhead_ns"].sum() / calls
+        text += f"; {number(overhead / 1e3)} µs per layer call belongs to no head"
+        if "split_glue_ns" in g and g["split_glue_ns"].notna().any():
+            text += (f" ({number(g['split_glue_ns'].sum() / calls / 1e3)} µs glue: work in the layer outside every head; "
+                     f"{number(g['split_gaps_ns'].sum() / calls / 1e3)} µs gaps between heads)")
+        elif (g["duration_basis"] == "cpu_range").all():
+            text += " (a CPU run: host time between the heads, operators and Python alike)"
+        if "split_cost_x" in g and g["split_cost_x"].notna().any():
+            ref = g["layer_mode_duration_per_call_ns"]
+            cost = g["duration_per_call_p50_ns"].where(g["duration_per_call_p50_ns"].notna(), g["duration_per_call_ns"]).sum() / ref.sum()
+            text += (f"; a layer call takes {number(cost, 2)}× its time in layer mode ({number(ref.median() / 1e3)} µs there "
+                     "per call, paired layer-mode profile): the split's cost")
+        else:
+            text += "; the split's cost against layer mode is not measured here (headcount profile --mode head pairs a layer-mode profile)"
+        lines.append(text)
+    return lines
+
+
 def bottlenecks(layers: pd.DataFrame, heads: pd.DataFrame, top: int = 5) -> list[str]:
     """The bottlenecks of one run in words: the costliest layers, the whole attention modules beside their core
     where recorded, whether any layer stands out, then heads measured on their own."""
-    return layer_lines(layers, top) + module_lines(layers) + layer_noise_lines(layers) + head_lines(heads, top)
+    return layer_lines(layers, top) + module_lines(layers) + split_lines(layers) + layer_noise_lines(layers) + head_lines(heads, top)
 
 
 def run_info(runs: pd.DataFrame | None, run_id) -> dict:
