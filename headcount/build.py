@@ -410,11 +410,42 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
         new.append(f"{unknown} kernels were replayed from CUDA graphs whose capture was not recorded (captured before "
                    "profiling began): they count for the range around the graph launch, usually none; capture the "
                    "graph inside the profiled block to attribute them to their layers")
-    info["notices"] += new
     tables = tables_from_events(cupti_records.events_frame(header, records), calls, implementation,
                                 source="cupti", limits=limits, pm_samples=pm, exclude_steps=exclude_steps,
                                 graph_nodes=graph_nodes, void_steps=void_steps, sm_count=device.sm_count if device else None)
+    if len(pm):
+        new += _pm_resolution(tables, pm, device, info)
+    info["notices"] += new
     return finished(tables, run_id, device, calls, new, info)
+
+
+def _pm_resolution(tables: dict, pm: pd.DataFrame, device: Device | None, info: dict) -> list[str]:
+    """What the PM samples resolve in a recording (:data:`headcount.derive.sampling.MIN_WHOLE_SAMPLES`) and
+    how many single samples read above the device's DRAM ceiling; the facts go to ``info["pm_sampling"]``,
+    the notices are returned."""
+    notices = []
+    kernels, ranges = tables["kernels"], tables["ranges"]
+    gpu = kernels[(kernels["kind"] == "kernel").to_numpy(dtype=bool)] if "kind" in kernels else kernels.iloc[0:0]
+    attention = ranges[ranges["level"].isin(["layer", "head"]).to_numpy(dtype=bool) & (ranges["gpu_op_count"].fillna(0) > 0).to_numpy(dtype=bool)]
+    short = {name: int((frame["pm_whole_samples"] < sampling.MIN_WHOLE_SAMPLES).sum()) if "pm_whole_samples" in frame else 0
+             for name, frame in (("kernels", gpu), ("ranges", attention))}
+    interval = float(np.median(pm["end_ns"] - pm["start_ns"]))
+    facts = info.setdefault("pm_sampling", {})
+    facts["resolution"] = {"min_whole_samples": sampling.MIN_WHOLE_SAMPLES, "median_window_ns": interval,
+                           "kernels": len(gpu), "kernels_unresolved": short["kernels"],
+                           "attention_ranges": len(attention), "attention_ranges_unresolved": short["ranges"]}
+    said = sampling.unresolved_notice(len(gpu), short["kernels"], len(attention), short["ranges"], interval)
+    if said:
+        notices.append(said)
+    peaks = devices.peaks_for(device.name) if device is not None and device.is_gpu else None
+    ceiling = devices.ceiling_gbps(device) or (peaks.dram_gbps if peaks else None)
+    above = sampling.above_ceiling(pm, ceiling)
+    facts["above_ceiling"] = {**above, "ceiling_basis": "device" if devices.ceiling_gbps(device) else ("datasheet" if peaks else None)}
+    if above["count"]:
+        notices.append(f"{above['count']} of {above['samples']} PM samples read more DRAM traffic than the device's ceiling "
+                       f"({ceiling:,.0f} GB/s, {facts['above_ceiling']['ceiling_basis']}): the highest {above['max_gbps']:,.0f} GB/s; "
+                       "single samples are not bounded by it (their windows' edges), figures over several samples are")
+    return notices
 
 
 def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None,

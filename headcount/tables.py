@@ -36,7 +36,7 @@ KERNELS = pa.schema([
     ("l1_bytes", F), ("sm_throughput_pct", F), ("memory_throughput_pct", F), ("waves_per_sm", F), ("bound", S),
     ("tensor_pipe_pct", F), ("ncu_id", I), ("incomplete", B), ("missing_metrics", S),
     ("dram_read_sampled_pct", F), ("dram_write_sampled_pct", F), ("sm_active_sampled_pct", F), ("sampling_interval_ns", F),
-    ("dram_read_sampled_bytes", F), ("dram_write_sampled_bytes", F), ("sm_warps_active_sampled_pct", F),
+    ("dram_read_sampled_bytes", F), ("dram_write_sampled_bytes", F), ("sm_warps_active_sampled_pct", F), ("pm_whole_samples", F),
     ("external_id", I), ("queued_ns", I), ("submitted_ns", I), ("queue_ns", F), ("submit_to_start_ns", F),
     ("block_threads", I), ("shared_memory_static_bytes", F), ("shared_memory_dynamic_bytes", F),
     ("shared_memory_config_bytes", F), ("local_memory_per_thread_bytes", I), ("graph_id", I),
@@ -51,7 +51,7 @@ RANGES = pa.schema([
     ("op_count", I), ("cpu_ops_ns", F), ("cpu_op_start_ns", I), ("cpu_op_end_ns", I),
     ("gpu_start_ns", I), ("gpu_end_ns", I), ("gpu_op_count", I), ("external_id", I), ("replay_of", I), ("graph_capture", B),
     ("kernel_busy_ns", F), ("kernel_gap_ns", F), ("cpu_launch_cost_ns", F),
-    ("dram_read_sampled_bytes", F), ("dram_write_sampled_bytes", F), ("sm_warps_active_sampled_pct", F),
+    ("dram_read_sampled_bytes", F), ("dram_write_sampled_bytes", F), ("sm_warps_active_sampled_pct", F), ("pm_whole_samples", F),
     ("phase", S), ("layer_name", S), ("layer", I), ("head", I), ("kv_head", I), ("model", S),
     *_SHAPE, ("flop", F), ("analytic_min_bytes", F), ("signal", S), ("found_as", S),
 ])

@@ -329,10 +329,11 @@ class ReplayPm:
     """
 
     def __init__(self, bytes_per_ns: float = 2.0, warps_pct: float = 40.0, fail: BaseException | None = None,
-                 offset_ns: int = 0, accepts: int = 3, clock=None):
+                 offset_ns: int = 0, accepts: int = 3, clock=None, finest_ns: int = 0):
         self.clock = clock  # the replayed GPU's clock (ReplayCupti.get_timestamp); set by whoever pairs them
         self.offset_ns = offset_ns  # samples on another clock than the activity records (a failure mode)
         self.accepts = accepts  # how many metrics the stand-in chip accepts in a single configuration
+        self.finest_ns = finest_ns  # the finest sampling interval the stand-in chip accepts (0: any)
         self.bytes_per_ns = bytes_per_ns
         self.warps_pct = warps_pct
         self.fail = fail
@@ -354,7 +355,7 @@ class ReplayPm:
                     raise outer.fail
 
             def configure(self, *, metrics, sampling_interval, hardware_buffer_size, **kw):
-                if len(metrics) > outer.accepts:  # what cupti-python raises for ERROR_NOT_SUPPORTED
+                if len(metrics) > outer.accepts or sampling_interval < outer.finest_ns:  # cupti-python's ERROR_NOT_SUPPORTED
                     raise ValueError("Requested PM sampling configuration is not supported.")
                 self.metrics, self.interval = metrics, sampling_interval
 
@@ -416,7 +417,7 @@ def factory():
 
 
 def profile_replayed(model, inputs, mode="layer", steps=2, replay=None, pm=None, tmp_path=None, backward=True,
-                     cuda_ready=lambda: True):
+                     cuda_ready=lambda: True, pm_interval_ns: int = 0):
     """``AttentionProfiler`` on a :class:`CuptiRecorder` fed by this replay (H100 limits), ``steps``
     numbered steps of ``model(**inputs)`` with every operator launching: ``(profiler, replay)``."""
     from headcount import AttentionProfiler
@@ -427,7 +428,8 @@ def profile_replayed(model, inputs, mode="layer", steps=2, replay=None, pm=None,
     if pm is not None:
         pm.clock = replay.get_timestamp  # one clock for the replayed GPU and its PM sampler
     # the model is on the GPU before profiling (cuda_ready), unless a test says otherwise
-    rec = CuptiRecorder(cupti=replay, pm_module=pm, pm_sampling=pm is not None, record_dir=tmp_path, cuda_ready=cuda_ready)
+    rec = CuptiRecorder(cupti=replay, pm_module=pm, pm_sampling=pm is not None, record_dir=tmp_path, cuda_ready=cuda_ready,
+                        pm_interval_ns=pm_interval_ns)
     rec.device_limits = LIMITS["9.0"]
     prof = AttentionProfiler(model, mode=mode, recorder=rec)
     with prof:

@@ -261,7 +261,36 @@ def test_pm_samples_are_apportioned_with_their_provenance(llama):
     heads = stats["heads"]
     assert (heads["dram_bytes_provenance"] == "apportioned").all()
     info = prof.run_metadata()["collector"]["pm_sampling"]
-    assert info["enabled"] and info["interval_ns"] == cupti_source.DEFAULT_PM_INTERVAL_NS and info["completed_samples"] > 0
+    # no interval asked: the finest CUPTI accepts (the stand-in accepts all)
+    assert info["enabled"] and info["interval_ns"] == cupti_source.PM_INTERVALS_NS[0] and info["completed_samples"] > 0
+    assert info["interval_choice"] == "auto" and info["refused_intervals_ns"] == []
+
+
+def test_pm_interval_auto_takes_the_finest_accepted_and_short_windows_get_null(llama, capsys):
+    """Where the finest intervals are refused, the next is used and said; a kernel or range with fewer than
+    4 whole samples inside it gets null sampled figures and a notice naming ncu, never a share of a sample."""
+    model, inputs = llama
+    prof, _ = profile_replayed(model, inputs, steps=1, pm=ReplayPm(finest_ns=20_000))
+    stats = prof.get_stats()
+    info = prof.run_metadata()["collector"]["pm_sampling"]
+    assert info["interval_ns"] == 20_000 and info["refused_intervals_ns"] == [5_000, 10_000]
+    kernels = stats["kernels"]
+    # the replayed kernels last 20 µs: one whole 20-µs sample at most, never 4
+    assert (kernels["pm_whole_samples"] < 4).all() and kernels["dram_read_sampled_bytes"].isna().all()
+    ranges = stats["ranges"]
+    layer = ranges[ranges["level"] == "layer"]
+    resolved = layer["pm_whole_samples"] >= 4
+    assert layer.loc[resolved, "dram_read_sampled_bytes"].notna().all() and layer.loc[~resolved, "dram_read_sampled_bytes"].isna().all()
+    assert "does not resolve" in capsys.readouterr().err
+    layers = stats["layers"]
+    # a layer row is sampled only where every call of it is resolved; else analytic, not a partial sum
+    every = layer.groupby(["phase", "layer_name"])["pm_whole_samples"].min() >= 4
+    for row in layers.itertuples():
+        assert (row.dram_bytes_provenance == "sampled") == bool(every[(row.phase, row.layer_name)])
+    prof, _ = profile_replayed(model, inputs, steps=1, pm=ReplayPm(), pm_interval_ns=50_000)
+    prof.get_stats()
+    info = prof.run_metadata()["collector"]["pm_sampling"]
+    assert info["interval_ns"] == 50_000 and info["interval_choice"] == "asked"
 
 
 def test_pm_sampling_waits_for_cuda_and_says_so_if_it_never_comes(llama, capsys):

@@ -16,6 +16,7 @@ import pandas as pd
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from headcount import env, sources
+from headcount.cli.options import add_pm_interval
 from headcount.device import Device
 from headcount.errors import HeadcountError
 from headcount.models import DTYPES, IMPLEMENTATIONS, check_options, choose_model, config_dict, load_model, make_inputs, set_implementation
@@ -72,7 +73,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="where the numbers come from: cupti (in-process CUPTI on an NVIDIA GPU: kernels, launch latency, "
                    "occupancy, PM-sampled DRAM traffic), torch (torch.profiler, any machine), auto (cupti where usable, else torch; default)")
     p.add_argument("--no-pm-sampling", action="store_true", help="cupti: do not sample DRAM traffic and warps active (PM sampling)")
-    p.add_argument("--pm-interval-us", type=float, default=50.0, help="cupti: PM sampling interval in microseconds of GPU time (default 50)")
+    add_pm_interval(p)
     p.add_argument("--trace-dir", default=None, help="also keep the raw recordings there (<dir>/<impl>/trace.json or cupti-records.jsonl.gz)")
     p.add_argument("-o", "--out", default=DEFAULT_OUT, help=f"output directory (default ./{DEFAULT_OUT})")
     group = p.add_mutually_exclusive_group()
@@ -89,8 +90,6 @@ def _validate(args):
     Raises:
         HeadcountError: a bad option (exit 2), or a device this machine lacks (exit 3).
     """
-    if args.pm_interval_us <= 0:
-        raise HeadcountError(f"--pm-interval-us {args.pm_interval_us}: must be positive", hint="e.g. --pm-interval-us 50")
     for name in ("batch", "seq", "steps"):
         value = getattr(args, name)
         if value < 1:
@@ -224,7 +223,7 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
                 trace_dir = Path(args.trace_dir) / (f"{impl}-{compile_mode or UNCOMPILED}" if several else impl)
                 trace_dir.mkdir(parents=True, exist_ok=True)
             prof = AttentionProfiler(model, mode=args.mode, backend=backend, run_id=run_id, metadata=extra, trace_dir=trace_dir,
-                                     strict=True, pm_sampling=not args.no_pm_sampling, pm_interval_ns=int(args.pm_interval_us * 1000))
+                                     strict=True, pm_sampling=not args.no_pm_sampling, pm_interval_ns=args.pm_interval_ns)
             progress.update(task, description=f"{impl}{label}: profiling")
             steps_s = 0.0
             with prof:
@@ -275,7 +274,7 @@ def _paired_layer_mode(args, model, runner, inputs, backward: bool, backend: str
 
     _warm_up(runner, inputs, backward, impl, AttentionTagger([model], mode="layer") if compile_mode else None)
     prof = AttentionProfiler(model, mode="layer", backend=backend, metadata=extra, strict=True,
-                             pm_sampling=not args.no_pm_sampling, pm_interval_ns=int(args.pm_interval_us * 1000))
+                             pm_sampling=not args.no_pm_sampling, pm_interval_ns=args.pm_interval_ns)
     with prof:
         for i in range(args.steps):
             with prof.step(i):

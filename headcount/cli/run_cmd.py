@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from headcount import sources
+from headcount.cli.options import add_pm_interval
 from headcount.device import Device
 from headcount.errors import HeadcountError, NothingRecorded
 from headcount.reports import console as console_report
@@ -65,7 +66,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="nsys GPU metrics sampling (auto: when a GPU is present and nsys supports it)")
     g = p.add_argument_group("cupti")
     g.add_argument("--no-pm-sampling", action="store_true", help="do not sample DRAM traffic and warps active")
-    g.add_argument("--pm-interval-us", type=float, default=50.0, help="PM sampling interval (default 50 µs)")
+    add_pm_interval(g)
     group = p.add_mutually_exclusive_group()
     group.add_argument("--append", action="store_true", help="add to an existing report")
     group.add_argument("--force", action="store_true", help="replace an existing report")
@@ -91,8 +92,6 @@ def _validate(args) -> list[str]:
         raise HeadcountError(f"--steps {args.steps}: not a step or a range of steps", hint="e.g. --steps 10 or --steps 10-12") from exc
     if args.launch_count < 0:
         raise HeadcountError(f"--launch-count {args.launch_count}: must be 0 or more", hint="0 means no limit")
-    if args.pm_interval_us <= 0:
-        raise HeadcountError(f"--pm-interval-us {args.pm_interval_us}: must be positive", hint="e.g. --pm-interval-us 50")
     if shutil.which(command[0]) is None and not Path(command[0]).exists():
         raise HeadcountError(f"{command[0]}: command not found", hint="check the program after --")
     dataset.check_output(args.out, append=args.append, force=args.force)
@@ -111,7 +110,7 @@ def run(args) -> int:
     tool_info["tool_version"] = wrapper.version()
     raw.mkdir(parents=True, exist_ok=True)
     env = launcher.child_env(raw, args.backend, args.mode, args.steps, args.tag_sdpa, args.capture_range,
-                             not args.no_pm_sampling, int(args.pm_interval_us * 1000))
+                             not args.no_pm_sampling, args.pm_interval_ns)
     argv, details = wrapper.argv(args, raw, command, console)
     tool_info.update(details)
     tool_info["tool_command"] = argv

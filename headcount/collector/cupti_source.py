@@ -51,7 +51,12 @@ from headcount.env import cuda_usable, package_version
 from headcount.errors import HeadcountError
 
 BUFFER_BYTES = 8 << 20
-DEFAULT_PM_INTERVAL_NS = 50_000
+# PM sampling intervals tried, finest first (GPU ns), when none is asked for (DEFAULT_PM_INTERVAL_NS = 0, "auto"):
+# the first CUPTI accepts is used. 5 µs is nsys's finest GPU-metrics rate (200 kHz); the 50-µs interval of the first
+# H100 run resolved none of bert-base's 44-µs sdpa forward layer calls (headcount.derive.sampling.MIN_WHOLE_SAMPLES)
+PM_INTERVALS_NS = (5_000, 10_000, 20_000, 50_000)
+DEFAULT_PM_INTERVAL_NS = 0
+PM_HARDWARE_BUFFER_BYTES = 256 << 20
 # tried in order until PM sampling accepts one set in a single pass
 # what PM sampling asks for, largest set first, from the tables the sampling derivation reads (they cannot drift apart)
 PM_METRIC_SETS = ((*PM_COUNTERS, *PM_PERCENTS), tuple(PM_COUNTERS))
@@ -267,13 +272,16 @@ class PmSampler:
     Args:
         pm_sampling: the ``cupti.pm_sampling`` module.
         device_index: CUDA device.
-        interval_ns: sampling interval in GPU nanoseconds.
+        interval_ns: sampling interval in GPU nanoseconds; 0 (auto): the finest of :data:`PM_INTERVALS_NS`
+            that CUPTI accepts (``interval_ns`` afterwards, the ones refused in ``refused_intervals``).
     """
 
     def __init__(self, pm_sampling, device_index: int = 0, interval_ns: int = DEFAULT_PM_INTERVAL_NS):
         self._pm = pm_sampling
         self.device_index = device_index
-        self.interval_ns = int(interval_ns)
+        self.intervals = tuple(PM_INTERVALS_NS) if not interval_ns else (int(interval_ns),)
+        self.interval_ns = self.intervals[0]
+        self.refused_intervals: list[int] = []
         self.metrics: list[str] = []
         self.notice: str | None = None
         self._collector = None
@@ -288,13 +296,19 @@ class PmSampler:
             return False
         errors = []
         for metrics in PM_METRIC_SETS:
-            try:
-                collector.configure(metrics=list(metrics), sampling_interval=self.interval_ns,
-                                    hardware_buffer_size=256 << 20)
-                self.metrics = list(metrics)
+            for interval in self.intervals:  # finest first: the largest metric set at the finest interval it takes
+                try:
+                    collector.configure(metrics=list(metrics), sampling_interval=interval,
+                                        hardware_buffer_size=PM_HARDWARE_BUFFER_BYTES)
+                    self.metrics, self.interval_ns = list(metrics), interval
+                    break
+                except Exception as exc:  # noqa: BLE001 - try a coarser interval, then the next, smaller set
+                    errors.append(f"{','.join(metrics)} every {interval} ns: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+                    if metrics == PM_METRIC_SETS[0]:
+                        self.refused_intervals.append(interval)
+            if self.metrics:
                 break
-            except Exception as exc:  # noqa: BLE001 - try the next, smaller set
-                errors.append(f"{','.join(metrics)}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
         if not self.metrics:
             collector.disable()
             self.notice = "PM sampling unavailable: no metric set accepted (" + "; ".join(errors) + ")"
@@ -317,7 +331,8 @@ class PmSampler:
                 f"sampled; {DRAM_ELSEWHERE})")}
         collector, self._collector = self._collector, None
         elapsed_ns = (time.perf_counter() - self._t0) * 1e9
-        info = {"enabled": True, "metrics": self.metrics, "interval_ns": self.interval_ns}
+        info = {"enabled": True, "metrics": self.metrics, "interval_ns": self.interval_ns,
+                "interval_choice": "auto" if len(self.intervals) > 1 else "asked", "refused_intervals_ns": self.refused_intervals}
         samples = []
         try:
             collector.stop()

@@ -51,6 +51,9 @@ _SUMMED = (  # summed over a group's ranges
 )
 
 
+# PM-sampled figures, null for a call the samples do not resolve (headcount.derive.sampling.MIN_WHOLE_SAMPLES)
+_SAMPLED_EVERY_CALL = ("dram_read_sampled_bytes", "dram_write_sampled_bytes", "sm_warps_active_x_duration")
+
 _NAMES = ("signal", "found_as")
 
 
@@ -68,6 +71,10 @@ def _aggregate(ranges: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     if present:  # one grouped sum of every column (a named aggregation per column cost 5× more on a small run)
         # a sum over rows that are all null is null, not 0 (min_count)
         out = out.join(grouped[present].sum(min_count=1).astype("float64"))
+        sampled = [c for c in _SAMPLED_EVERY_CALL if c in present]
+        if sampled:  # a row's sampled total needs every call resolved: a sum over some of them is no total
+            complete = grouped[sampled].count().eq(out["calls"], axis=0)
+            out[sampled] = out[sampled].where(complete)
     out["steps"] = out["steps"].where(out["steps"] > 0)  # no step ranges: unknown, not 0
     out["duration_basis"] = grouped["duration_basis"].first()
     for col in _NAMES:  # a call found in an untagged recording: what found it, as the recording names it

@@ -84,10 +84,32 @@ def _cumulative(samples: pd.DataFrame, values: np.ndarray, t: np.ndarray) -> np.
     return np.where(ok, cum[j] + values[j] * frac, 0.0)
 
 
-def window_totals(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> pd.DataFrame:
+MIN_WHOLE_SAMPLES = 4
+"""A window (a kernel, a range) gets PM-sampled figures only when at least this many whole samples lie
+inside it: its two edge samples, shared with whatever ran before and after, are then at most a third of
+what it is given. A shorter window would get a share of its neighbours' samples, which is not a
+measurement of it: its figures are null (``pm_whole_samples`` says how many it had)."""
+
+
+def whole_samples(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """How many sample windows lie wholly inside each [start, end] (ns); samples sorted, not overlapping."""
+    s = samples["start_ns"].to_numpy(np.float64)
+    e = samples["end_ns"].to_numpy(np.float64)
+    first = np.searchsorted(s, start, side="left")  # first sample starting at or after the window's start
+    last = np.searchsorted(e, end, side="right")  # samples ending at or before the window's end
+    count = (last - first).astype(np.float64)
+    count[np.isnan(start) | np.isnan(end)] = np.nan
+    return np.clip(count, 0, None)
+
+
+def window_totals(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray,
+                  min_whole: int = MIN_WHOLE_SAMPLES) -> pd.DataFrame:
     """PM-sampled figures over time windows [start, end] (ns): counters as
-    totals (each sample's count spread evenly over its window), percentages
-    as time-weighted means; null where no sample covers the window.
+    totals, percentages as time-weighted means, from the samples the window
+    overlaps, each weighted by the part of it the window covers; null where
+    fewer than ``min_whole`` whole samples lie inside the window (the
+    instrument does not resolve it: :data:`MIN_WHOLE_SAMPLES`) and where no
+    sample covers it. ``pm_whole_samples``: the whole samples inside.
 
     Device-wide: two windows that overlap in time (concurrent kernels) each
     get the whole device's traffic of the overlap. Range windows (first
@@ -100,10 +122,12 @@ def window_totals(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> 
     if samples is None or not len(samples) or not len(start):
         for col in (*PM_COUNTERS.values(), *PM_PERCENTS.values()):
             out[col] = np.nan
+        out["pm_whole_samples"] = np.nan if samples is None or not len(samples) else 0.0
         return out
     length = (samples["end_ns"] - samples["start_ns"]).to_numpy(np.float64)
     covered = _cumulative(samples, length, end) - _cumulative(samples, length, start)
-    has = (covered > 0) & ~np.isnan(start) & ~np.isnan(end)
+    whole = whole_samples(samples, start, end)
+    has = (covered > 0) & ~np.isnan(start) & ~np.isnan(end) & (whole >= min_whole)
     for metric, col in PM_COUNTERS.items():
         if metric in samples:
             v = samples[metric].to_numpy(np.float64)
@@ -117,7 +141,38 @@ def window_totals(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> 
                 out[col] = np.where(has, (_cumulative(samples, v, end) - _cumulative(samples, v, start)) / covered, np.nan)
         else:
             out[col] = np.nan
+    out["pm_whole_samples"] = whole
     return out
+
+
+def above_ceiling(samples: pd.DataFrame, ceiling_gbps: float | None) -> dict:
+    """Single PM samples whose DRAM traffic over their own window exceeds ``ceiling_gbps`` (GB/s = bytes/ns):
+    ``count``, ``samples`` (with DRAM counters), ``max_gbps`` (the highest sample), ``ceiling_gbps``. A window
+    average can stay under the ceiling while single samples do not (window edges, counters read a little
+    after the window closes); they are counted, not hidden."""
+    if samples is None or not len(samples) or "dram__bytes_read.sum" not in samples:
+        return {"count": 0, "samples": 0, "max_gbps": None, "ceiling_gbps": ceiling_gbps}
+    length = (samples["end_ns"] - samples["start_ns"]).to_numpy(np.float64)
+    traffic = samples["dram__bytes_read.sum"].to_numpy(np.float64)
+    if "dram__bytes_write.sum" in samples:
+        traffic = traffic + samples["dram__bytes_write.sum"].to_numpy(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gbps = np.where(length > 0, traffic / length, np.nan)
+    known = ~np.isnan(gbps)
+    count = int((gbps[known] > ceiling_gbps).sum()) if ceiling_gbps else 0
+    return {"count": count, "samples": int(known.sum()), "max_gbps": float(np.nanmax(gbps)) if known.any() else None,
+            "ceiling_gbps": ceiling_gbps}
+
+
+def unresolved_notice(kernels: int, kernels_short: int, ranges: int, ranges_short: int, interval_ns: float | None) -> str | None:
+    """The notice for windows the PM samples do not resolve (:data:`MIN_WHOLE_SAMPLES`), or ``None``."""
+    if not kernels_short and not ranges_short:
+        return None
+    interval = f"{interval_ns / 1e3:g} µs samples" if interval_ns else "PM samples"
+    return (f"PM sampling ({interval}) does not resolve {ranges_short} of {ranges} attention ranges and {kernels_short} of "
+            f"{kernels} kernels (fewer than {MIN_WHOLE_SAMPLES} whole samples inside each): their sampled DRAM bytes and "
+            "warps active are null, not a share of a neighbour's sample; exact bytes per kernel, layer and head: "
+            "headcount run --backend ncu -o OUT -- python train.py (or a finer --pm-interval-us)")
 
 
 def sample_gaps(samples: pd.DataFrame) -> dict:

@@ -192,8 +192,11 @@ def _nonzero_column(values: pd.Series) -> pd.Series:
 
 def pm_samples_frame(records: list[dict]) -> pd.DataFrame:
     """PM samples: ``start_ns``, ``end_ns`` and one column per metric (the
-    metric's own unit: ``.sum`` counters are totals over the sample window)."""
-    rows = [{"start_ns": r["start"], "end_ns": r["end"], **r["values"]} for r in records if r["kind"] == "pm_sample"]
+    metric's own unit: ``.sum`` counters are totals over the sample window);
+    a sample without a window (start 0, or end not after start) is left out."""
+    # CUPTI's first sample of a run starts at 0 (no window before it: on the H100 it spanned 1.8e18 ns): no window, left out
+    rows = [{"start_ns": r["start"], "end_ns": r["end"], **r["values"]} for r in records
+            if r["kind"] == "pm_sample" and 0 < r["start"] < r["end"]]
     frame = pd.DataFrame(rows)
     if len(frame):
         frame = frame.sort_values("start_ns", kind="stable").reset_index(drop=True)

@@ -50,7 +50,7 @@ class Wrapper:
 
     def argv(self, args, raw: Path, command: list[str], console: Console) -> tuple[list[str], dict]:
         """The command line to run, and what to record of it in the run metadata."""
-        return command, {"pm_sampling": not args.no_pm_sampling, "pm_interval_ns": int(args.pm_interval_us * 1000)}
+        return command, {"pm_sampling": not args.no_pm_sampling, "pm_interval_ns": args.pm_interval_ns}
 
     def check(self, raw: Path, tool_lines: list[str], info: dict) -> None:
         """Read the tool's verdict once the program ended; raises HeadcountError where the tool failed."""
