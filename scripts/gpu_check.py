@@ -10,6 +10,7 @@ Subcommands (each writes JSON into the output folder):
   overhead OUT ...            step time without and with the cupti collector (%)
   training OUT ...            a training loop untagged and under StepProfiler's background worker (training.json)
   workload ...                one tagged training step with NVTX ranges (run under ncu)
+  counters-workload ...       two training steps per shape (SEQxBATCH), untagged, for headcount run (cupti, ncu)
   check OUT                   read everything above and the reports, check against physics, write summary.json
 
 ``--dry-run`` (CPU): the same code paths on a tiny model, GPU-only figures skipped.
@@ -342,6 +343,176 @@ def workload(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- counters: cupti-sampled vs ncu-measured (issue 47)
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``"128x64,512x16"`` → [(seq 128, batch 64), (seq 512, batch 16)]."""
+    shapes = []
+    for part in text.split(","):
+        seq, _, batch = part.strip().partition("x")
+        shapes.append((int(seq), int(batch)))
+    return shapes
+
+
+def _counters_model(args, longest: int):
+    """bert-base's shape (bert-tiny's in a dry run) with positions for the longest sequence: random weights, as the
+    embedded presets; the attention is bert-base's whatever the positions."""
+    import torch
+    from transformers import BertForMaskedLM
+
+    from headcount.models import DTYPES, bert_config, set_implementation
+
+    config = bert_config("tiny" if args.dry_run else "base")
+    config.max_position_embeddings = max(config.max_position_embeddings, longest)
+    torch.manual_seed(0)
+    model = BertForMaskedLM(config).to(getattr(torch, DTYPES[args.dtype]))
+    if _cuda() and not args.dry_run:
+        model = model.to("cuda")
+    set_implementation(model, args.impl)
+    return model
+
+
+def counters_workload(args) -> int:
+    """For each shape of ``--shapes`` (SEQxBATCH,…), two training steps (the first warms up), untagged: run under
+    ``headcount run``, which tags it and numbers its steps (a step per outermost forward). ``--plan`` gets which
+    step ran which shape and which step is the one compared."""
+    from headcount.models import make_inputs
+
+    shapes = parse_shapes(args.shapes)
+    model = _counters_model(args, max(seq for seq, _ in shapes))
+    plan, step = [], 0
+    for seq, batch in shapes:
+        inputs = make_inputs(model, batch, seq)
+        for i in range(2):
+            _train_step(model, inputs)
+            _sync()
+            plan.append({"step": step, "seq": seq, "batch": batch, "measured": i == 1})
+            step += 1
+    if args.plan:
+        _write(Path(args.plan), {"impl": args.impl, "dtype": args.dtype, "shapes": shapes, "steps": plan})
+    print(f"counters workload: {len(shapes)} shapes, {step} training steps")
+    return 0
+
+
+def _ncu_step(path) -> int | None:
+    """The innermost ``step.N`` of an ncu kernel's NVTX stack (``headcount.step@step.3;headcount@fwd/layer.0``)."""
+    import re
+
+    if not isinstance(path, str):
+        return None
+    found = re.findall(r"step\.(\d+)", next((part for part in path.split(";") if part.startswith("headcount.step@")), ""))
+    return int(found[-1]) if found else None
+
+
+def counter_rows(ranges, kernels, plan: dict, level: str = "layer"):
+    """cupti-sampled vs ncu-measured DRAM bytes, one row per (shape, phase, layer[, head]) of the compared step of
+    each shape: ``sampled_bytes`` (the cupti range's sampled read + write; null where the samples do not resolve it),
+    ``pm_whole_samples``, ``measured_bytes`` (ncu: the summed bytes of that range's kernels in that step),
+    ``measured_kernels`` and ``ratio`` (sampled / measured).
+
+    Args:
+        ranges: the cupti report's ``ranges`` (one row per range instance, with ``step``).
+        kernels: the ncu report's ``kernels`` (``nvtx_path`` with the step domain, ``phase``, ``layer``, ``head``).
+        plan: :func:`counters_workload`'s plan.
+        level: ``layer`` or ``head``.
+    """
+    import pandas as pd
+
+    measured = {p["step"]: (p["seq"], p["batch"]) for p in plan["steps"] if p["measured"]}
+    keys = ["phase", "layer"] + (["head"] if level == "head" else [])
+    r = ranges[(ranges["level"] == level) & ranges["step"].isin(list(measured))].copy()
+    r["sampled_bytes"] = r["dram_read_sampled_bytes"] + r["dram_write_sampled_bytes"]
+    k = kernels.assign(step=[_ncu_step(x) for x in kernels["nvtx_path"]])
+    k = k[k["step"].isin(list(measured)) & k["layer"].notna()]
+    if level == "head":
+        k = k[k["head"].notna()]
+    ncu = k.groupby(["step", *keys], dropna=False).agg(measured_bytes=("dram_bytes", "sum"), measured_kernels=("name", "size")).reset_index()
+    for frame in (r, ncu):
+        for key in ("step", *keys[1:]):
+            frame[key] = pd.to_numeric(frame[key]).astype("Int64")
+    rows = r[["step", *keys, "sampled_bytes", "pm_whole_samples"]].merge(ncu, on=["step", *keys], how="inner")
+    rows.insert(0, "seq", [measured[s][0] for s in rows["step"]])
+    rows.insert(1, "batch", [measured[s][1] for s in rows["step"]])
+    rows["ratio"] = rows["sampled_bytes"] / rows["measured_bytes"]
+    return rows.sort_values(["seq", *keys]).reset_index(drop=True)
+
+
+COUNTER_BOUNDS = (0.8, 1.25)  # sampled / measured, per layer call and per head call (issue 47)
+COUNTER_MIN_ROWS = 24
+
+
+def _bounded(rows, what: str, min_rows: int) -> tuple[str, str]:
+    resolved = rows[rows["sampled_bytes"].notna()]
+    lo, hi = COUNTER_BOUNDS
+    inside = resolved["ratio"].between(lo, hi)
+    detail = (f"{len(resolved)} of {len(rows)} {what} resolved by the PM samples"
+              + (f": sampled/measured {resolved['ratio'].min():.3f}–{resolved['ratio'].max():.3f} "
+                 f"(median {resolved['ratio'].median():.3f}), {int(inside.sum())} within {lo}–{hi}" if len(resolved) else ""))
+    if len(resolved) < min_rows:
+        return "FAIL", f"{detail}; fewer than {min_rows} rows to compare"
+    return ("ok" if inside.all() else "FAIL"), detail
+
+
+def check_counters(c: _Checked) -> None:
+    """cupti-sampled DRAM bytes against ncu's measured bytes of the same calls (issue 47, item 5): per layer over
+    three shapes (fwd and bwd, 24 rows or more), per head where the samples resolve one; the heads' share of
+    their layer's kernels and bytes; single samples above the measured copy ceiling."""
+    import pandas as pd
+
+    from headcount.derive.sampling import above_ceiling
+    from headcount.parsers.cupti_records import pm_samples_frame, read_records
+
+    root = c.out / "counters"
+    plan = c.load("counters/plan-layer.json")
+    if plan is None or not any((root / f"ncu-{impl}" / "kernels").exists() for impl in ("sdpa", "eager")):
+        c.record("cupti-sampled vs ncu-measured DRAM bytes per layer", "skip", "not run (no GPU, no ncu, or out of time)")
+        return
+    layer_rows = []
+    for impl in ("sdpa", "eager"):
+        cupti, ncu = root / f"cupti-{impl}", root / f"ncu-{impl}"
+        if (cupti / "ranges").exists() and (ncu / "kernels").exists():
+            rows = counter_rows(c.table("ranges", cupti), c.table("kernels", ncu), plan).assign(implementation=impl)
+            layer_rows.append(rows)
+    rows = pd.concat(layer_rows, ignore_index=True) if layer_rows else pd.DataFrame()
+    status, detail = _bounded(rows, "layer×phase×shape rows", COUNTER_MIN_ROWS) if len(rows) else ("FAIL", "no row in both reports")
+    c.record("cupti-sampled vs ncu-measured DRAM bytes per layer", status, detail)
+    c.summary["counters_per_layer"] = rows.to_dict("records")
+    head_plan = c.load("counters/plan-head.json")
+    cupti, ncu = root / "cupti-head", root / "ncu-head"
+    if head_plan and (cupti / "ranges").exists() and (ncu / "kernels").exists():
+        ranges, kernels = c.table("ranges", cupti), c.table("kernels", ncu)
+        heads = counter_rows(ranges, kernels, head_plan, level="head")
+        status, detail = _bounded(heads, "head×phase rows", 1) if len(heads) else ("FAIL", "no head row in both reports")
+        c.record("cupti-sampled vs ncu-measured DRAM bytes per head (where resolved)", status, detail)
+        c.summary["counters_per_head"] = heads.to_dict("records")
+        # the heads hold their layer: ncu's bytes of the head ranges over all the layer range's kernels (glue included),
+        # and cupti's kernel busy time of the heads over the layer's (the split's glue kernels outside every head)
+        k = kernels.assign(step=[_ncu_step(x) for x in kernels["nvtx_path"]])
+        k = k[k["layer"].notna() & k["step"].isin([p["step"] for p in head_plan["steps"] if p["measured"]])]
+        by_layer = k.groupby(["phase", "layer"]).apply(lambda g: g.loc[g["head"].notna(), "dram_bytes"].sum() / g["dram_bytes"].sum())
+        r = ranges[ranges["step"].isin([p["step"] for p in head_plan["steps"] if p["measured"]])]
+        layer_r, head_r = r[r["level"] == "layer"], r[r["level"] == "head"]
+        busy = head_r.groupby("parent_range_id")["kernel_busy_ns"].sum()
+        busy_share = (busy / layer_r.set_index("range_id")["kernel_busy_ns"].reindex(busy.index)).dropna()
+        low = min(by_layer.min() if len(by_layer) else 0.0, busy_share.min() if len(busy_share) else 0.0)
+        c.record("heads hold their layer's work (lower bound 0.8)", "ok" if len(by_layer) and len(busy_share) and low >= 0.8 else "FAIL",
+                 f"ncu bytes in heads / layer {by_layer.min():.3f}–{by_layer.max():.3f}; cupti kernel busy in heads / layer "
+                 f"{busy_share.min():.3f}–{busy_share.max():.3f} over {len(busy_share)} layer calls" if len(by_layer) and len(busy_share)
+                 else "no head or layer range with kernels")
+    else:
+        c.record("cupti-sampled vs ncu-measured DRAM bytes per head (where resolved)", "skip", "head-mode counters not run")
+    counted = []
+    for records in sorted(root.glob("cupti-*/raw/*/**/cupti-records.jsonl.gz")):
+        _, recs = read_records(records)
+        counted.append(above_ceiling(pm_samples_frame(recs), c.ceiling))
+    if counted and c.ceiling:
+        n, total = sum(x["count"] for x in counted), sum(x["samples"] for x in counted)
+        top = max((x["max_gbps"] or 0.0) for x in counted)
+        c.record("single PM samples above the copy ceiling", "info",
+                 f"{n} of {total} samples above {c.ceiling:,.0f} GB/s (the highest {top:,.0f} GB/s); windows of several samples: "
+                 "see the per-layer rows")
+        c.summary["samples_above_ceiling"] = {"count": n, "samples": total, "max_gbps": top, "ceiling_gbps": c.ceiling}
+
+
 def cuda_graph(out: Path, args) -> int:
     """A forward captured into a CUDA graph (``torch.cuda.graph``) while headcount
     tags it, then replayed once per step: with ``--tagger-only`` under an
@@ -365,7 +536,8 @@ def cuda_graph(out: Path, args) -> int:
         else:
             model(**inputs)
         recorder = AttentionTagger([model], mode=args.mode) if args.tagger_only else \
-            AttentionProfiler(model, mode=args.mode, backend="cupti" if graphed else "auto", strict=graphed)
+            AttentionProfiler(model, mode=args.mode, backend="cupti" if graphed else "auto", strict=graphed,
+                              trace_dir=out / "records-graphed")
         if args.tagger_only:
             recorder.activate()
         else:
@@ -392,26 +564,39 @@ def cuda_graph(out: Path, args) -> int:
     return 0
 
 
-def _graph_check(record, summary, name: str, report_dir: Path, steps: int) -> None:
-    """Every attention kernel a graph replayed lands in its layer, and every
-    (fwd, layer) is one call per replay, in its step."""
+def _graph_check(record, summary, name: str, report_dir: Path, steps: int, graphed: bool = True) -> None:
+    """The kernels a graph replayed (those with a graph node id, whatever their names) land in the layer ranges
+    that captured them: every replayed kernel launched inside a layer's capture is attributed to that layer, and
+    each fwd layer has one call per replay, in its step. Fails with the reason (no node ids, kernels outside
+    their layer, replays not counted as calls)."""
     import pandas as pd
 
     kernels, layers = pd.read_parquet(report_dir / "kernels"), pd.read_parquet(report_dir / "layers")
-    attn = kernels[kernels["name"].str.contains("flash|fmha|attention|scaled_dot_product", case=False, regex=True)]
-    replayed = attn[attn["graph_node_id"].notna()] if "graph_node_id" in attn else attn.iloc[:0]
     fwd = layers[layers["phase"] == "fwd"]
-    calls_ok = len(fwd) and (fwd["calls"] == steps).all() and (fwd["steps"] == steps).all()
-    if not len(replayed):
-        status = "skip" if not _cuda() else "FAIL"
-        record(name, status if calls_ok else "FAIL", f"no replayed attention kernel (CPU: no CUDA graph); "
-               f"{len(fwd)} fwd layer rows, calls {sorted(set(fwd['calls']))}")
+    calls = sorted(set(fwd["calls"])) if len(fwd) else []
+    calls_ok = bool(len(fwd)) and (fwd["calls"] == steps).all() and (fwd["steps"] == steps).all()
+    gpu = kernels[kernels["kind"] == "kernel"] if "kind" in kernels else kernels.iloc[:0]
+    replayed = gpu[gpu["graph_node_id"].notna()] if "graph_node_id" in gpu else gpu.iloc[:0]
+    if not graphed:  # a CPU dry run: the eager stand-in's calls only
+        record(name, "skip" if calls_ok else "FAIL", f"no CUDA graph on a CPU; {len(fwd)} fwd layer rows, calls {calls}")
         return
-    inside = replayed["layer"].notna()
-    record(name, "ok" if inside.all() and calls_ok else "FAIL",
-           f"{int(inside.sum())} of {len(replayed)} replayed attention kernels in their layer; fwd calls per layer "
-           f"{sorted(set(fwd['calls']))} (expected {steps})")
-    summary[name] = {"replayed_attention_kernels": len(replayed), "attributed": int(inside.sum()), "layers": len(fwd)}
+    if not len(replayed):
+        record(name, "FAIL", f"no kernel carries a graph node id: the replays were not recorded node by node "
+               f"({len(gpu)} kernels); {len(fwd)} fwd layer rows, calls {calls}")
+        return
+    in_layer = replayed["layer"].notna()
+    per_step = replayed[in_layer].groupby(["step", "layer"], dropna=False).size()
+    reasons = []
+    if not in_layer.any():
+        reasons.append("no replayed kernel in a layer range")
+    if not calls_ok:
+        reasons.append(f"fwd calls per layer {calls}, expected {steps} (one per replay)")
+    if len(per_step) and per_step.nunique() > 1 and per_step.groupby(level="layer").nunique().max() > 1:
+        reasons.append("a layer's replayed kernels differ from step to step")
+    record(name, "FAIL" if reasons else "ok",
+           f"{int(in_layer.sum())} of {len(replayed)} replayed kernels in a layer range ({int(replayed['layer'].nunique())} layers); "
+           f"fwd calls per layer {calls} (expected {steps})" + (f": {'; '.join(reasons)}" if reasons else ""))
+    summary[name] = {"replayed_kernels": len(replayed), "in_layers": int(in_layer.sum()), "layers": len(fwd), "calls": calls}
 
 
 # ---------------------------------------------------------------- checks
@@ -555,14 +740,22 @@ def check_per_implementation(c: _Checked) -> None:
 
 
 def check_heads_explain_layers(c: _Checked) -> None:
+    """Head mode: the heads never hold more than their layer, and the report says where the rest went (glue
+    kernels, gaps between heads) and what the split costs against the paired layer-mode profile."""
     layers = c.table("layers")
     head_layers = layers.dropna(subset=["heads_duration_ns"]) if "heads_duration_ns" in layers else layers.iloc[0:0]
     if len(head_layers):
         ratio = head_layers["heads_duration_ns"] / head_layers["duration_ns"]
+        calls = head_layers["calls"].sum()
+        glue = head_layers["split_glue_ns"].sum() / calls / 1e3 if "split_glue_ns" in head_layers else float("nan")
+        cost = head_layers["split_cost_x"] if "split_cost_x" in head_layers else None
+        said = "" if cost is None or cost.isna().all() else f"; split cost {cost.min():.2f}–{cost.max():.2f}× layer mode"
         c.record("heads explain their layer", "ok" if (ratio <= 1.0001).all() else "FAIL",
                  f"sum(heads)/layer {ratio.min():.3f}–{ratio.max():.3f} (mean {ratio.mean():.3f}); "
-                 f"split overhead {head_layers['split_overhead_ns'].sum() / head_layers['calls'].sum() / 1e3:.1f} µs per layer call")
-        c.summary["heads_over_layer"] = {"min": float(ratio.min()), "mean": float(ratio.mean()), "max": float(ratio.max())}
+                 f"split overhead {head_layers['split_overhead_ns'].sum() / calls / 1e3:.1f} µs per layer call "
+                 f"(glue {glue:.1f} µs){said}")
+        c.summary["heads_over_layer"] = {"min": float(ratio.min()), "mean": float(ratio.mean()), "max": float(ratio.max()),
+                                         "split_cost_x": None if cost is None else cost.dropna().tolist()}
 
 
 def check_ncu_slice(c: _Checked) -> None:
@@ -668,19 +861,41 @@ def check_interrupts(c: _Checked) -> None:
                  f"notice {noticed}, processes left {doc['processes_left']}")
 
 
+FP32_GEMM = r"sgemm|f32f32|_s1688gemm|_s16816gemm"  # cuBLAS/CUTLASS single-precision GEMM kernels
+
+
 def check_compiled(c: _Checked) -> None:
+    """torch.compile in head mode: the kernels are selected by their ranges, not by names — every head range of the
+    compiled steps launched kernels, every kernel inside a layer is in one of its heads or counted as glue, and in a
+    half-precision run no single-precision GEMM runs inside a head (the first H100 run saw sgemm kernels there: SDPA's
+    math fallback computes in fp32)."""
     compiled_dir = c.out / "report-compiled"
     if (compiled_dir / "kernels").exists():
-        c_kernels, c_heads, c_runs = (c.table(name, compiled_dir) for name in ("kernels", "heads", "runs"))
-        # SDPA's kernels by name on any device: flash / memory-efficient / math, forward and backward
-        attn = c_kernels[c_kernels["name"].str.contains("flash|fmha|attention|scaled_dot_product", case=False, regex=True)]
-        inside = attn["head"].notna()
-        measured = c_heads[c_heads["provenance"] == "measured"]
-        grid = measured.groupby(["phase", "layer", "head"]).size()
-        c.record("torch.compile: every attention kernel inside its head's range", "ok" if len(attn) and inside.all() else "FAIL",
-                 f"{int(inside.sum())} of {len(attn)} attention kernels attributed; {len(grid)} (phase, layer, head) cells; "
-                 f"compile mode {','.join(map(str, set(c_runs['compile_mode'])))}")
-        c.summary["compiled"] = {"attention_kernels": len(attn), "attributed": int(inside.sum()), "cells": len(grid)}
+        kernels, ranges, runs = (c.table(name, compiled_dir) for name in ("kernels", "ranges", "runs"))
+        gpu = kernels[kernels["kind"] == "kernel"] if "kind" in kernels else kernels
+        count = "gpu_op_count"
+        if not len(gpu) and not c.on_gpu:  # a CPU dry run: the operators stand for the kernels
+            gpu, count = kernels[kernels["kind"] == "op"], "op_count"
+        heads = ranges[ranges["level"] == "head"]
+        empty = heads[heads[count].fillna(0) == 0] if count in heads else heads
+        in_heads = gpu[gpu["head"].notna()]
+        glue = gpu[gpu["layer"].notna() & gpu["head"].isna()]
+        half = set(runs["dtype"].dropna()) & {"bfloat16", "float16", "bf16", "fp16"} if "dtype" in runs else set()
+        fp32 = in_heads[in_heads["name"].str.contains(FP32_GEMM, case=False, regex=True)] if half else in_heads.iloc[:0]
+        reasons = []
+        if not len(heads):
+            reasons.append("no head range")
+        if len(empty):
+            reasons.append(f"{len(empty)} head ranges launched no kernel")
+        if len(fp32):
+            reasons.append(f"{len(fp32)} single-precision GEMMs inside heads of a {','.join(sorted(half))} run "
+                           f"({', '.join(fp32['name'].str[:60].value_counts().index[:3])})")
+        names = in_heads["name"].str[:70].value_counts().head(8).to_dict()
+        c.record("torch.compile: head ranges hold their kernels, in the dtype asked", "FAIL" if reasons else "ok",
+                 f"{len(in_heads)} kernels in {len(heads)} head ranges, {len(glue)} glue kernels in layers outside every head; "
+                 f"compile mode {','.join(map(str, set(runs['compile_mode'])))}" + (f": {'; '.join(reasons)}" if reasons else ""))
+        c.summary["compiled"] = {"head_ranges": len(heads), "empty_head_ranges": len(empty), "kernels_in_heads": len(in_heads),
+                                 "glue_kernels": len(glue), "fp32_gemms_in_heads": len(fp32), "kernel_names_in_heads": names}
     elif (c.out / "profile-compiled.log").exists():
         c.record("torch.compile profile", "FAIL", (c.out / "profile-compiled.log").read_text().strip().splitlines()[-1][:300])
 
@@ -689,7 +904,8 @@ def check_cuda_graphs(c: _Checked) -> None:
     out = c.out
     graph_doc = c.load("cuda-graph.json")
     if (out / "report-graphed" / "layers").exists() and graph_doc:
-        _graph_check(c.record, c.summary, "CUDA graph replays in their layers (cupti)", out / "report-graphed", graph_doc["steps"])
+        _graph_check(c.record, c.summary, "CUDA graph replays in their layers (cupti)", out / "report-graphed", graph_doc["steps"],
+                     graphed=bool(graph_doc.get("graphed")))
     elif (out / "cuda-graph.log").exists():
         c.record("CUDA graph profile", "FAIL", (out / "cuda-graph.log").read_text().strip().splitlines()[-1][:300])
     tagged_doc = c.load("cuda-graph-tagged.json")
@@ -722,7 +938,7 @@ def check_training_windows(c: _Checked) -> None:
     c.summary["training"] = tr
 
 
-CHECKS = (check_copy_ceiling, check_cupti_probes, check_occupancy_vs_driver, check_profile_report, check_steps,
+CHECKS = (check_copy_ceiling, check_cupti_probes, check_occupancy_vs_driver, check_counters, check_profile_report, check_steps,
           check_attention_ranges, check_bandwidth, check_per_implementation, check_heads_explain_layers, check_ncu_slice,
           check_wrapped_runs, check_interrupts, check_compiled, check_cuda_graphs, check_collector_overhead, check_training_windows)
 """The checks, in the order they run and print; each reads what the GPU steps left in OUT."""
@@ -761,7 +977,7 @@ def main(argv=None) -> int:
         s = sub.add_parser(name)
         s.add_argument("out")
         s.add_argument("--dry-run", action="store_true")
-    for name in ("overhead", "workload", "cuda-graph", "training", "interrupt"):
+    for name in ("overhead", "workload", "counters-workload", "cuda-graph", "training", "interrupt"):
         s = sub.add_parser(name)
         if name in ("overhead", "cuda-graph", "training", "interrupt"):
             s.add_argument("out")
@@ -778,6 +994,8 @@ def main(argv=None) -> int:
         s.add_argument("--mode", default="layer")
         s.add_argument("--dry-run", action="store_true")
         s.add_argument("--plain", action="store_true")
+        s.add_argument("--shapes", default="128x64,512x16,2048x4", help="counters-workload: SEQxBATCH,…")
+        s.add_argument("--plan", default=None, help="counters-workload: where to write which step ran which shape")
     args = p.parse_args(argv)
     if args.cmd == "probe-cupti":
         return probe_cupti(Path(args.out), args.nvtx_markers)
@@ -793,6 +1011,8 @@ def main(argv=None) -> int:
         return overhead(Path(args.out), args)
     if args.cmd == "workload":
         return workload(args)
+    if args.cmd == "counters-workload":
+        return counters_workload(args)
     if args.cmd == "training":
         return training_windows(Path(args.out), args)
     if args.cmd == "cuda-graph":

@@ -16,6 +16,10 @@
 #      records (probe-*.json);
 #   3. measures the copy-bandwidth ceiling (bandwidth.json);
 #   4. compares the occupancy calculator with the driver's (occupancy.json);
+#   5a. the counters (issue 47): a bert-base-sized model at seq 128, 512 and 2048 (batch 64, 16, 4), sdpa and
+#      eager, under `headcount run --backend cupti` (PM-sampled DRAM bytes) and `--backend ncu` (measured, layers
+#      0 and 1), then head mode at seq 2048 (layer 0 under ncu): sampled/measured per layer and head call
+#      (counters/: both reports with their raw records, plan-*.json);
 #   5. profiles a bert-base-sized model (12 layers, 12 heads, batch 16, seq 512,
 #      bf16) forward+backward with eager, sdpa (and flash_attention_2 when
 #      flash-attn imports) in layer and head mode with the cupti source
@@ -35,7 +39,7 @@
 #      hold the steps before it, exit 130, nothing left running (interrupt-*.json);
 #   9. checks the numbers against physics and writes summary.json (exit 1 if a check fails).
 # Each step has a time limit and the whole check a deadline ($DEADLINE, default
-# 540 s; steps that no longer fit are skipped, the checks always run); a
+# 480 s; steps that no longer fit are skipped, the checks always run); a
 # failed step is logged and the next one runs.
 #
 # --dry-run (any machine, CI): the same steps on bert-tiny with the torch
@@ -52,7 +56,7 @@ export PYTHONUNBUFFERED=1
 : > "$OUT/steps.log"
 
 log() { echo "[gpu_check $(date +%T)] $*" | tee -a "$OUT/steps.log"; }
-DEADLINE=${DEADLINE:-540}  # seconds for the whole check (the device tool allows 600 a call); the checks keep 45
+DEADLINE=${DEADLINE:-480}  # seconds for the whole check (issue 47: one device call of 8 minutes at most); the checks keep 45
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output in NAME.log
   local name=$1 limit=$2
   shift 2
@@ -176,6 +180,36 @@ $PY -m headcount.cli.main doctor --json > "$OUT/doctor.json" 2>&1
 # 3-4. bandwidth ceiling, occupancy vs the driver ------------------------------
 step bandwidth 120 $PY scripts/gpu_check.py bandwidth "$OUT" $DRYFLAG
 if [ "$DRY" = 0 ]; then step occupancy 120 $PY scripts/gpu_check.py occupancy "$OUT"; fi
+
+# 5a. the counters (issue 47): cupti-sampled against ncu-measured DRAM bytes of the same calls, three shapes, ------
+# sdpa and eager, layer mode (layers 0 and 1 under ncu), then head mode on the longest shape (layer 0 under ncu).
+# The workload is a plain script (two training steps per shape, the first warming up); headcount run tags it.
+if [ "$DRY" = 1 ]; then SHAPES=${SHAPES:-32x2,64x2,128x1}; HEAD_SHAPE=${HEAD_SHAPE:-64x2}; CBACKEND=nsys
+else SHAPES=${SHAPES:-128x64,512x16,2048x4}; HEAD_SHAPE=${HEAD_SHAPE:-2048x4}; CBACKEND=$BACKEND; fi
+mkdir -p "$OUT/counters"
+CW="scripts/gpu_check.py counters-workload --dtype $DTYPE $DRYFLAG"
+HAVE_NCU=0
+if [ "$DRY" = 0 ] && command -v ncu > /dev/null; then HAVE_NCU=1; fi
+for impl in sdpa eager; do
+  if [ "$DRY" = 1 ] && [ "$impl" = eager ]; then continue; fi  # CPU: one wrapped run shows the steps work
+  step "counters-cupti-$impl" 150 $PY -m headcount.cli.main run --backend $CBACKEND -o "$OUT/counters/cupti-$impl" --force \
+    -- $PY $CW --impl $impl --shapes $SHAPES --plan "$OUT/counters/plan-layer.json"
+  if [ "$HAVE_NCU" = 1 ]; then
+    step "counters-ncu-$impl" 200 $PY -m headcount.cli.main run --backend ncu --cache-control none --launch-count 0 \
+      --nvtx-include "headcount@fwd/layer.0/" --nvtx-include "headcount@bwd/layer.0/" \
+      --nvtx-include "headcount@fwd/layer.1/" --nvtx-include "headcount@bwd/layer.1/" \
+      -o "$OUT/counters/ncu-$impl" --force -- $PY $CW --impl $impl --shapes $SHAPES
+  fi
+done
+if [ "$DRY" = 0 ]; then
+  step counters-cupti-head 150 $PY -m headcount.cli.main run --backend $CBACKEND --mode head -o "$OUT/counters/cupti-head" --force \
+    -- $PY $CW --impl sdpa --shapes $HEAD_SHAPE --plan "$OUT/counters/plan-head.json"
+  if [ "$HAVE_NCU" = 1 ]; then
+    step counters-ncu-head 200 $PY -m headcount.cli.main run --backend ncu --mode head --cache-control none --launch-count 0 \
+      --nvtx-include "headcount@fwd/layer.0/" --nvtx-include "headcount@bwd/layer.0/" \
+      -o "$OUT/counters/ncu-head" --force -- $PY $CW --impl sdpa --shapes $HEAD_SHAPE
+  fi
+fi
 
 # 5. the profile: layer and head mode -------------------------------------------
 impls=eager,sdpa

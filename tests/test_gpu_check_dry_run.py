@@ -42,3 +42,14 @@ def test_gpu_check_dry_run(tmp_path):
     assert "report/report.html" in files
     graph = checks["CUDA graph replays in their layers (cupti)"]  # no CUDA graph on CPU: the eager stand-in's calls
     assert graph["status"] == "skip" and "calls [3]" in graph["detail"], graph
+    # issue 47: the counters workload ran under headcount run (nsys on CPU), each shape's steps numbered and planned;
+    # the comparison itself needs cupti and ncu on a GPU, and says so
+    plan = json.loads((out / "counters" / "plan-layer.json").read_text())
+    assert [(p["seq"], p["measured"]) for p in plan["steps"]] == [(32, False), (32, True), (64, False), (64, True),
+                                                                  (128, False), (128, True)]
+    assert "counters/cupti-sdpa/ranges/" in files
+    assert checks["cupti-sampled vs ncu-measured DRAM bytes per layer"]["status"] == "skip"
+    compiled = checks["torch.compile: head ranges hold their kernels, in the dtype asked"]
+    assert compiled["status"] == "ok" and "0 head ranges" not in compiled["detail"], compiled
+    heads = checks["heads explain their layer"]
+    assert "split cost" in heads["detail"] and "glue" in heads["detail"], heads  # the paired layer-mode profile ran

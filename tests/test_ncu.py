@@ -332,3 +332,18 @@ def test_no_ncu_report_anywhere_is_one_line_with_the_ways_out(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "pip install ncu-report" in done.stderr and "HEADCOUNT_NCU" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+
+
+def test_ncu_replay_cost_is_read_from_its_log():
+    """What ncu's exact counters cost (issue 47, item 3), from the real log of the H100 run: 5 kernels of
+    layer 0, each replayed in 10 passes; said in one line with the program's time under ncu."""
+
+    from headcount.collector.nvidia_tools import ncu_cost_notice, ncu_passes
+
+    log = Path(__file__).parent / "fixtures" / "gpu" / "h100-2026-12-05" / "interrupt-ncu" / "ncu.log"
+    cost = ncu_passes(log.read_text().splitlines())
+    assert cost == {"kernels": 5, "passes": 50, "passes_per_kernel": 10}
+    assert ncu_cost_notice(cost, 12.5) == ("ncu measured 5 kernels by replaying each 10 times (median; 50 passes in all; the "
+                                           "program ran 12.5 s under ncu): exact DRAM bytes per kernel, layer and head, at that cost")
+    assert ncu_passes(["==PROF== Connected to process 1"]) == {"kernels": 0, "passes": 0, "passes_per_kernel": None}
+    assert ncu_cost_notice(ncu_passes([]), None) is None

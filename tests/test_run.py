@@ -54,6 +54,10 @@ def test_nsys_records_a_plain_script_per_layer_head_and_step(nsight_path, tmp_pa
     assert set(heads["layer_name"]) == {"layer.0", "layer.1"} and set(heads["head"]) == {0, 1, 2, 3}
     assert (heads["duration_basis"] == "cpu_range").all() and heads["duration_ns"].gt(0).all()
     assert heads["flop"].gt(0).all() and set(heads["kv_head"]) == {0, 1}  # shapes from the child's call log
+    # each step range closes when the next opens: side by side, never nested in the one before (they were, under
+    # nsys and ncu: step.0/step.1/step.2 in the H100's ncu report)
+    steps = ranges[ranges["domain"] == "headcount.step"]
+    assert steps["path"].tolist() == ["step.0", "step.1", "step.2"] and (steps["depth"] == 0).all()
     runs = pd.read_parquet(out / "runs")
     assert runs["source"].tolist() == ["nsys"] and runs["complete"].tolist() == [True]
     assert "Nsight Systems" in runs["source_version"].iloc[0] and runs["steps"].tolist() == [3]

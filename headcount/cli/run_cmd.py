@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import time
 from pathlib import Path
 
 from headcount import sources
@@ -116,10 +117,12 @@ def run(args) -> int:
     tool_info["tool_command"] = argv
     console.print(f"headcount run: {args.backend}, {args.mode} mode{f', steps {args.steps}' if args.steps else ''}; raw files in {raw}/")
 
+    started = time.monotonic()
     try:
         ran = launcher.run(argv, env, route=wrapper.stdout_route())
     except FileNotFoundError as exc:
         raise HeadcountError(f"{argv[0]}: cannot be started ({exc.strerror})", hint="check the command", exit_code=3) from exc
+    tool_info["program_wall_s"] = round(time.monotonic() - started, 3)  # under the recorder: what recording cost
     if ran.killed or ran.held:  # killed: what the tool had not written is lost; held: the user stopped headcount there
         console.print(f"headcount: {'killed' if ran.killed else 'interrupted'}; no report was written; {_kept(wrapper, raw, out)}",
                       soft_wrap=True, highlight=False)
@@ -171,6 +174,10 @@ def _report(args, console, wrapper, ran, raw: Path, out: Path, run_id: str, tool
         runs, notes = wrapper.assemble(raw, run_id, console), []
     except NothingRecorded as exc:  # e.g. an nsys report of a program that stopped before its first range
         runs, notes = [], [exc.message]
+    for line in tool_info.get("cost_notices", []):
+        console.print(line, soft_wrap=True, highlight=False)
+        for r in runs:
+            r.info["notices"] = [*r.info.get("notices", []), line]
     if ran.interrupted:
         for r in runs:
             r.info["notices"] = [*r.info.get("notices", []), _interrupted_notice(r)]

@@ -116,3 +116,24 @@ def read_ncu_log(lines: list[str]) -> tuple[HeadcountError | None, list[str]]:
         return HeadcountError(f"ncu failed: {meaningful[0].removeprefix('==ERROR==').strip()}", hint="see ncu's messages above",
                               exit_code=3), warnings
     return None, warnings
+
+
+_NCU_PASSES = re.compile(r'^==PROF== Profiling ".*" - \d+ \(\d+/\d+\): .* - (\d+) passes?\s*$')
+
+
+def ncu_passes(lines: list[str]) -> dict:
+    """What ncu's kernel replay cost, from its log's ``==PROF== Profiling "k" - 0 (1/5000): … - 10 passes``
+    lines: ``kernels`` profiled, ``passes`` in all, ``passes_per_kernel`` (median; ``None`` without a line)."""
+    passes = [int(m.group(1)) for m in map(_NCU_PASSES.match, (ln.rstrip() for ln in lines)) if m]
+    ordered = sorted(passes)
+    return {"kernels": len(passes), "passes": sum(passes),
+            "passes_per_kernel": ordered[len(ordered) // 2] if ordered else None}
+
+
+def ncu_cost_notice(cost: dict, wall_s: float | None) -> str | None:
+    """One line on what ncu's exact counters cost (:func:`ncu_passes`, the program's wall time under ncu)."""
+    if not cost.get("kernels"):
+        return None
+    wall = f"; the program ran {wall_s:,.1f} s under ncu" if wall_s else ""
+    return (f"ncu measured {cost['kernels']:,} kernels by replaying each {cost['passes_per_kernel']} times (median; "
+            f"{cost['passes']:,} passes in all{wall}): exact DRAM bytes per kernel, layer and head, at that cost")

@@ -191,9 +191,11 @@ class ChildSession:
             self.step_thread = threading.get_ident()
 
     def _close_step(self) -> None:
-        if self.step_token is not None and self.step_thread == threading.get_ident():
+        # the open step is known by its thread: its token is None where no torch.profiler records (nsys, ncu), and
+        # testing the token left every step open, nested in the one before (step.0/step.1/… in the H100's ncu report)
+        if self.step_thread is not None and self.step_thread == threading.get_ident():
             self.step_emitter.pop(self.step_token)
-        self.step_token = None
+        self.step_token = self.step_thread = None
 
     def _capture(self, on: bool) -> None:
         if not self.capture:

@@ -146,8 +146,13 @@ class Ncu(Nsys):
                       "clock_control": opt.clock_control, "cache_control": opt.cache_control, "launch_count": opt.launch_count}
 
     def check(self, raw: Path, tool_lines: list[str], info: dict) -> None:
-        error, warnings = nvidia_tools.read_ncu_log(tool_lines + _lines(raw / "ncu.log"))
+        lines = tool_lines + _lines(raw / "ncu.log")
+        error, warnings = nvidia_tools.read_ncu_log(lines)
         info["tool_notices"] = warnings
+        info["ncu_cost"] = {**nvidia_tools.ncu_passes(lines), "program_wall_s": info.get("program_wall_s")}
+        said = nvidia_tools.ncu_cost_notice(info["ncu_cost"], info.get("program_wall_s"))
+        if said:
+            info.setdefault("cost_notices", []).append(said)
         if error is not None and not (raw / "run.ncu-rep").exists():
             raise error
 
