@@ -101,7 +101,8 @@ class AttentionProfiler:
             :meth:`get_stats` saying why nothing was recorded).
         pm_sampling: cupti only: also sample DRAM traffic and warps active
             device-wide (cupti-python ≥ 13.3; a notice where unavailable).
-        pm_interval_ns: PM sampling interval, GPU nanoseconds.
+        pm_interval_ns: PM sampling interval, GPU nanoseconds; 0 (the default): the finest CUPTI accepts of
+            5, 10, 20, 50 µs (docs/cupti.md).
         recorder: a ready recorder to use instead of building one (tests
             stand a replay of recorded CUPTI records in for the GPU this way).
         attention_stats: also compute per-head attention statistics

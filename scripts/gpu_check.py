@@ -500,6 +500,18 @@ def check_counters(c: _Checked) -> None:
                  else "no head or layer range with kernels")
     else:
         c.record("cupti-sampled vs ncu-measured DRAM bytes per head (where resolved)", "skip", "head-mode counters not run")
+    chosen = []  # the PM interval each cupti run took (auto: the finest CUPTI accepted) and what it resolved
+    for manifest in sorted(root.glob("cupti-*/manifests/*/run.json")):
+        pm = (json.loads(manifest.read_text()).get("collector") or {}).get("pm_sampling") or {}
+        if pm.get("enabled"):
+            chosen.append({"run": manifest.parent.parent.parent.name, "interval_ns": pm.get("interval_ns"),
+                           "refused_intervals_ns": pm.get("refused_intervals_ns"), "resolution": pm.get("resolution")})
+    if chosen:
+        c.record("PM sampling interval (auto: the finest CUPTI accepts)", "info",
+                 "; ".join(f"{x['run']}: {x['interval_ns']} ns (refused {x['refused_intervals_ns']}), "
+                           f"{(x['resolution'] or {}).get('attention_ranges_unresolved')} of "
+                           f"{(x['resolution'] or {}).get('attention_ranges')} attention ranges unresolved" for x in chosen))
+        c.summary["pm_interval"] = chosen
     counted = []
     for records in sorted(root.glob("cupti-*/raw/*/**/cupti-records.jsonl.gz")):
         _, recs = read_records(records)

@@ -41,8 +41,8 @@ def test_split_figures_add_up_to_the_layer():
 def test_split_lines_say_where_the_layer_time_went_and_the_cost():
     layers = layers_table(_ranges())
     [line] = split_lines(layers)
-    assert ("the heads hold 40 % of their layers' time and 80 % of their sampled DRAM bytes (they do not add up to their "
-            "layers within 10 %); 60.0 µs per layer call belongs to no head (30.0 µs glue: work in the layer outside every head; "
+    assert ("the heads hold 40 % of their layers' time and 80 % of their sampled DRAM bytes (they do not add up within 10 %: "
+            "60 % of the time and 20 % of the bytes apart); 60.0 µs per layer call belongs to no head (30.0 µs glue: work in the layer outside every head; "
             "30.0 µs gaps between heads)") in line
     assert "not measured here" in line
     paired = with_split_cost(layers, layers.assign(duration_per_call_ns=25e3, duration_per_call_p50_ns=np.nan))

@@ -198,6 +198,9 @@ def test_layers_from_ncu_kernels_under_headcount_ranges():
     assert pd.isna(bwd["duration_ns"]) and bool(bwd["incomplete"])  # the nan kernel: null, never 0
     heads = tables["heads"]
     assert sorted(heads["head"]) == [0, 1]
+    # head mode under ncu: each head's own kernels, exact bytes per head (issue 47's reference for sampled figures)
+    assert (heads["dram_bytes_provenance"] == "measured").all() and heads["dram_bytes"].tolist() == [8448, 8448]
+    assert heads["dram_bytes"].sum() == l0["dram_bytes"]
 
 
 def test_bom_odd_values_and_repeated_ids_are_handled_and_said(tmp_path, capsys):

@@ -81,8 +81,9 @@ def _samples():
                          "sm__warps_active.avg.pct_of_peak_sustained_elapsed": [10.0, 50.0, 90.0]})
 
 
-def test_pm_counters_are_spread_evenly_over_their_window():
-    got = sampling.window_totals(_samples(), np.array([0, 50, 150, 210, 0]), np.array([350, 150, 300, 240, 100]))
+def test_pm_counters_are_weighted_by_overlap_within_their_window():
+    """The arithmetic of a window's share of each sample it overlaps (min_whole=0: no resolution rule)."""
+    got = sampling.window_totals(_samples(), np.array([0, 50, 150, 210, 0]), np.array([350, 150, 300, 240, 100]), min_whole=0)
     assert got["dram_read_sampled_bytes"].tolist()[:2] == [4500.0, 500.0 + 1500.0]
     assert got.loc[2, "dram_read_sampled_bytes"] == pytest.approx(1500.0 + 250.0)
     assert np.isnan(got.loc[3, "dram_read_sampled_bytes"])  # inside the gap: unknown, not 0
@@ -92,6 +93,24 @@ def test_pm_counters_are_spread_evenly_over_their_window():
     assert got.loc[4, "sm_warps_active_sampled_pct"] == pytest.approx(10.0)
     info = sampling.sample_gaps(_samples())
     assert info == {"samples": 3, "median_window_ns": 100.0, "gaps": 1, "gap_total_ns": 50, "first_ns": 0, "last_ns": 350}
+
+
+def test_windows_the_samples_do_not_resolve_get_null():
+    """A window gets sampled figures only with MIN_WHOLE_SAMPLES whole samples inside it; else null (never a share of
+    its neighbours' samples), with the count of whole samples it had."""
+    samples = pd.DataFrame({"start_ns": np.arange(0, 1000, 100), "end_ns": np.arange(100, 1100, 100),
+                            "dram__bytes_read.sum": np.full(10, 1000.0), "dram__bytes_write.sum": np.full(10, 10.0)})
+    start, end = np.array([0, 50, 100, 0, 950]), np.array([400, 450, 450, 1000, 1000])
+    got = sampling.window_totals(samples, start, end)
+    assert got["pm_whole_samples"].tolist() == [4, 3, 3, 10, 0]
+    assert got.loc[0, "dram_read_sampled_bytes"] == 4000.0 and got.loc[3, "dram_read_sampled_bytes"] == 10000.0
+    assert got.loc[[1, 2, 4], "dram_read_sampled_bytes"].isna().all() and got.loc[[1, 2, 4], "dram_write_sampled_bytes"].isna().all()
+    assert sampling.MIN_WHOLE_SAMPLES == 4
+    loose = sampling.window_totals(samples, start, end, min_whole=3)
+    assert loose.loc[1, "dram_read_sampled_bytes"] == 4000.0  # 3 whole samples and two halves
+    # single samples above a ceiling (GB/s = bytes/ns): 1010 bytes over 100 ns = 10.1 GB/s each
+    assert sampling.above_ceiling(samples, 10.0) == {"count": 10, "samples": 10, "max_gbps": 10.1, "ceiling_gbps": 10.0}
+    assert sampling.above_ceiling(samples, 20.0)["count"] == 0
 
 
 def test_by_external_id_maps_launches_to_ranges():

@@ -202,13 +202,14 @@ def split_lines(layers: pd.DataFrame) -> list[str]:
         share = 100.0 * heads_ns / layer_ns if layer_ns > 0 else float("nan")
         adds_up = abs(share - 100.0) <= SPLIT_TOLERANCE_PCT
         text = f"head mode, {phase}, {impl}: the heads hold {number(share, 2)} % of their layers' time"
-        bytes_share = None
+        apart = [f"{number(abs(100.0 - share), 2)} % of the time"]
         if "heads_bytes_share_of_layer_pct" in g and g["heads_bytes_share_of_layer_pct"].notna().any():
             known = g["heads_bytes_share_of_layer_pct"].notna()
             bytes_share = 100.0 * g["heads_dram_bytes"][known].sum() / g["dram_bytes"][known].sum()
             text += f" and {number(bytes_share, 2)} % of their {g['dram_bytes_provenance'].iloc[0]} DRAM bytes"
             adds_up = adds_up and abs(bytes_share - 100.0) <= SPLIT_TOLERANCE_PCT
-        text += (" (they add up, within 10 %)" if adds_up else " (they do not add up to their layers within 10 %)")
+            apart.append(f"{number(abs(100.0 - bytes_share), 2)} % of the bytes")
+        text += (" (they add up, within 10 %)" if adds_up else f" (they do not add up within 10 %: {' and '.join(apart)} apart)")
         overhead = g["split_overhead_ns"].sum() / calls
         text += f"; {number(overhead / 1e3)} µs per layer call belongs to no head"
         if "split_glue_ns" in g and g["split_glue_ns"].notna().any():
