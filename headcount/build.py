@@ -894,6 +894,9 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
     del work  # the kernels table holds its rows now: not held while the steps are derived
     if gpu_metrics is not None and len(gpu_metrics):
         k = sampling.apportion(k, gpu_metrics)
+        said = sampling.unresolved_kernels_notice(k)
+        if said and notices is not None:
+            notices.append(said)
     if found is not None and notices is not None:
         notices.extend(found.notices)
     attention_found = bool((projected["domain"] == DOMAIN).any())

@@ -258,7 +258,8 @@ elif command -v nsys > /dev/null; then
 fi
 
 # 8b. the model under torch.compile (Inductor): head mode, every attention kernel in its range --------
-step profile-compiled 240 $PY -m headcount.cli.main profile --compile --model $MODEL --impl sdpa --mode head --backend $BACKEND \
+# (no layer-mode pair: it would compile the model a second time; the uncompiled head profile states the split's cost)
+step profile-compiled 240 $PY -m headcount.cli.main profile --compile --model $MODEL --impl sdpa --mode head --no-layer-pair --backend $BACKEND \
   --device $DEVICE --dtype $DTYPE --batch $BATCH --seq $SEQ --steps $HEAD_STEPS --trace-dir "$OUT/records-compiled" \
   -o "$OUT/report-compiled" --force
 

@@ -1,12 +1,19 @@
-"""Device-wide GPU-metrics samples (nsys ``--gpu-metrics-devices``) apportioned
-to each kernel's time window: provenance ``sampled``.
+"""Device-wide samples — nsys GPU metrics (``--gpu-metrics-devices``) and
+CUPTI PM sampling — given to the kernels and ranges they resolve: provenance
+``sampled``.
 
-A sample at time t summarizes the interval (t − Δ, t] before it, Δ being the
-sampling interval (the median gap between samples of that device and metric).
-A kernel running over [start, end] gets the mean of the samples whose
-intervals overlap its window: t in [start, end + Δ). The values are
-device-wide percentages: on a GPU running several kernels at once, each
-kernel gets the whole device's figure.
+nsys: a sample at time t summarizes the interval (t − Δ, t] before it, Δ
+being the sampling interval (the median gap between samples of that device
+and metric). A kernel running over [start, end] gets the mean of the samples
+whose intervals overlap its window, t in [start, end + Δ), where at least
+:data:`MIN_WHOLE_SAMPLES` intervals lie wholly inside it (else null: a kernel
+shorter than that would get a reading of whatever else ran in the sample).
+The values are device-wide percentages: on a GPU running several kernels at
+once, each kernel gets the whole device's figure.
+
+PM sampling (:func:`window_totals`): counters and percentages over a
+window, from the samples it overlaps, weighted by the overlap, under the
+same rule.
 """
 
 from __future__ import annotations
@@ -22,23 +29,33 @@ SAMPLED = {
 }
 
 
+MIN_WHOLE_SAMPLES = 4
+"""A window (a kernel, a range) gets PM-sampled figures only when at least this many whole samples lie
+inside it: its two edge samples, shared with whatever ran before and after, are then at most a third of
+what it is given. A shorter window would get a share of its neighbours' samples, which is not a
+measurement of it: its figures are null (``pm_whole_samples`` says how many it had)."""
+
+
 def sampling_interval_ns(samples: pd.DataFrame) -> pd.Series:
     """Median gap between consecutive samples, per (device, metric), in ns."""
     gaps = samples.groupby(["device", "metric"])["timestamp_ns"].diff()
     return gaps.groupby([samples["device"], samples["metric"]]).median()
 
 
-def apportion(kernels: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+def apportion(kernels: pd.DataFrame, samples: pd.DataFrame, min_whole: int | None = None) -> pd.DataFrame:
     """Add the :data:`SAMPLED` columns and ``sampling_interval_ns`` to kernels.
 
     Args:
         kernels: ``device`` (``cuda:N``), ``start_ns``, ``end_ns``.
         samples: ``device`` (N), ``metric``, ``timestamp_ns``, ``value`` (%).
+        min_whole: sample intervals that must lie wholly inside a kernel for it to get a figure
+            (default :data:`MIN_WHOLE_SAMPLES`; 0: any overlapping sample).
 
     Returns:
-        A copy of ``kernels``; a kernel with no overlapping sample (or a metric
-        not recorded) gets null, never 0.
+        A copy of ``kernels``; a kernel with no overlapping sample, one the
+        samples do not resolve (or a metric not recorded) gets null, never 0.
     """
+    min_whole = MIN_WHOLE_SAMPLES if min_whole is None else min_whole
     out = kernels.copy()
     for col in (*SAMPLED, "sampling_interval_ns"):
         out[col] = np.nan
@@ -59,10 +76,28 @@ def apportion(kernels: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
             lo = np.searchsorted(t, start[rows], side="left")
             hi = np.searchsorted(t, end[rows] + delta, side="left")
             n = hi - lo
-            mean = np.where(n > 0, (csum[hi] - csum[lo]) / np.maximum(n, 1), np.nan)
+            # intervals (t − Δ, t] wholly inside [start, end]: t in [start + Δ, end]
+            whole = np.maximum(np.searchsorted(t, end[rows], side="right") - np.searchsorted(t, start[rows] + delta, side="left"), 0)
+            mean = np.where((n > 0) & (whole >= min_whole), (csum[hi] - csum[lo]) / np.maximum(n, 1), np.nan)
             out.loc[out.index[rows], column] = mean
             out.loc[out.index[rows], "sampling_interval_ns"] = float(delta)
     return out
+
+
+def unresolved_kernels_notice(kernels: pd.DataFrame) -> str | None:
+    """The notice for GPU operations (kernels, copies) that nsys GPU metrics were recorded for but do not resolve
+    (:func:`apportion`), or ``None``."""
+    if "sampling_interval_ns" not in kernels:
+        return None
+    sampled = kernels["sampling_interval_ns"].notna()
+    values = kernels[[c for c in SAMPLED if c in kernels]].notna().any(axis=1)
+    short = int((sampled & ~values).sum())
+    if not short:
+        return None
+    interval = float(kernels.loc[sampled, "sampling_interval_ns"].median())
+    return (f"nsys GPU metrics ({interval / 1e3:g} µs samples) do not resolve {short} of {int(sampled.sum())} GPU operations (fewer "
+            f"than {MIN_WHOLE_SAMPLES} whole samples inside each): their sampled percentages are null, not the reading of a "
+            "sample that held other work; record with a higher nsys --gpu-metrics-frequency, or use --backend ncu for exact counters")
 
 
 # PM sampling (cupti source): metric → headcount column; .sum counters are
@@ -82,13 +117,6 @@ def _cumulative(samples: pd.DataFrame, values: np.ndarray, t: np.ndarray) -> np.
     j = np.maximum(i, 0)
     frac = np.clip((t - s[j]) / np.maximum(e[j] - s[j], 1.0), 0.0, 1.0)
     return np.where(ok, cum[j] + values[j] * frac, 0.0)
-
-
-MIN_WHOLE_SAMPLES = 4
-"""A window (a kernel, a range) gets PM-sampled figures only when at least this many whole samples lie
-inside it: its two edge samples, shared with whatever ran before and after, are then at most a third of
-what it is given. A shorter window would get a share of its neighbours' samples, which is not a
-measurement of it: its figures are null (``pm_whole_samples`` says how many it had)."""
 
 
 def whole_samples(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> np.ndarray:
