@@ -369,7 +369,7 @@ class ReplayPm:
                 data = Data()
                 data.metrics = list(self.metrics)
                 t = self.t0
-                while t < self.t1:
+                while t < self.t1 and len(data) < max_samples:  # as CUPTI: at most max_samples decoded
                     e = t + self.interval
                     values = []
                     for m in self.metrics:

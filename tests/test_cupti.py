@@ -293,6 +293,24 @@ def test_pm_interval_auto_takes_the_finest_accepted_and_short_windows_get_null(l
     assert info["interval_ns"] == 50_000 and info["interval_choice"] == "asked"
 
 
+def test_a_recording_longer_than_the_decode_budget_says_so_and_its_late_ranges_get_null(llama, capsys, monkeypatch):
+    """PM samples are decoded up to a budget (host memory); a longer recording keeps its first samples, says so,
+    and a range after the last sample (or partly after it) gets no sampled figure, never the part covered."""
+    model, inputs = llama
+    monkeypatch.setattr(cupti_source, "PM_MAX_DECODED_SAMPLES", 40)
+    prof, _ = profile_replayed(model, inputs, steps=2, pm=ReplayPm())
+    stats = prof.get_stats()
+    assert "outlasted 40 samples at 5 µs (the decode budget)" in capsys.readouterr().err
+    info = prof.run_metadata()["collector"]["pm_sampling"]
+    assert info["decode_budget"] == 40 and info["populated_samples"] == 40
+    ranges = stats["ranges"]
+    layer = ranges[ranges["level"] == "layer"].sort_values("gpu_start_ns")
+    last = info["samples"]["last_ns"]
+    late = layer["gpu_end_ns"] > last
+    assert late.any() and layer.loc[late, "dram_read_sampled_bytes"].isna().all()
+    assert layer.loc[~late & (layer["pm_whole_samples"] >= 4), "dram_read_sampled_bytes"].notna().all()
+
+
 def test_pm_sampling_waits_for_cuda_and_says_so_if_it_never_comes(llama, capsys):
     """`headcount run` starts recording before the program touches CUDA, where CUPTI's profiler knows no device (on
     an H100: "Invalid device_index: 0", tests/fixtures/gpu/h100-2026-12-05): PM sampling starts at the first range

@@ -82,15 +82,18 @@ def _samples():
 
 
 def test_pm_counters_are_weighted_by_overlap_within_their_window():
-    """The arithmetic of a window's share of each sample it overlaps (min_whole=0: no resolution rule)."""
+    """The arithmetic of a window's share of each sample it overlaps (min_whole=0: no resolution rule); a window
+    the samples do not cover all of (across the 50-ns gap, inside it) gets null, never the part that was covered."""
     got = sampling.window_totals(_samples(), np.array([0, 50, 150, 210, 0]), np.array([350, 150, 300, 240, 100]), min_whole=0)
-    assert got["dram_read_sampled_bytes"].tolist()[:2] == [4500.0, 500.0 + 1500.0]
-    assert got.loc[2, "dram_read_sampled_bytes"] == pytest.approx(1500.0 + 250.0)
-    assert np.isnan(got.loc[3, "dram_read_sampled_bytes"])  # inside the gap: unknown, not 0
-    assert got.loc[0, "dram_write_sampled_bytes"] == 60.0
-    # percentages: time-weighted over the covered part of the window
+    assert got.loc[1, "dram_read_sampled_bytes"] == 500.0 + 1500.0  # half of each of the first two samples
+    assert got.loc[4, "dram_read_sampled_bytes"] == 1000.0 and got.loc[4, "dram_write_sampled_bytes"] == 10.0
+    assert got.loc[[0, 2, 3], "dram_read_sampled_bytes"].isna().all()  # across or inside the gap: unknown, not a part
+    # percentages: time-weighted over the window
     assert got.loc[1, "sm_warps_active_sampled_pct"] == pytest.approx(30.0)
     assert got.loc[4, "sm_warps_active_sampled_pct"] == pytest.approx(10.0)
+    # past the last sample: unknown too
+    late = sampling.window_totals(_samples(), np.array([300]), np.array([400]), min_whole=0)
+    assert np.isnan(late.loc[0, "dram_read_sampled_bytes"])
     info = sampling.sample_gaps(_samples())
     assert info == {"samples": 3, "median_window_ns": 100.0, "gaps": 1, "gap_total_ns": 50, "first_ns": 0, "last_ns": 350}
 

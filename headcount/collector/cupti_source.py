@@ -57,6 +57,9 @@ BUFFER_BYTES = 8 << 20
 PM_INTERVALS_NS = (5_000, 10_000, 20_000, 50_000)
 DEFAULT_PM_INTERVAL_NS = 0
 PM_HARDWARE_BUFFER_BYTES = 256 << 20
+# the most samples decoded from one recording (host memory: each becomes a record); at 5 µs, 20 s of GPU time.
+# A longer recording keeps its first samples, says so, and its later ranges get no sampled figure (null)
+PM_MAX_DECODED_SAMPLES = 4_000_000
 # tried in order until PM sampling accepts one set in a single pass
 # what PM sampling asks for, largest set first, from the tables the sampling derivation reads (they cannot drift apart)
 PM_METRIC_SETS = ((*PM_COUNTERS, *PM_PERCENTS), tuple(PM_COUNTERS))
@@ -336,9 +339,16 @@ class PmSampler:
         samples = []
         try:
             collector.stop()
-            data = collector.decode(max_samples=int(elapsed_ns / self.interval_ns * 1.5) + 1000)
+            wanted = int(elapsed_ns / self.interval_ns * 1.5) + 1000
+            budget = min(wanted, PM_MAX_DECODED_SAMPLES)
+            data = collector.decode(max_samples=budget)
             info.update(total_samples=data.num_total_samples, populated_samples=data.num_populated_samples,
-                        completed_samples=data.num_completed_samples)
+                        completed_samples=data.num_completed_samples, decode_budget=budget)
+            if budget < wanted and data.num_populated_samples >= budget:
+                info["notice"] = self.notice = (
+                    f"PM sampling: the recording outlasted {budget:,} samples at {self.interval_ns / 1e3:g} µs (the decode "
+                    "budget): the samples cover its first part only, later ranges get no sampled figure; a coarser "
+                    "--pm-interval-us covers longer, or profile fewer steps")
             for sample in data:
                 samples.append({"kind": "pm_sample", "start": sample.start_timestamp, "end": sample.end_timestamp,
                                 "values": dict(zip(data.metrics, (float(v) for v in sample.metric_values)))})

@@ -136,8 +136,9 @@ def window_totals(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray,
     totals, percentages as time-weighted means, from the samples the window
     overlaps, each weighted by the part of it the window covers; null where
     fewer than ``min_whole`` whole samples lie inside the window (the
-    instrument does not resolve it: :data:`MIN_WHOLE_SAMPLES`) and where no
-    sample covers it. ``pm_whole_samples``: the whole samples inside.
+    instrument does not resolve it: :data:`MIN_WHOLE_SAMPLES`) and where the
+    samples do not cover all of it (before the first, after the last, across a
+    gap). ``pm_whole_samples``: the whole samples inside.
 
     Device-wide: two windows that overlap in time (concurrent kernels) each
     get the whole device's traffic of the overlap. Range windows (first
@@ -155,7 +156,10 @@ def window_totals(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray,
     length = (samples["end_ns"] - samples["start_ns"]).to_numpy(np.float64)
     covered = _cumulative(samples, length, end) - _cumulative(samples, length, start)
     whole = whole_samples(samples, start, end)
-    has = (covered > 0) & ~np.isnan(start) & ~np.isnan(end) & (whole >= min_whole)
+    # the samples must cover the whole window (not past their first or last, not across a gap in sampling): a
+    # window they cover in part would get the traffic of that part only, an undercount
+    whole_window = covered >= 0.999 * (end - start)
+    has = (covered > 0) & ~np.isnan(start) & ~np.isnan(end) & (whole >= min_whole) & whole_window
     for metric, col in PM_COUNTERS.items():
         if metric in samples:
             v = samples[metric].to_numpy(np.float64)
