@@ -427,8 +427,9 @@ def _pm_resolution(tables: dict, pm: pd.DataFrame, device: Device | None, info: 
     kernels, ranges = tables["kernels"], tables["ranges"]
     gpu = kernels[(kernels["kind"] == "kernel").to_numpy(dtype=bool)] if "kind" in kernels else kernels.iloc[0:0]
     attention = ranges[ranges["level"].isin(["layer", "head"]).to_numpy(dtype=bool) & (ranges["gpu_op_count"].fillna(0) > 0).to_numpy(dtype=bool)]
-    short = {name: int((frame["pm_whole_samples"] < sampling.MIN_WHOLE_SAMPLES).sum()) if "pm_whole_samples" in frame else 0
-             for name, frame in (("kernels", gpu), ("ranges", attention))}
+    # unresolved: sampled, but no figure (too few whole samples inside, or not all of it covered by the samples)
+    short = {name: int((frame["pm_whole_samples"].notna() & frame["dram_read_sampled_bytes"].isna()).sum())
+             if "pm_whole_samples" in frame else 0 for name, frame in (("kernels", gpu), ("ranges", attention))}
     interval = float(np.median(pm["end_ns"] - pm["start_ns"]))
     facts = info.setdefault("pm_sampling", {})
     facts["resolution"] = {"min_whole_samples": sampling.MIN_WHOLE_SAMPLES, "median_window_ns": interval,
@@ -438,9 +439,10 @@ def _pm_resolution(tables: dict, pm: pd.DataFrame, device: Device | None, info: 
     if said:
         notices.append(said)
     peaks = devices.peaks_for(device.name) if device is not None and device.is_gpu else None
-    ceiling = devices.ceiling_gbps(device) or (peaks.dram_gbps if peaks else None)
+    reported = devices.ceiling_gbps(device)  # the recording's own figure for its device, else the datasheet's
+    ceiling = reported or (peaks.dram_gbps if peaks else None)
     above = sampling.above_ceiling(pm, ceiling)
-    facts["above_ceiling"] = {**above, "ceiling_basis": "device" if devices.ceiling_gbps(device) else ("datasheet" if peaks else None)}
+    facts["above_ceiling"] = {**above, "ceiling_basis": "device" if reported else ("datasheet" if peaks else None)}
     if above["count"]:
         notices.append(f"{above['count']} of {above['samples']} PM samples read more DRAM traffic than the device's ceiling "
                        f"({ceiling:,.0f} GB/s, {facts['above_ceiling']['ceiling_basis']}): the highest {above['max_gbps']:,.0f} GB/s; "

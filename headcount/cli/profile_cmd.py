@@ -192,7 +192,6 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
     Returns:
         The report directory.
     """
-    from headcount.api import AttentionProfiler  # torch: imported only when a model is profiled
     from headcount.build import with_findings
     from headcount.derive.aggregate import with_split_cost
 
@@ -222,17 +221,10 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
             if args.trace_dir:
                 trace_dir = Path(args.trace_dir) / (f"{impl}-{compile_mode or UNCOMPILED}" if several else impl)
                 trace_dir.mkdir(parents=True, exist_ok=True)
-            prof = AttentionProfiler(model, mode=args.mode, backend=backend, run_id=run_id, metadata=extra, trace_dir=trace_dir,
-                                     strict=True, pm_sampling=not args.no_pm_sampling, pm_interval_ns=args.pm_interval_ns)
+            prof = _profiler(args, model, backend, args.mode, run_id=run_id, metadata=extra, trace_dir=trace_dir)
             progress.update(task, description=f"{impl}{label}: profiling")
-            steps_s = 0.0
             with prof:
-                for i in range(args.steps):
-                    t = time.perf_counter()
-                    with prof.step(i):
-                        _step(runner, inputs, backward)
-                    steps_s += time.perf_counter() - t
-                    progress.advance(task)
+                steps_s = _run_steps(prof, runner, inputs, backward, args.steps, advance=lambda: progress.advance(task))
                 after_steps = time.perf_counter()
             stopped = time.perf_counter()  # the recorder's own stop (torch.profiler: stop and write its trace)
             progress.update(task, description=f"{impl}{label}: attributing")
@@ -265,18 +257,35 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
 
 
 
+def _profiler(args, model, backend: str, mode: str, **kw):
+    """The AttentionProfiler of a profiled run (and of head mode's layer-mode pair): strict, PM sampling as asked."""
+    from headcount.api import AttentionProfiler  # torch: imported only when a model is profiled
+
+    return AttentionProfiler(model, mode=mode, backend=backend, strict=True, pm_sampling=not args.no_pm_sampling,
+                             pm_interval_ns=args.pm_interval_ns, **kw)
+
+
+def _run_steps(prof, runner, inputs, backward: bool, steps: int, advance=None) -> float:
+    """``steps`` numbered steps inside ``prof`` (entered by the caller); returns the seconds they took."""
+    total = 0.0
+    for i in range(steps):
+        t = time.perf_counter()
+        with prof.step(i):
+            _step(runner, inputs, backward)
+        total += time.perf_counter() - t
+        if advance is not None:
+            advance()
+    return total
+
+
 def _paired_layer_mode(args, model, runner, inputs, backward: bool, backend: str, compile_mode, impl: str, extra: dict):
     """Head mode's reference: the same steps of the same model and inputs in layer mode (fused), profiled
     the same way but kept out of the report; returns its ``layers`` table, which
     :func:`headcount.derive.aggregate.with_split_cost` sets the head-mode layers against."""
     from headcount import AttentionTagger
-    from headcount.api import AttentionProfiler
 
     _warm_up(runner, inputs, backward, impl, AttentionTagger([model], mode="layer") if compile_mode else None)
-    prof = AttentionProfiler(model, mode="layer", backend=backend, metadata=extra, strict=True,
-                             pm_sampling=not args.no_pm_sampling, pm_interval_ns=args.pm_interval_ns)
+    prof = _profiler(args, model, backend, "layer", metadata=extra)
     with prof:
-        for i in range(args.steps):
-            with prof.step(i):
-                _step(runner, inputs, backward)
+        _run_steps(prof, runner, inputs, backward, args.steps)
     return prof.get_stats()["layers"]

@@ -299,17 +299,17 @@ class PmSampler:
             return False
         errors = []
         for metrics in PM_METRIC_SETS:
+            refused = []  # the intervals refused for the set finally used: what refused_intervals_ns reports
             for interval in self.intervals:  # finest first: the largest metric set at the finest interval it takes
                 try:
                     collector.configure(metrics=list(metrics), sampling_interval=interval,
                                         hardware_buffer_size=PM_HARDWARE_BUFFER_BYTES)
-                    self.metrics, self.interval_ns = list(metrics), interval
+                    self.metrics, self.interval_ns, self.refused_intervals = list(metrics), interval, refused
                     break
                 except Exception as exc:  # noqa: BLE001 - try a coarser interval, then the next, smaller set
                     errors.append(f"{','.join(metrics)} every {interval} ns: "
                                   f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
-                    if metrics == PM_METRIC_SETS[0]:
-                        self.refused_intervals.append(interval)
+                    refused.append(interval)
             if self.metrics:
                 break
         if not self.metrics:

@@ -179,9 +179,8 @@ def window_totals(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray,
 
 def above_ceiling(samples: pd.DataFrame, ceiling_gbps: float | None) -> dict:
     """Single PM samples whose DRAM traffic over their own window exceeds ``ceiling_gbps`` (GB/s = bytes/ns):
-    ``count``, ``samples`` (with DRAM counters), ``max_gbps`` (the highest sample), ``ceiling_gbps``. A window
-    average can stay under the ceiling while single samples do not (window edges, counters read a little
-    after the window closes); they are counted, not hidden."""
+    ``count``, ``samples`` (with DRAM counters), ``max_gbps`` (the highest sample), ``ceiling_gbps``. A figure
+    over several samples can stay under the ceiling while single samples do not; they are counted, not hidden."""
     if samples is None or not len(samples) or "dram__bytes_read.sum" not in samples:
         return {"count": 0, "samples": 0, "max_gbps": None, "ceiling_gbps": ceiling_gbps}
     length = (samples["end_ns"] - samples["start_ns"]).to_numpy(np.float64)
@@ -202,7 +201,8 @@ def unresolved_notice(kernels: int, kernels_short: int, ranges: int, ranges_shor
         return None
     interval = f"{interval_ns / 1e3:g} µs samples" if interval_ns else "PM samples"
     return (f"PM sampling ({interval}) does not resolve {ranges_short} of {ranges} attention ranges and {kernels_short} of "
-            f"{kernels} kernels (fewer than {MIN_WHOLE_SAMPLES} whole samples inside each): their sampled DRAM bytes and "
+            f"{kernels} kernels (fewer than {MIN_WHOLE_SAMPLES} whole samples inside each, or not all of it sampled): their "
+            "sampled DRAM bytes and "
             "warps active are null, not a share of a neighbour's sample; exact bytes per kernel, layer and head: "
             "headcount run --backend ncu -o OUT -- python train.py (or a finer --pm-interval-us)")
 
