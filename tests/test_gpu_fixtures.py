@@ -23,7 +23,7 @@ H100 = Device(kind="cuda", name="NVIDIA H100 80GB HBM3", compute_capability="9.0
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_h100_records_give_sampled_dram_where_the_samples_resolve_it(impl):
     """50-µs PM samples resolve eager's layer calls and sdpa's backward ones (≥ 4 whole samples each); sdpa's
-    44-µs forward calls get no sampled figure (null, the analytic model, a notice naming ncu), never a share of
+    40–60-µs forward calls get no sampled figure (null, the analytic model, a notice naming ncu), never a share of
     their neighbours' samples."""
     built = tables_from_cupti(GPU / "records-layer" / impl / "cupti-records.jsonl.gz", [], "h100", impl, limits_for("9.0"),
                               device=H100)

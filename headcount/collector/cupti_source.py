@@ -53,7 +53,7 @@ from headcount.errors import HeadcountError
 BUFFER_BYTES = 8 << 20
 # PM sampling intervals tried, finest first (GPU ns), when none is asked for (DEFAULT_PM_INTERVAL_NS = 0, "auto"):
 # the first CUPTI accepts is used. 5 µs is nsys's finest GPU-metrics rate (200 kHz); the 50-µs interval of the first
-# H100 run resolved none of bert-base's 44-µs sdpa forward layer calls (headcount.derive.sampling.MIN_WHOLE_SAMPLES)
+# H100 run resolved none of bert-base's 40–60-µs sdpa forward layer calls (headcount.derive.sampling.MIN_WHOLE_SAMPLES)
 PM_INTERVALS_NS = (5_000, 10_000, 20_000, 50_000)
 DEFAULT_PM_INTERVAL_NS = 0
 PM_HARDWARE_BUFFER_BYTES = 256 << 20
