@@ -144,7 +144,9 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
     if void_steps:
         ranges = ranges[~((ranges["domain"] == STEP_DOMAIN) & ranges["name"].isin(void_steps))]
     correlated = "external_id" in events.columns
-    ranges = nesting.nest_ranges(ranges[["pid", "tid", "domain", "name", "start_ns", "end_ns", *(["external_id"] if correlated else [])]])
+    keyed = untagged.CALL_KEY in events.columns  # ranges whose kernels are assigned by name (an untagged graph replay's calls)
+    ranges = nesting.nest_ranges(ranges[["pid", "tid", "domain", "name", "start_ns", "end_ns", *(["external_id"] if correlated else []),
+                                         *([untagged.CALL_KEY] if keyed else [])]])
     ops = ops.reset_index(drop=True)
     cpu = ops[ops["kind"] == "op"].copy()
     gpu = ops[ops["kind"].isin(["kernel", "memcpy", "memset"])].copy()
@@ -158,8 +160,14 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
     # the launching process and thread come from the runtime call), or, where the launch carried
     # one, to the range whose external correlation id it carried
     captured = graphs.captured_by_external_id(graph_nodes, main) if graph_nodes and correlated else None
+    assigned = None
+    if keyed:
+        by_key = main[main[untagged.CALL_KEY].fillna(-1).to_numpy(np.int64) >= 0]
+        by_key = dict(zip(by_key[untagged.CALL_KEY].astype("int64"), by_key["range_id"].astype("int64")))
+        keys = pd.array(gpu[untagged.CALL_KEY], dtype="Int64").to_numpy(np.int64, na_value=-1)
+        assigned = np.array([by_key.get(k, -1) if k >= 0 else -1 for k in keys.tolist()], dtype=np.int64)
     projected, gpu, cpu_inner = attribution.attribute(main, gpu.assign(pid=None), runtime, cpu=cpu,
-                                                      match_external=correlated, captured=captured)
+                                                      match_external=correlated, captured=captured, assigned=assigned)
     gpu_inner = gpu["range_id"].to_numpy()
     if not len(gpu):  # no GPU recorded: unknown, not zero
         for column in ("gpu_op_count", "gpu_start_ns", "gpu_end_ns"):
@@ -588,7 +596,8 @@ def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices:
     untagged_provenance(attention, ranges)
     add_roofline(attention, device, calls)
     notices += merged([n for part in parts for n in part.notices])
-    if not calls and not any(part.tagged for part in parts):
+    captured = any(untagged.CAPTURED in n for part in parts for n in part.notices)
+    if not calls and not any(part.tagged for part in parts) and not captured:
         notices.append(NO_ATTENTION + " (neither headcount's ranges nor an attention operator, module or kernel that "
                        "docs/cli.md § Untagged recordings lists; record with torch.profiler.profile(with_modules=True, "
                        "with_stack=True, record_shapes=True), or tag the model with headcount)")
@@ -641,6 +650,12 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
         notices += found.notices
         calls = found.calls
         if len(found.ranges):
+            if found.assigned:  # a replay's attention kernels: given to their call by name, not by the graph launch
+                keys = np.full(len(events), -1, dtype=np.int64)
+                keys[np.fromiter(found.assigned, np.int64)] = np.fromiter(found.assigned.values(), np.int64)
+                events = events.assign(**{untagged.CALL_KEY: keys})
+            else:
+                found.ranges = found.ranges.drop(columns=untagged.CALL_KEY)
             events = pd.concat([events, found.ranges], ignore_index=True)
     gpu = events["kind"].isin(["kernel", "memcpy", "memset"]).to_numpy(dtype=bool)
     orphan = gpu & ~launched_in(events)
@@ -651,8 +666,9 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
     replayed = gpu & events["graph_node_id"].notna().to_numpy(dtype=bool)
     if replayed.any():
         notices.append(f"{int(replayed.sum())} GPU operations were replayed from CUDA graphs: a torch.profiler trace does not "
-                       "record which range captured them, so they count for the range around the graph launch (often none); "
-                       "record with `--backend cupti` or `nsys --cuda-graph-trace=node` to attribute them to their layers")
+                       "record which range captured them, so (attention kernels found by name aside) they count for the range "
+                       "around the graph launch (often none); record with `--backend cupti` or `nsys --cuda-graph-trace=node` "
+                       "to attribute them to their layers")
     tables = tables_from_events(events, calls, implementation_of(calls), source="torch", limits=device.limits() if device else None,
                                 launched=launched, with_figures=True, sm_count=device.sm_count if device else None)
     untagged_provenance(tables, tables["ranges"])

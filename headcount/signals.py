@@ -13,7 +13,19 @@ A call is found by one of three signals, in this order of precedence
    (``…Attention``, ``…SelfAttention``, ``RadixAttention``, ``CoreAttention``;
    not the decoder block around it) and that holds no operator of 1.
 3. ``kernel``: a GPU kernel whose name matches, launched outside every call
-   of 1 and 2: the launch call is the call.
+   of 1 and 2: a run of such kernels launched one after another (FlashAttention-3's
+   backward preprocess, main and ``dQ`` conversion) is one call; inside a CUDA/HIP graph
+   replay, each run of them among the replay's kernels.
+
+A ``companion`` row names a kernel that is attention only right after one of
+3 (vLLM's ``reduce_segments`` after its 3-D unified attention): it joins that
+call and never starts one (the name alone says too little). A ``prologue`` row
+names one that is attention only when one of 3 follows within
+:data:`PROLOGUE_REACH` kernels (SageAttention's q/k quantization): it joins
+that call (the kernels between do not).
+
+Kernel rows say where their names come from (``source``): a real trace or the
+library's own source.
 
 **Adding a framework is one line** in :data:`SIGNALS`: its kind, a regular
 expression searched in the name (Python :func:`re.search`), the framework
@@ -44,6 +56,7 @@ class Signal:
             3-D inputs are always packed tokens ``(tokens, heads, head dim)``.
         causal_arg: operators only: index of the ``is_causal`` argument in the
             recorded concrete inputs (``None``: the operator does not record it).
+        source: where the names come from (kernel rows: a trace or the library's source).
     """
 
     kind: str
@@ -52,6 +65,7 @@ class Signal:
     implementation: str | None = None
     layout: str | None = None
     causal_arg: int | None = None
+    source: str = ""
 
 
 SIGNALS: tuple[Signal, ...] = (
@@ -73,17 +87,54 @@ SIGNALS: tuple[Signal, ...] = (
     # ---- nn.Module class names: HF …Attention / …SelfAttention / …FlashAttention2, SGLang RadixAttention,
     # vLLM Attention, Megatron CoreAttention, Transformer Engine DotProductAttention, torch.nn.MultiheadAttention
     Signal("module", r"(Attention|Attn)\d*$", "nn.Module classes named …Attention (Hugging Face, SGLang, vLLM, Megatron, TE)", "eager"),
-    # ---- kernel names
-    Signal("kernel", r"flash_fwd|flash_bwd|flash::|FlashAttn|flash_attn", "FlashAttention kernels (PyTorch, flash-attn)", "flash_attention_2"),
-    Signal("kernel", r"fmha|Fmha", "fmha kernels (CUTLASS, xFormers, ck_tile FmhaBatchPrefill, TRT-LLM)"),
-    Signal("kernel", r"[Pp]aged_?[Aa]ttention|unified_attention", "paged / unified attention kernels (vLLM, SGLang, aiter)"),
-    Signal("kernel", r"PrefillWithPagedKVCache|DecodeWithPagedKVCache|PrefillWithKVCache|DecodeWithKVCache", "FlashInfer kernels", "flashinfer"),
-    Signal("kernel", r"native_sdpa|_sdpa_|sdpa_sm\d", "cuDNN SDPA kernels", "sdpa"),
-    Signal("kernel", r"AttentionKernel|attention_kernel|_attn_fwd|_attn_bwd|mha_fwd|mha_bwd|fused_attn", "other attention kernels (CUTLASS, Triton, TE)"),
+    # ---- kernel names: the more specific first (the first row that matches names the framework)
+    Signal("kernel", r"^sage_fwd|qk_int8?_sv_f(8|16)_attn|sageattn", "SageAttention", "sageattention",
+           source="sage_fwd: TraceLens xdit_flux.1_aiter_sage trace (MI300X); "
+                  "qk_int_sv_f8_attn_kernel, qk_int8_sv_f8_attn_kernel: thu-ml/SageAttention csrc/qattn"),
+    Signal("kernel", r"FlashAttention(Forward|Backward)\w*Sm\d+|flash_attn\w*cute", "FlashAttention-4 (CuTe DSL, SM90/SM100)",
+           "flash_attention_4", source="FlashAttentionForwardSm100, FlashAttentionBackwardSm100, "
+                                       "FlashAttentionBackwardPreprocess: Dao-AILab/flash-attention flash_attn/cute"),
+    Signal("kernel", r"flash_fwd_splitkv_mla|flash_mla|FlashMLA|sparse_attn_fwd_kernel", "FlashMLA", "flashmla",
+           source="flash_fwd_splitkv_mla_kernel, flash_fwd_splitkv_mla_combine_kernel: deepseek-ai/FlashMLA csrc"),
+    Signal("kernel", r"^fmhaSm\d+\w*Kernel|^fmha_v2_|xqa_kernel|^kernel_mha", "TensorRT-LLM fmha (trtllm-gen, fmha_v2, XQA)",
+           "trtllm", source="fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKv…: TraceLens b200 eager_trace (vLLM, B200); "
+                            "fmha_v2_*, xqa_kernel: NVIDIA/TensorRT-LLM cpp/kernels"),
+    Signal("kernel", r"fmha_cutlass[FB]_", "xFormers / PyTorch memory-efficient (CUTLASS fmha)", "sdpa",
+           source="fmha_cutlassF_*, fmha_cutlassB_*: facebookresearch/xformers kernels/cuda/fmha (vendored in PyTorch)"),
+    Signal("kernel", r"flash_fwd|flash_bwd|flash::|FlashAttn|flash_attn|compute_attn_ws", "FlashAttention kernels (PyTorch, flash-attn 2/3)",
+           "flash_attention_2", source="pytorch_flash::flash_fwd_kernel: TraceLens h100 traces; flash::compute_attn_ws, "
+                                       "FlashAttnBwdPreprocess, FlashAttnBwd, FlashAttnBwdPostprocessConvertdQ: "
+                                       "deepseek-ai/profile-data train.json (FA3, H800)"),
+    Signal("kernel", r"fmha|Fmha", "fmha kernels (CUTLASS, ck_tile FmhaBatchPrefill/FmhaBwd, aiter)",
+           source="ck_tile FmhaBatchPrefillWithPagedKVCacheKernel: TraceLens sglang_prefilldecode trace (MI300X)"),
+    Signal("kernel", r"[Pp]aged_?[Aa]ttention|unified_attention", "paged / unified attention kernels (vLLM, SGLang, aiter)",
+           source="kernel_unified_attention_2d/3d: TraceLens vllm_decode_full; paged_attention_ll4mi_*: sglang_decode (MI300X)"),
+    Signal("kernel", r"PrefillWithPagedKVCache|DecodeWithPagedKVCache|PrefillWithKVCache|DecodeWithKVCache", "FlashInfer kernels",
+           "flashinfer", source="BatchPrefillWithPagedKVCacheKernel, BatchDecodeWithPagedKVCacheKernel: flashinfer-ai/flashinfer"),
+    Signal("kernel", r"native_sdpa|_sdpa_|sdpa_sm\d|cudnn\d*fusion\d*(compute_dot_do_o|convert_dq)", "cuDNN SDPA kernels", "sdpa",
+           source="cudnn_generated_fort_native_sdpa_sm90_flash_fprop/bprop, cudnn::fusion::compute_dot_do_o_specialized, "
+                  "convert_dq_to_16bits: tests/fixtures/gpu/h100-2026-12-05 records-layer/sdpa (H100)"),
+    Signal("kernel", r"AttentionKernel|attention_kernel|^_?attn_fwd|^_?attn_bwd|mha_fwd|mha_bwd|fused_attn",
+           "other attention kernels (CUTLASS, Triton, TE)",
+           source="attn_fwd (Triton/aiter): TraceLens xdit_sd_3.5 and torch_compile_triton traces; _attn_bwd: Triton tutorial 06"),
+    # ---- prologues: attention only when an attention kernel above follows within PROLOGUE_REACH kernels
+    Signal("prologue", r"^sage_quant|QuantInt8Kernel", "SageAttention's q/k quantization",
+           source="sage_quant_kernel, then 4 Inductor kernels, then sage_fwd: TraceLens xdit_flux.1_aiter_sage trace; "
+                  "QuantInt8Kernel: thu-ml/SageAttention csrc/fused"),
+    # ---- companions: attention only right after a kernel above
+    Signal("companion", r"^reduce_segments$|merge_states|MergeStates|_combine_kernel$", "split-KV reductions (vLLM unified "
+           "attention, FlashInfer merge states, FlashMLA combine)",
+           source="reduce_segments: TraceLens vllm_decode_full (after kernel_unified_attention_3d); "
+                  "VariableLengthMergeStatesKernel: flashinfer-ai/flashinfer"),
 )
 
 BACKWARD = re.compile(r"backward|Backward|_bwd|bwd_")
 """A found operator whose name matches is a backward call."""
+
+BACKWARD_KERNEL = re.compile(r"[Bb]ackward|[Bb]wd|bprop|dgrad|dot_do_o|convert_dq|dq_dk_dv|cutlassB_|OGradDotO|QGrad")
+"""A found kernel whose name matches is backward work: FlashAttention 2/3/4 (``flash_bwd_*``, ``FlashAttnBwd*``,
+``FlashAttentionBackwardSm100``), cuDNN (``flash_bprop``, ``compute_dot_do_o``, ``convert_dq_to_16bits``),
+xFormers (``fmha_cutlassB_``), ck_tile/aiter (``FmhaBwd…``, ``…OGradDotO…``, ``…ConvertQGrad…``), Triton (``_attn_bwd``)."""
 
 MODULE_INSTANCE = re.compile(r"^(?:nn\.Module: )?(?P<cls>[A-Za-z_]\w*?)(?:_(?P<k>\d+))?$")
 """``nn.Module: RadixAttention_5`` → class ``RadixAttention``, instance 5 (torch.profiler numbers instances per class)."""
@@ -98,7 +149,9 @@ def _compiled(kind: str) -> list[tuple[re.Pattern, Signal]]:
     return [(re.compile(s.pattern), s) for s in SIGNALS if s.kind == kind]
 
 
-_BY_KIND = {kind: _compiled(kind) for kind in ("operator", "module", "kernel")}
+_BY_KIND = {kind: _compiled(kind) for kind in ("operator", "module", "kernel", "companion", "prologue")}
+PROLOGUE_REACH = 8
+"""At most this many other kernels between a prologue kernel and the attention kernel it prepares."""
 
 
 @lru_cache(maxsize=65536)

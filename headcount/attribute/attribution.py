@@ -151,7 +151,7 @@ class Attributed(NamedTuple):
 
 def attribute(ranges: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, *, cpu: pd.DataFrame | None = None,
               match_external: bool = False, captured: dict[int, int] | None = None,
-              replayable: np.ndarray | None = None) -> Attributed:
+              replayable: np.ndarray | None = None, assigned: np.ndarray | None = None) -> Attributed:
     """The one attribution of every source: GPU work (and CPU operators) to the ranges that launched them.
 
     Args:
@@ -168,9 +168,13 @@ def attribute(ranges: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, *,
             (:func:`~headcount.attribute.graphs.capture_ranges`): replayed work
             belongs to a replay instance of that range (:mod:`headcount.attribute.graphs`).
         replayable: per range, whether it may get replay instances (``None``: all).
+        assigned: per GPU row, the range it belongs to whatever its launch (-1: by the rule): the attention
+            kernels of a graph replay found by name in an untagged recording (:mod:`headcount.attribute.untagged`).
     """
     work = launches(gpu, runtime).reset_index(drop=True)
     inner = by_external_id(work, ranges) if match_external else launched_in(work, ranges)
+    if assigned is not None:
+        inner = np.where(assigned >= 0, assigned, inner)
     # before the replay instances: those hold replayed GPU work, never a CPU operator
     cpu_range = innermost_range(cpu, ranges, "start_ns", "end_ns") if cpu is not None else None
     if captured:

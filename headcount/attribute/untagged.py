@@ -60,6 +60,8 @@ _DTYPES = {"c10::BFloat16": ("bfloat16", 2), "c10::Half": ("float16", 2), "float
            "c10::Float8_e4m3fn": ("float8_e4m3fn", 1), "c10::Float8_e5m2": ("float8_e5m2", 1)}
 _KERNEL_NAME_CHARS = 80
 MODULE_RANGES, CALL_ORDER = "module ranges", "call order"
+CALL_KEY = "call_key"
+"""Column of :attr:`Found.ranges`: which call's kernels are assigned to the range by name (-1: none, the launch rule)."""
 
 
 @dataclass
@@ -71,11 +73,15 @@ class Found:
             ``headcount@bwd`` around ``headcount@layer.N``, one pair per call.
         calls: one :class:`~headcount.call_log.CallLog` per call, in time order.
         notices: what the reader should know (signals used, shapes not recorded, kernels left out).
+        assigned: kernels given to a call by name, not by their launch (a graph replay's attention
+            kernels): the kernel's position in the events table → the :data:`CALL_KEY` of the call's
+            ``layer.N`` range in ``ranges`` (-1 there for every other range).
     """
 
     ranges: pd.DataFrame
     calls: list[CallLog] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
+    assigned: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,6 +101,9 @@ class _Call:
     sequences: frozenset = frozenset()
     forward: "_Call | None" = None   # a backward call: the forward call it belongs to
     module: tuple[int, int] | None = None  # the attention module around a forward core call: its start and end
+    kernels: list[int] | None = None  # a call found by kernel names: its kernels (positions in the events table)
+    replay: bool = False  # found inside a graph replay: its kernels are assigned to it by name, not by launch
+    model: str | None = None  # the model (outermost module instance, or compiled graph) that made the call
 
 
 class _Thread:
@@ -290,37 +299,120 @@ def find_calls(events: pd.DataFrame) -> Found:
     _number_by_modules(calls, module_threads)
     calls += _module_backward(ops, calls)
     calls = _without_overlaps(calls, found)  # disjoint on each thread from here on
-    kernel_calls, left_out = _kernel_calls(events, calls)
-    calls += kernel_calls
+    calls = _not_captured(events, calls, found.notices)
+    replays = _Replays()
+    calls += _kernel_calls(events, calls, replays)
     _link_backward(calls, op_threads)
-    _number_by_position(calls, annotation_threads)
+    _models(calls, module_threads, annotation_threads)
+    _number_by_position(calls, annotation_threads, module_threads, found.notices)
     for c in calls:
-        if c.forward is not None:  # a backward call: its forward call's layer and shapes
+        if c.forward is not None:  # a backward call: its forward call's layer, shapes and model
             f = c.forward
-            c.layer, c.layer_name, c.numbered_by, c.shape = f.layer, f.layer_name, f.numbered_by, f.shape
+            c.layer, c.layer_name, c.numbered_by, c.shape, c.model = f.layer, f.layer_name, f.numbered_by, f.shape, f.model
+    _models_apart(calls, found.notices)
     _attention_modules(calls, module_threads)
 
-    if left_out:
-        found.notices.append(f"{left_out} attention kernels have no launch call of their own in the recording (replayed from a "
-                             "CUDA graph, or launched before it began): counted in kernels, not as attention calls")
+    if replays.unlaunched:
+        found.notices.append(f"{replays.unlaunched} attention kernels have no launch call in the recording (launched before it "
+                             "began): counted in kernels, not as attention calls")
+    if replays.calls:
+        found.notices.append(
+            f"{replays.calls} attention calls found inside {replays.launches} CUDA/HIP graph replays by kernel names: each call is "
+            f"a run of consecutive attention kernels in the replay ({replays.attention_kernels} of the replays' "
+            f"{replays.kernels} kernels); the replays' other kernels count for no attention call")
     if not calls:
         return found
     calls.sort(key=lambda c: c.start)
     rows = []
-    for c in calls:
+    for n, c in enumerate(calls):
         # as headcount tags a call: phase around layer.N (1 ns wider, so that the two nest unambiguously)
         if c.module is not None:  # around the phase range: the whole module (projections, rotary, copies) besides the core
             rows.append(_range(events, MODULE, c.pid, c.tid, min(c.module[0], c.start - 2), max(c.module[1], c.end + 2)))
         rows.append(_range(events, c.phase, c.pid, c.tid, c.start - 1, c.end + 1))
-        rows.append(_range(events, c.layer_name, c.pid, c.tid, c.start, c.end))
+        rows.append(_range(events, c.layer_name, c.pid, c.tid, c.start, c.end, n if c.replay else -1))
+        if c.replay:
+            found.assigned.update((k, n) for k in c.kernels)
         found.calls.append(CallLog(thread_id=0, phase=c.phase, layer_name=c.layer_name, layer=c.layer, head=None, kv_head=None,
-                                   shape=c.shape, model=None, signal=c.signal, found_as=c.found_as, numbered_by=c.numbered_by))
-    ranges = pd.DataFrame(rows, columns=events.columns)
+                                   shape=c.shape, model=c.model, signal=c.signal, found_as=c.found_as, numbered_by=c.numbered_by))
+    ranges = pd.DataFrame(rows, columns=[*events.columns, CALL_KEY])
     ranges["start_ns"] = ranges["start_ns"].astype("int64")
     ranges["end_ns"] = ranges["end_ns"].astype("int64")
+    ranges[CALL_KEY] = ranges[CALL_KEY].astype("int64")
     found.ranges = ranges
     found.notices[:0] = _summary(calls)
     return found
+
+
+_CAPTURE = re.compile(r"StreamBeginCapture|StreamEndCapture")
+CAPTURED = "attention calls were captured into a CUDA/HIP "
+"""The words of the notice of calls captured, not run (:func:`_not_captured`)."""
+
+
+def _not_captured(events: pd.DataFrame, calls: list[_Call], notices: list[str]) -> list[_Call]:
+    """The calls, less those made while their thread captured a CUDA/HIP graph (between its
+    ``…StreamBeginCapture`` and ``…StreamEndCapture``): their kernels were recorded into a
+    graph, not run, so they have no GPU time; a notice says how many."""
+    kind = events["kind"].astype(object)
+    runtime = events[(kind == "runtime").to_numpy()]
+    if not len(runtime):
+        return calls
+    names = runtime["name"].astype(str)
+    marks = runtime[names.str.contains(_CAPTURE).to_numpy(dtype=bool)].sort_values("start_ns", kind="stable")
+    if not len(marks):
+        return calls
+    windows: dict = {}
+    for (pid, tid), part in marks.groupby(["pid", "tid"], sort=False):
+        begin = None
+        for name, start, end in zip(part["name"].astype(str), part["start_ns"].astype("int64"), part["end_ns"].astype("int64")):
+            if "Begin" in name:
+                begin = int(start)
+            elif begin is not None:
+                windows.setdefault((pid, tid), []).append((begin, int(end)))
+                begin = None
+    kept = [c for c in calls if not any(s <= c.start and c.end <= e for s, e in windows.get((c.pid, c.tid), ()))]
+    if len(kept) < len(calls):
+        notices.append(f"{len(calls) - len(kept)} {CAPTURED}graph in this recording (made "
+                       "between …StreamBeginCapture and …StreamEndCapture), not run: they ran no kernel here, so they get no "
+                       "time, busy or attention figures; profile the graph's replays to measure them")
+    return kept
+
+
+_COMPILED_REGION = re.compile(r"^## Call CompiledFxGraph (\w{1,12})")
+
+
+def _models(calls: list[_Call], module_threads: dict, annotation_threads: dict) -> None:
+    """Each forward call's model: the outermost module instance around it (``CLIPTextModelWithProjection_1``,
+    ``T5EncoderModel_0``), unless that is itself a block or attention module (layers called one by one);
+    else the compiled graph whose call holds it (``CompiledFxGraph fp5r5pk7``); else none."""
+    todo = [c for c in calls if c.forward is None]
+    for call, around in zip(todo, _around(module_threads, todo)):
+        if around:
+            name = str(module_threads[(call.pid, call.tid)].frame["name"].iloc[around[0]]).removeprefix("nn.Module: ")
+            if not (signals.LAYER_MODULE.search(name) or signals.match("module", name)):
+                call.model = name
+    rest = [c for c in todo if c.model is None]
+    for call, around in zip(rest, _around(annotation_threads, rest)):
+        frame = annotation_threads[(call.pid, call.tid)].frame if around else None
+        for p in around:
+            m = _COMPILED_REGION.match(str(frame["name"].iloc[p]))
+            if m:
+                call.model = f"CompiledFxGraph {m.group(1)[:8]}"
+                break
+
+
+def _models_apart(calls: list[_Call], notices: list[str]) -> None:
+    """Where the calls come from several models, each layer name says its model
+    (``CLIPTextModelWithProjection_1.layer.12``), so that two models' layers never share a row."""
+    models = {c.model for c in calls if c.model is not None}
+    if len(models) < 2:
+        return
+    for c in calls:
+        if c.model is not None:
+            c.layer_name = f"{c.model}.{c.layer_name}"
+    unknown = sum(1 for c in calls if c.model is None)
+    notices.append(f"attention calls from {len(models)} models ({', '.join(sorted(models))}): each layer is named with its "
+                   "model (the outermost module, or the compiled graph, around it)"
+                   + (f"; {unknown} calls have neither and keep plain layer.N names" if unknown else ""))
 
 
 def _attention_modules(calls: list[_Call], module_threads: dict) -> None:
@@ -342,9 +434,9 @@ def _attention_modules(calls: list[_Call], module_threads: dict) -> None:
             held_calls[0].module = (int(frame["start_ns"].iloc[inner]), int(frame["end_ns"].iloc[inner]))
 
 
-def _range(events: pd.DataFrame, name: str, pid, tid, start: int, end: int) -> dict:
+def _range(events: pd.DataFrame, name: str, pid, tid, start: int, end: int, key: int = -1) -> dict:
     return {**{c: None for c in events.columns}, "kind": "range", "name": f"{DOMAIN}@{name}", "pid": pid, "tid": tid,
-            "start_ns": start, "end_ns": end}
+            "start_ns": start, "end_ns": end, CALL_KEY: key}
 
 
 def _operator_calls(ops: pd.DataFrame) -> list[_Call]:
@@ -451,42 +543,163 @@ def _module_backward(ops: pd.DataFrame, calls: list[_Call]) -> list[_Call]:
     return out
 
 
-def _kernel_calls(events: pd.DataFrame, calls: list[_Call]) -> tuple[list[_Call], int]:
-    """One call per attention kernel launched outside every call found so far; and
-    how many such kernels have no launch of their own (graph replays, launched before the recording)."""
+_GRAPH_LAUNCH = re.compile(r"[Gg]raph_?Launch")
+"""A runtime call that replays a CUDA/HIP graph (``cudaGraphLaunch``, ``hipGraphLaunch``, ``cuGraphLaunch``)."""
+
+
+@dataclass
+class _Replays:
+    """What :func:`_kernel_calls` found inside graph replays."""
+
+    launches: int = 0          # graph launches holding attention kernels
+    calls: int = 0             # calls found in them
+    attention_kernels: int = 0  # their attention kernels (companions included)
+    kernels: int = 0           # every kernel of those replays
+    unlaunched: int = 0        # attention kernels with neither a launch nor a replay in the recording
+
+
+def _kernel_calls(events: pd.DataFrame, calls: list[_Call], replays: _Replays) -> list[_Call]:
+    """Calls found by kernel names, launched outside every call found so far.
+
+    Outside graphs, a run of attention kernels launched one after another on a
+    thread (no other kernel launched between them, one phase) is one call,
+    spanning its launch calls. Inside a graph replay (the kernels of one
+    ``…GraphLaunch``, or kernels with a ``graph node id``) every kernel shares
+    the one launch call, so the launch cannot be the call: each run of
+    attention kernels among the replay's kernels (in GPU order) is one call,
+    and those kernels are assigned to it by name (``_Call.kernels``), never
+    the replay's other kernels."""
     kind = events["kind"].astype(object)
-    kernels = events[(kind == "kernel").to_numpy()]
-    if not len(kernels):
-        return [], 0
-    names = kernels["name"].astype(str)
-    row_of = {n: signals.match("kernel", n) for n in names.unique()}
-    hits = kernels[names.map(row_of).notna().to_numpy()]
-    if not len(hits):
-        return [], 0
+    kernel_rows = np.flatnonzero((kind == "kernel").to_numpy())
+    if not len(kernel_rows):
+        return []
+    kernels = events.iloc[kernel_rows]
+    names = kernels["name"].astype(str).to_numpy(object)
+    distinct = pd.unique(names)
+    row_of = {n: signals.match("kernel", n) for n in distinct}
+    if not any(r is not None for r in row_of.values()):
+        return []
+    companion = {n for n in distinct if row_of[n] is None and signals.match("companion", n) is not None}
+    prologue_names = {n for n in distinct if row_of[n] is None and signals.match("prologue", n) is not None}
+    hit = np.array([row_of[n] is not None for n in names], dtype=bool)
+    prologue = np.array([n in prologue_names for n in names], dtype=bool)
+    joins = hit | prologue | np.array([n in companion for n in names], dtype=bool)
     runtime = events[(kind == "runtime").to_numpy() & events["correlation_id"].notna().to_numpy()]
-    launch = runtime.drop_duplicates("correlation_id")
-    launch = dict(zip(launch["correlation_id"].astype("int64"),
-                      zip(launch["pid"], launch["tid"], launch["start_ns"].astype("int64"), launch["end_ns"].astype("int64"))))
-    replayed = hits["graph_node_id"].notna().to_numpy() if "graph_node_id" in hits else np.zeros(len(hits), dtype=bool)
+    runtime = runtime.sort_values("start_ns", kind="stable").drop_duplicates("correlation_id")
+    by_corr = pd.DataFrame({"correlation_id": pd.array(kernels["correlation_id"], dtype="Int64")}).merge(
+        pd.DataFrame({"correlation_id": pd.array(runtime["correlation_id"], dtype="Int64"), "lpid": runtime["pid"].to_numpy(object),
+                      "ltid": runtime["tid"].to_numpy(object), "a_s": pd.array(runtime["start_ns"], dtype="Int64"),
+                      "a_e": pd.array(runtime["end_ns"], dtype="Int64"), "api": runtime["name"].astype(str).to_numpy(object)}),
+        on="correlation_id", how="left")
+    launched = by_corr["a_s"].notna().to_numpy()
+    replays.unlaunched += int((hit & ~launched).sum())
+    api = by_corr["api"].to_numpy(object)
+    graph_api = {a: bool(_GRAPH_LAUNCH.search(a)) for a in pd.unique(api[launched])}
+    node = (pd.array(kernels["graph_node_id"], dtype="Int64").to_numpy(np.int64, na_value=0)
+            if "graph_node_id" in kernels else np.zeros(len(kernels), np.int64))
+    in_graph = launched & ((node > 0) | np.array([graph_api.get(a, False) for a in api], dtype=bool))
+    starts = kernels["start_ns"].to_numpy(np.int64)
+    lpid, ltid = by_corr["lpid"].to_numpy(object), by_corr["ltid"].to_numpy(object)
+    a_s = pd.array(by_corr["a_s"], dtype="Int64").to_numpy(np.int64, na_value=0)
+    a_e = pd.array(by_corr["a_e"], dtype="Int64").to_numpy(np.int64, na_value=0)
+    corr = pd.array(kernels["correlation_id"], dtype="Int64").to_numpy(np.int64, na_value=-1)
     spans = _Spans()
     for c in calls:
         spans.add((c.pid, c.tid), c.start, c.end)
-    out, left_out, seen = [], 0, set()
-    for k, is_replay in zip(hits.itertuples(), replayed):
-        corr = k.correlation_id
-        call = None if is_replay or pd.isna(corr) else launch.get(int(corr))
-        if call is None:
-            left_out += 1
+    held = np.zeros(len(kernels), dtype=bool)  # launched inside a call already found: that call's
+    for i in np.flatnonzero(joins & launched):
+        held[i] = spans.holds((lpid[i], ltid[i]), int(a_s[i]), int(a_e[i]))
+    out: list[_Call] = []
+
+    def runs(order):
+        """Runs of attention kernels of one phase among ``order`` (positions, in order; a companion
+        joins the run before it, any other kernel ends it)."""
+        run, phase, waiting, since = [], None, None, 0
+        for i in order:
+            if waiting is not None and (i < 0 or not joins[i] or held[i]) and since < signals.PROLOGUE_REACH:
+                since += 1  # between a prologue and its attention kernel: neither part of the call nor an end to it
+                continue
+            waiting = None
+            if i < 0:  # kernels skipped between (none of them attention): the run ends
+                if run:
+                    yield run, phase
+                run, phase = [], None
+            elif hit[i] and not held[i]:
+                this = "bwd" if signals.BACKWARD_KERNEL.search(names[i]) else "fwd"
+                if not (run and this == phase and not (prologue[run[-1]])) and not (run and prologue[run[-1]]):
+                    if run:
+                        yield run, phase
+                    run, phase = [], this
+                phase = this
+                run.append(i)
+            elif prologue[i] and not held[i]:
+                if run:
+                    yield run, phase
+                run, phase, waiting, since = [i], None, i, 0
+            elif joins[i] and not held[i] and run and phase is not None:
+                run.append(i)
+            elif run:
+                if phase is not None:
+                    yield run, phase
+                run, phase = [], None
+        if run and phase is not None:
+            yield run, phase
+
+    # outside graphs: each thread's launches in order; only the neighbourhood of attention kernels matters
+    single = np.flatnonzero(launched & ~in_graph)
+    if len(single) and (joins[single]).any():
+        frame = pd.DataFrame({"pid": lpid[single], "tid": ltid[single], "a_s": a_s[single], "k": starts[single], "i": single})
+        frame = frame.sort_values(["a_s", "k"], kind="stable")
+        for (pid, tid), part in frame.groupby(["pid", "tid"], sort=False):
+            order = part["i"].to_numpy()
+            near = np.flatnonzero(joins[order])
+            reach = np.flatnonzero(prologue[order])  # a prologue's attention kernel may come a few kernels later
+            keep = np.unique(np.concatenate([near, np.minimum(near + 1, len(order) - 1),
+                                             *(np.minimum(reach + k, len(order) - 1) for k in range(1, signals.PROLOGUE_REACH + 2))]))
+            for run, phase in runs(order[keep] if len(keep) == len(order) else _with_breaks(order, keep)):
+                main = next(i for i in run if hit[i])
+                start, end = int(a_s[run[0]]), int(max(a_e[i] for i in run))
+                if spans.overlaps((pid, tid), start, end):  # a run across another call: its first attention launch alone
+                    run, start, end = [main], int(a_s[main]), int(a_e[main])
+                spans.add((pid, tid), start, end)
+                out.append(_Call(pid, tid, start, end, phase, "kernel", row_of[names[main]], names[main][:_KERNEL_NAME_CHARS],
+                                 kernels=[int(kernel_rows[i]) for i in run]))
+
+    # graph replays holding attention: one launch call (pid, correlation) for all the replay's kernels
+    graph = np.flatnonzero(in_graph)
+    keys = pd.Series(list(zip(lpid[graph], corr[graph])), dtype=object) if len(graph) else pd.Series([], dtype=object)
+    with_attention = set(keys[joins[graph]]) if len(graph) else set()
+    for key, part in pd.Series(graph).groupby(keys.to_numpy(), sort=False) if with_attention else ():
+        if key not in with_attention:
             continue
-        key, start, end = (call[0], call[1]), int(call[2]), int(call[3])
-        if spans.holds(key, start, end):
-            continue  # launched inside a call already found
-        if (key, start) in seen:
-            continue  # one launch call, several kernels
-        seen.add((key, start))
-        out.append(_Call(key[0], key[1], start, end, "bwd" if signals.BACKWARD.search(str(k.name)) else "fwd", "kernel",
-                         row_of[str(k.name)], str(k.name)[:_KERNEL_NAME_CHARS]))
-    return out, left_out
+        members = sorted(part.to_numpy().tolist(), key=lambda i: starts[i])
+        found = list(runs(members))
+        if not found:
+            continue
+        pid, tid, lo_ns, hi_ns = lpid[members[0]], ltid[members[0]], int(a_s[members[0]]), int(a_e[members[0]])
+        replays.launches += 1
+        replays.calls += len(found)
+        replays.attention_kernels += sum(len(run) for run, _ in found)
+        replays.kernels += len(members)
+        # each call a slice of the launch call's time on its thread: disjoint ranges that nest as tags do
+        width = max(3, (hi_ns - lo_ns) // len(found))
+        for n, (run, phase) in enumerate(found):
+            lo, main = lo_ns + n * width, next(i for i in run if hit[i])
+            out.append(_Call(pid, tid, lo + 1, lo + width - 2, phase, "kernel", row_of[names[main]],
+                             names[main][:_KERNEL_NAME_CHARS], kernels=[int(kernel_rows[i]) for i in run], replay=True))
+        spans.add((pid, tid), lo_ns, max(hi_ns, lo_ns + width * len(found)))
+    return out
+
+
+def _with_breaks(order: np.ndarray, keep: np.ndarray) -> list:
+    """``order`` at the positions ``keep``, with ``-1`` (no kernel: ends a run) where positions were skipped."""
+    out, last = [], -2
+    for k in keep.tolist():
+        if k != last + 1:
+            out.append(-1)
+        out.append(int(order[k]))
+        last = k
+    return out
 
 
 def _without_overlaps(calls: list[_Call], found: Found) -> list[_Call]:
@@ -532,16 +745,79 @@ def _link_backward(calls: list[_Call], op_threads: dict) -> None:
                 c.found_as = fwd.found_as.rsplit("/", 1)[0] + "/" + c.found_as
 
 
-def _number_by_position(calls: list[_Call], annotation_threads: dict) -> None:
-    """Calls without a layer yet: their position among the calls of their phase inside the outermost annotation around them."""
-    counters: dict = {}
+def _number_by_position(calls: list[_Call], annotation_threads: dict, module_threads: dict, notices: list[str]) -> None:
+    """Calls without a layer yet: a forward call's position among the forward calls inside the same
+    outermost annotation around it and the same call of its model's outermost module; a backward
+    call without a forward it links to takes, in reverse order, the layer of the forward calls of its
+    step (the first backward call is the last layer's), where their counts agree; else its own count, reversed."""
     todo = sorted((c for c in calls if c.layer_name is None and c.forward is None), key=lambda c: c.start)
-    for c, around in zip(todo, _around(annotation_threads, todo)):
-        group = around[0] if around else None
-        key = (c.pid, c.tid, group, c.phase)
+    if not todo:
+        return
+    group = _step_groups(todo, annotation_threads)
+    outer = _around(module_threads, todo)
+    counters: dict = {}
+    backward: dict = {}
+    for c, g, around in zip(todo, group, outer):
+        if c.phase == "bwd":
+            backward.setdefault((c.pid, g), []).append(c)
+            continue
+        key = (c.pid, c.tid, g, around[0] if around and c.model is not None else None)
         c.layer = counters.get(key, 0)
         counters[key] = c.layer + 1
         c.layer_name = f"layer.{c.layer}"
+    if not backward:
+        return
+    forward_of: dict = {}
+    for c, g in zip(calls, _step_groups(calls, annotation_threads)):
+        if c.phase == "fwd" and c.layer_name is not None:
+            forward_of.setdefault((c.pid, g), []).append(c)
+    matched = unmatched = 0
+    for key, bwd in backward.items():
+        fwd = sorted(forward_of.get(key, []), key=lambda c: c.start)
+        for k, c in enumerate(bwd):
+            if len(fwd) == len(bwd):
+                f = fwd[len(fwd) - 1 - k]
+                c.layer, c.layer_name, c.numbered_by, c.model = f.layer, f.layer_name, f.numbered_by, f.model
+                matched += 1
+            else:
+                c.layer = len(bwd) - 1 - k
+                c.layer_name = f"layer.{c.layer}"
+                unmatched += 1
+    if matched:
+        notices.append(f"{matched} backward attention calls are linked to no forward call (no shared autograd sequence number "
+                       "in the recording): each takes the layer of the forward calls of its step in reverse order (the first "
+                       "backward call is the last forward call's layer)")
+    if unmatched:
+        notices.append(f"{unmatched} backward attention calls are linked to no forward call and their step holds a different "
+                       "number of forward calls: numbered by their own order, reversed (the first is the highest layer)")
+
+
+def _step_groups(calls: list[_Call], annotation_threads: dict) -> list:
+    """Per call, the outermost annotation around it on its thread, as ``(start, end)``; for a call on a
+    thread with none there (autograd's backward thread), the outermost annotation of its process
+    that holds its start on any thread; else ``None``."""
+    out: list = [None] * len(calls)
+    tops: dict = {}
+    for (pid, _), thread in annotation_threads.items():
+        reach = -1
+        for s, e in zip(thread.start.tolist(), thread.end.tolist()):
+            if e > reach:
+                tops.setdefault(pid, []).append((s, e))
+                reach = e
+    for key in tops:
+        tops[key].sort()
+    for i, (c, around) in enumerate(zip(calls, _around(annotation_threads, calls))):
+        if around:
+            thread = annotation_threads[(c.pid, c.tid)]
+            out[i] = (int(thread.start[around[0]]), int(thread.end[around[0]]))
+            continue
+        spans = tops.get(c.pid, [])
+        at = bisect.bisect_right(spans, (c.start, float("inf"))) - 1
+        while at >= 0 and spans[at][1] < c.start:
+            at -= 1
+        if at >= 0 and spans[at][0] <= c.start <= spans[at][1]:
+            out[i] = spans[at]
+    return out
 
 
 def _summary(calls: list[_Call]) -> list[str]:

@@ -123,6 +123,7 @@ def run(args) -> int:
     except FileNotFoundError as exc:
         raise HeadcountError(f"{argv[0]}: cannot be started ({exc.strerror})", hint="check the command", exit_code=3) from exc
     tool_info["program_wall_s"] = round(time.monotonic() - started, 3)  # under the recorder: what recording cost
+    follow_umask(raw)
     if ran.killed or ran.held:  # killed: what the tool had not written is lost; held: the user stopped headcount there
         console.print(f"headcount: {'killed' if ran.killed else 'interrupted'}; no report was written; {_kept(wrapper, raw, out)}",
                       soft_wrap=True, highlight=False)
@@ -132,9 +133,25 @@ def run(args) -> int:
     except KeyboardInterrupt:  # while the recording is exported, read or committed: nothing half-written, the raw files kept
         console.print(f"headcount: interrupted; no report was written; {_kept(wrapper, raw, out)}", soft_wrap=True, highlight=False)
         return INTERRUPTED
+    finally:
+        follow_umask(raw)  # the exports made while the report was built too
 
 
 INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C, as shells and nsys give it
+
+
+def follow_umask(raw: Path) -> None:
+    """Give the raw files the recorder and the program wrote the mode this user's files get (0666 less
+    headcount's umask), as the report's files have: nsys starts the program with a umask of its own
+    (its ``child-<pid>.json`` came out 0666, ``run.nsys-rep`` 0664 under umask 027). A file that
+    cannot be changed (another owner) keeps its mode."""
+    mode = 0o666 & ~dataset.umask()
+    for path in raw.rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink():
+                path.chmod(mode)
+        except OSError:
+            pass
 
 
 def recorded_steps(tables: dict) -> int | None:

@@ -181,6 +181,11 @@ def _invalid(path: Path, exc: msgspec.ValidationError, offset: int = 0) -> Headc
     return HeadcountError(f"{path}: not a torch.profiler trace ({where})", hint=_NOT_A_TRACE)
 
 
+def _too_deep(path: Path) -> HeadcountError:
+    return HeadcountError(f"{path}: not a torch.profiler trace (JSON nested too deep to read: values inside values more "
+                          "than about a thousand levels down)", hint=_NOT_A_TRACE)
+
+
 def _not_json(path: Path, exc: Exception) -> HeadcountError:
     return HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: {exc})", hint=_NOT_A_TRACE)
 
@@ -436,8 +441,15 @@ def frames(path: str | Path, into: dict, span: Span | None = None):
             bounds are not between two events).
     """
     path, document = Path(path), {}
-    for events, text, first in _event_pieces(path, document, span):
-        frame = _batch_frame(path, events, text, first)
+    pieces = _event_pieces(path, document, span)
+    while True:
+        try:
+            events, text, first = next(pieces)
+            frame = _batch_frame(path, events, text, first)
+        except StopIteration:
+            break
+        except RecursionError:  # msgspec decodes nested arrays and objects recursively
+            raise _too_deep(path) from None
         del events, text
         if len(frame):
             yield frame

@@ -651,6 +651,14 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
             notices.append("no kernel table: recorded without CUDA tracing (`nsys profile --trace=cuda,nvtx`)?")
         if "CUPTI_ACTIVITY_KIND_KERNEL" in tables and not strings:
             notices.append("no StringIds table: kernel and API call names are missing")
+        if "CUPTI_ACTIVITY_KIND_KERNEL" in tables and not src.rows("SELECT 1 FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1"):
+            notices.append("the kernel table (CUPTI_ACTIVITY_KIND_KERNEL) holds no row: no kernel was read, so there is no "
+                           "kernel time and no attention kernel in this report (a recording stopped before the GPU work, or "
+                           "the table emptied)")
+        if len(gpu) and not any(t in tables for t in API_TABLES):
+            notices.append("no CUDA runtime or driver table (CUPTI_ACTIVITY_KIND_RUNTIME, …_DRIVER): no launch call was read, "
+                           "so GPU work belongs to no NVTX range and idle time cannot be split by cause (record with "
+                           "`nsys profile --trace=cuda,nvtx`)")
         notices += src.notices()
         if plan is None:
             meta, metrics, devices = _read_meta(src, tables), _read_gpu_metrics(src, tables), _read_devices(src, tables)
