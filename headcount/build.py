@@ -877,14 +877,16 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
         release: empty ``export``'s ranges, launches and GPU work once projected
             (a transient part read for this call: its rows are not held twice).
     """
-    found = None
+    found = assigned = None
     if not calls and not (export.ranges["domain"] == DOMAIN).any():  # no tags: attention by operator, module and kernel names
         events = untagged.nvtx_events(export.ranges, export.runtime, export.gpu)
         found = untagged.find_calls(events) if events is not None else None
         if found is not None and found.calls:
             export.ranges, calls = untagged.with_nvtx_ranges(export.ranges, found.ranges), found.calls
+            assigned = untagged.gpu_assigned(events, found, len(export.gpu))
+        del events
     projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu, graph_nodes=export.graph_nodes,
-                                              not_replayed=(STEP_DOMAIN,))
+                                              not_replayed=(STEP_DOMAIN,), assigned_keys=assigned)
     syncs = timeline.sync_calls(export.runtime)
     if release:
         export.ranges, export.runtime, export.gpu = export.ranges.iloc[:0], export.runtime.iloc[:0], export.gpu.iloc[:0]

@@ -106,7 +106,7 @@ STEPS = pa.schema([
     ("implementation", S), ("pid", S), ("device", S), ("step", I), ("basis", S),
     ("window_start_ns", I), ("window_end_ns", I), ("window_ns", F), ("gpu_busy_ns", F), ("gpu_busy_pct", F),
     ("idle_ns", F), ("idle_launch_bound_ns", F), ("idle_sync_ns", F), ("idle_host_ns", F), ("idle_other_ns", F),
-    ("idle_unknown_ns", F),
+    ("idle_unknown_ns", F), ("idle_other_blocked_ns", F),
     ("kernels", I), ("kernel_ns", F), ("kernel_p50_ns", F), ("memcpy_ns", F), ("memset_ns", F),
     ("attention_gpu_ns", F), ("attention_share_pct", F), ("communication_ns", F),
     ("launches", I), ("cpu_launch_cost_p50_ns", F), ("sync_calls", I), ("provenance", S), ("note", S),

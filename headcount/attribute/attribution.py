@@ -179,6 +179,8 @@ def attribute(ranges: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, *,
     cpu_range = innermost_range(cpu, ranges, "start_ns", "end_ns") if cpu is not None else None
     if captured:
         ranges, inner = graphs.replay_instances(ranges, work, inner, captured, replayable)
+        if assigned is not None:  # a kernel assigned by name stays with its call, whichever range made its node
+            inner = np.where(assigned >= 0, assigned, inner)
     work["range_id"] = inner
     if cpu is not None:
         ranges = project(ranges, cpu, cpu_range).rename(columns={"op_start_ns": "cpu_op_start_ns", "op_end_ns": "cpu_op_end_ns"})
@@ -197,7 +199,7 @@ def attribute(ranges: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, *,
 
 def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, keys: list[str] = ["pid", "tid"],
                 with_paths: bool = True, graph_nodes: pd.DataFrame | None = None,
-                not_replayed: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+                not_replayed: tuple[str, ...] = (), assigned_keys: np.ndarray | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """NVTX ranges projected onto GPU time, as nsys's ``nvtx_gpu_proj_trace`` (an nsys export's attribution).
 
     Args:
@@ -211,6 +213,9 @@ def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, 
             range that made its node (:mod:`headcount.attribute.graphs`), not to
             the range around the graph launch.
         not_replayed: domains whose ranges get no replay instances (steps).
+        assigned_keys: per row of ``gpu``, the ``call_key`` of the range it belongs to whatever its launch
+            (-1: by the rule; ``ranges`` then has a ``call_key`` column): an untagged graph replay's attention
+            kernels (:func:`headcount.attribute.untagged.gpu_assigned`).
 
     Returns:
         ``(ranges, gpu)``: ranges with ``parent_range_id``, ``depth``, ``path``,
@@ -223,7 +228,12 @@ def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, 
     if graph_nodes is not None and len(graph_nodes):
         captured = graphs.capture_ranges(graph_nodes, nested)
         replayable = ~nested["domain"].isin(list(not_replayed)).to_numpy() if "domain" in nested else None
-    projected, work, _ = attribute(nested, gpu, runtime, captured=captured, replayable=replayable)
+    assigned = None
+    if assigned_keys is not None:
+        keyed = nested[nested["call_key"].to_numpy(np.int64) >= 0]
+        by_key = dict(zip(keyed["call_key"].astype("int64"), keyed["range_id"].astype("int64")))
+        assigned = np.array([by_key.get(k, -1) if k >= 0 else -1 for k in assigned_keys.tolist()], dtype=np.int64)
+    projected, work, _ = attribute(nested, gpu, runtime, captured=captured, replayable=replayable, assigned=assigned)
     with_ops = projected[projected["gpu_op_count"] > 0]
     children = with_ops[with_ops["parent_range_id"] >= 0].groupby("parent_range_id").size()
     projected["child_count"] = projected["range_id"].map(children).fillna(0).astype(np.int64)

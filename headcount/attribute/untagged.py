@@ -60,6 +60,8 @@ _DTYPES = {"c10::BFloat16": ("bfloat16", 2), "c10::Half": ("float16", 2), "float
            "c10::Float8_e4m3fn": ("float8_e4m3fn", 1), "c10::Float8_e5m2": ("float8_e5m2", 1)}
 _KERNEL_NAME_CHARS = 80
 MODULE_RANGES, CALL_ORDER = "module ranges", "call order"
+REPLAY_LANE = " (graph replay)"
+"""Suffix of the ``tid`` of a graph replay's call ranges: the launching thread's id, then this."""
 CALL_KEY = "call_key"
 """Column of :attr:`Found.ranges`: which call's kernels are assigned to the range by name (-1: none, the launch rule)."""
 
@@ -328,8 +330,11 @@ def find_calls(events: pd.DataFrame) -> Found:
         # as headcount tags a call: phase around layer.N (1 ns wider, so that the two nest unambiguously)
         if c.module is not None:  # around the phase range: the whole module (projections, rotary, copies) besides the core
             rows.append(_range(events, MODULE, c.pid, c.tid, min(c.module[0], c.start - 2), max(c.module[1], c.end + 2)))
-        rows.append(_range(events, c.phase, c.pid, c.tid, c.start - 1, c.end + 1))
-        rows.append(_range(events, c.layer_name, c.pid, c.tid, c.start, c.end, n if c.replay else -1))
+        # a replay's calls on a lane of their own beside the launching thread: their kernels are theirs by name, and
+        # no range of the thread (an nsys export's may overlap without nesting) re-attributes them by launch
+        tid = f"{c.tid}{REPLAY_LANE}" if c.replay else c.tid
+        rows.append(_range(events, c.phase, c.pid, tid, c.start - 1, c.end + 1))
+        rows.append(_range(events, c.layer_name, c.pid, tid, c.start, c.end, n if c.replay else -1))
         if c.replay:
             found.assigned.update((k, n) for k in c.kernels)
         found.calls.append(CallLog(thread_id=0, phase=c.phase, layer_name=c.layer_name, layer=c.layer, head=None, kv_head=None,
@@ -914,6 +919,7 @@ def nvtx_events(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame) 
                           "correlation_id": pd.array(runtime["correlation_id"], dtype="Int64")})
     kernels = gpu[(gpu["kind"].astype(object) == "kernel").to_numpy()]
     work = pd.DataFrame({"kind": "kernel", "name": kernels["name"].astype(object).to_numpy(),
+                         GPU_ROW: np.flatnonzero((gpu["kind"].astype(object) == "kernel").to_numpy()),
                          "pid": kernels["pid"].astype(object).to_numpy(), "tid": None,
                          "start_ns": kernels["start_ns"].to_numpy(np.int64), "end_ns": kernels["end_ns"].to_numpy(np.int64),
                          "correlation_id": pd.array(kernels["correlation_id"], dtype="Int64"),
@@ -922,16 +928,33 @@ def nvtx_events(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame) 
     return pd.concat([f for f in (out, calls, work) if len(f)] or [out], ignore_index=True)
 
 
+GPU_ROW = "gpu_row"
+"""Column of :func:`nvtx_events`' kernel rows: the row's position in the export's ``gpu`` table."""
+
+
+def gpu_assigned(events: pd.DataFrame, found: Found, rows: int) -> np.ndarray | None:
+    """Per row of an export's ``gpu`` table (``rows`` of them), the :data:`CALL_KEY` of the call its kernel is
+    assigned to by name (:attr:`Found.assigned`, a graph replay's attention kernels), -1 elsewhere; ``None``: none."""
+    if not found.assigned:
+        return None
+    keys = np.full(rows, -1, dtype=np.int64)
+    at = events[GPU_ROW].to_numpy()
+    for position, key in found.assigned.items():
+        keys[int(at[position])] = key
+    return keys
+
+
 def with_nvtx_ranges(ranges: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
     """An nsys export's NVTX ranges (:class:`~headcount.tables.Timeline` ``ranges``) plus the
     ranges of the calls :func:`find_calls` found there, as ranges of headcount's domain
-    (new ``range_id`` s after the export's own)."""
+    (new ``range_id`` s after the export's own), with their :data:`CALL_KEY` (-1 for the export's own)."""
     first = int(ranges["range_id"].max()) + 1 if len(ranges) else 1
     ours = pd.DataFrame({"range_id": np.arange(first, first + len(found), dtype=np.int64), "pid": found["pid"].to_numpy(object),
                          "tid": found["tid"].to_numpy(object), "domain": DOMAIN,
                          "name": [n.split("@", 1)[1] for n in found["name"]], "style": "PushPop",
                          "start_ns": found["start_ns"].to_numpy(np.int64), "end_missing": False,
-                         "end_ns": found["end_ns"].to_numpy(np.int64)})
+                         "end_ns": found["end_ns"].to_numpy(np.int64),
+                         CALL_KEY: found[CALL_KEY].to_numpy(np.int64) if CALL_KEY in found else -1})
     text = [c for c in ("pid", "tid", "domain", "name", "style") if c in ranges]
-    both = pd.concat([ranges.astype({c: object for c in text}), ours], ignore_index=True)
+    both = pd.concat([ranges.astype({c: object for c in text}).assign(**{CALL_KEY: -1}), ours], ignore_index=True)
     return both.astype({c: "category" for c in text})

@@ -39,7 +39,11 @@ The rules, all on one process's work on one device within one step:
     began, or a source without launch calls) is ``idle_unknown_ns``.
 
   So ``idle_launch_bound_ns + idle_sync_ns + idle_host_ns + idle_other_ns +
-  idle_unknown_ns = idle_ns``. Holistic Trace Analysis splits each stream's
+  idle_unknown_ns = idle_ns``. ``idle_other_blocked_ns`` is the part of
+  ``idle_other_ns`` during which N's launching thread was itself blocked in a
+  synchronizing call (the CPU waited for the GPU, the GPU for an event: both
+  waited on something outside the recording, such as a server waiting for
+  requests); the findings claim no gain for it. Holistic Trace Analysis splits each stream's
   gaps instead ("host wait" when the launch began after the previous kernel
   ended, "kernel wait" for gaps under a threshold, "other"): per stream, a
   kernel waiting for another stream looks idle although the GPU is busy,
@@ -101,7 +105,7 @@ KEYS = ["implementation", "pid", "device", "step"]
 COLUMNS = [
     *KEYS, "basis", "window_start_ns", "window_end_ns", "window_ns", "gpu_busy_ns", "gpu_busy_pct",
     "idle_ns", "idle_launch_bound_ns", "idle_sync_ns", "idle_host_ns", "idle_other_ns", "idle_unknown_ns",
-    "kernels", "kernel_ns", "kernel_p50_ns", "memcpy_ns", "memset_ns", "attention_gpu_ns", "attention_share_pct",
+    "idle_other_blocked_ns", "kernels", "kernel_ns", "kernel_p50_ns", "memcpy_ns", "memset_ns", "attention_gpu_ns", "attention_share_pct",
     "communication_ns", "launches", "cpu_launch_cost_p50_ns", "sync_calls", "provenance", "note",
 ]
 
@@ -179,7 +183,26 @@ def _classify(gaps: dict[str, np.ndarray], calls: dict[str, np.ndarray]) -> dict
         "idle_host_ns": before - caused,
         "idle_other_ns": other,
         "idle_unknown_ns": np.where(unknown, b - a, 0.0),
+        "idle_other_blocked_ns": _blocked(np.where(queued, a, returned + travel), b, other, gaps["thread"], calls),
     }
+
+
+def _blocked(a: np.ndarray, b: np.ndarray, other: np.ndarray, thread: np.ndarray, calls: dict[str, np.ndarray]) -> np.ndarray:
+    """Of each gap's "other" stretch ``[a, b)`` (``other`` ns long: the next operation launched, the GPU
+    waiting), the part during which its launching thread was itself blocked in a synchronizing call: the CPU
+    waited for the GPU and the GPU for an event, so both waited on something outside the recording (a request,
+    another process, a collective's peer); ns. Only stretches longer than :data:`CPU_PACE_NS` are looked at."""
+    out = np.zeros(len(a))
+    sync = np.flatnonzero(calls["sync"]) if len(calls["sync"]) else np.zeros(0, dtype=np.int64)
+    if not len(sync):
+        return out
+    ends, threads = calls["end"][sync], calls["thread"][sync]
+    starts = ends - calls["blocked"][sync]
+    for i in np.flatnonzero(other > CPU_PACE_NS):
+        mine = threads == thread[i]
+        overlap = np.minimum(ends[mine], b[i]) - np.maximum(starts[mine], a[i])
+        out[i] = min(float(overlap[overlap > 0].sum()), other[i])
+    return out
 
 
 def _codes(values) -> tuple[np.ndarray, np.ndarray]:

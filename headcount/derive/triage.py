@@ -153,9 +153,16 @@ def _idle_findings(steps: pd.DataFrame) -> list[dict]:
                 evidence += f"; the launching thread launched nothing for more than {_us(CPU_PACE_NS)} before the GPU's next work"
             else:
                 evidence += f"; the work after these gaps had been launched and waited more than {_us(LAUNCH_TRAVEL_NS)} to start"
+            gain = mid
+            if cause == "other" and "idle_other_blocked_ns" in g and g["idle_other_blocked_ns"].fillna(0).gt(0).any():
+                _, blocked, _ = _over_steps(100.0 * g["idle_other_blocked_ns"].fillna(0) / window, stepped)
+                gain = max(mid - blocked, 0.0)
+                evidence += (f"; {_pct(blocked)} of the window the launching thread was itself blocked in a synchronizing "
+                             "call while the GPU waited: both waited on something outside the recording (requests, another "
+                             f"process, a peer), so no gain is claimed for it: expected gain {_pct(gain)}")
             out.append({"kind": kind, "subject": what, "implementation": key[0], "value": mid,
                         "unit": "% of the GPU window", "evidence": evidence, "suggestion": _SUGGEST[kind],
-                        "expected_gain_pct": mid, "provenance": "measured", "_impact": mid})
+                        "expected_gain_pct": gain, "provenance": "measured", "_impact": gain})
         # most kernels run from graph launches (a replay is one launch for many kernels): already captured, no such advice
         replayed = (g["launches"] > 0) & (2 * g["launches"] < g["kernels"])
         small = g[(g["kernels"] >= MANY_KERNELS) & (g["kernel_p50_ns"] < g["cpu_launch_cost_p50_ns"]) & ~replayed]

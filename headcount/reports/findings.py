@@ -150,6 +150,11 @@ def _calls_to_single_out(heads: int, tests: int) -> int | None:
     return max(spread.VERDICT_MIN_CALLS, math.ceil(math.log(tests / spread.ALPHA) / math.log(heads)))
 
 
+SAME_WORK_MAX_NOISE_PCT = 100.0
+"""A row whose calls spread more than this (p10–p90 half-width over the median, %) holds more than one kind of
+work (calls of several models or places under one layer name): its spread is no noise to compare against."""
+
+
 def _standout_lines(rows: pd.DataFrame, key: str, where: str, what: str, whats: str) -> list[str]:
     verdicts = spread.standout(rows, key)
     if not len(verdicts):
@@ -157,8 +162,14 @@ def _standout_lines(rows: pd.DataFrame, key: str, where: str, what: str, whats: 
     if (verdicts["verdict"] == "unknown").all():
         return [f"{where}: {whats} not compared (fewer than {spread.VERDICT_MIN_CALLS} calls each; profile more steps)"]
     hot = verdicts[verdicts["verdict"] == "hotter"]
+    noise = float(verdicts["noise_pct"].iloc[0])
+    if not len(hot) and noise > SAME_WORK_MAX_NOISE_PCT:  # the calls of one row are not one kind of work
+        ordered = "provenance" in rows and (rows["provenance"] == "call order").any()
+        return [f"{where}: {whats} not compared: the median {what}'s calls spread ±{number(noise, 2)} % per call, more than "
+                f"the work itself" + ("; its calls were numbered by call order (no module ranges), so one row may hold "
+                                      "different work (record with_modules=True)" if ordered else "")]
     if not len(hot):
-        return [f"{where}: {whats} within noise (±{number(verdicts['noise_pct'].iloc[0], 2)} % per call)"]
+        return [f"{where}: {whats} within noise (±{number(noise, 2)} % per call)"]
     return [f"{where}: {v[key]} stands out, {v['vs_median_pct']:+.0f} % time per call against the median {what} "
             f"({v['reference']}), beyond the spread (±{number(v['noise_pct'], 2)} %)" for v in hot.to_dict("records")]
 
