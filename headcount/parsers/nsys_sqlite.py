@@ -655,10 +655,14 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
             notices.append("the kernel table (CUPTI_ACTIVITY_KIND_KERNEL) holds no row: no kernel was read, so there is no "
                            "kernel time and no attention kernel in this report (a recording stopped before the GPU work, or "
                            "the table emptied)")
-        if len(gpu) and not any(t in tables for t in API_TABLES):
-            notices.append("no CUDA runtime or driver table (CUPTI_ACTIVITY_KIND_RUNTIME, …_DRIVER): no launch call was read, "
-                           "so GPU work belongs to no NVTX range and idle time cannot be split by cause (record with "
-                           "`nsys profile --trace=cuda,nvtx`)")
+        absent = [t for t in API_TABLES if t not in tables]
+        if len(gpu) and not len(runtime):
+            notices.append(f"no CUDA runtime or driver call was read ({', '.join(absent) or 'their tables'} "
+                           f"{'missing' if absent else 'empty'}): GPU work belongs to no NVTX range and idle time cannot "
+                           "be split by cause (record with `nsys profile --trace=cuda,nvtx`)")
+        elif len(gpu) and API_TABLES[0] in absent:
+            notices.append(f"no CUDA runtime table ({API_TABLES[0]}): launches read from the driver table alone; kernels "
+                           "launched through the runtime belong to no NVTX range")
         notices += src.notices()
         if plan is None:
             meta, metrics, devices = _read_meta(src, tables), _read_gpu_metrics(src, tables), _read_devices(src, tables)

@@ -86,8 +86,10 @@ def layer_noise_lines(layers: pd.DataFrame) -> list[str]:
     """Per implementation and phase of one run: which layers stand out from
     the median layer beyond the spread, or that they are within noise."""
     lines = []
-    for (impl, phase), g in layers.groupby(_GROUP, sort=True):
-        lines += _standout_lines(g, "layer_name", f"{phase}, {impl}", "layer", "layers")
+    # several models' layers (``CLIPTextModel_0.layer.3``: an untagged recording of a pipeline) are compared within their model
+    model = layers["layer_name"].astype(str).str.extract(r"^(.+)\.layer\.\d+$", expand=False).fillna("")
+    for (impl, phase, of), g in layers.assign(_model=model).groupby([*_GROUP, "_model"], sort=True):
+        lines += _standout_lines(g, "layer_name", f"{phase}, {impl}" + (f", {of}" if of else ""), "layer", "layers")
     return lines
 
 
