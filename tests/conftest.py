@@ -107,3 +107,17 @@ def tiny_llama():
 @pytest.fixture
 def llama_inputs():
     return inputs_for("llama_gqa")
+
+
+@pytest.fixture
+def nsight_path(monkeypatch):
+    """PATH with the real nsys and ncu (and this venv's python, torchrun) first."""
+    import sys
+    from pathlib import Path
+
+    from tests.nsight import nsight_bin
+
+    tools = Path(nsight_bin("nsys")).parent
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("HEADCOUNT_NSYS", raising=False)
+    return tools

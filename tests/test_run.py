@@ -27,15 +27,6 @@ WORKLOADS = Path(__file__).resolve().parent / "workloads"
 TRAIN = str(WORKLOADS / "tiny_cpu_training.py")
 
 
-@pytest.fixture
-def nsight_path(monkeypatch):
-    """PATH with the real nsys and ncu (and this venv's python, torchrun) first."""
-    tools = Path(nsight_bin("nsys")).parent
-    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("HEADCOUNT_NSYS", raising=False)
-    return tools
-
-
 def _run(args, capsys):
     rc = cli_main(["run", *args])
     captured = capsys.readouterr()

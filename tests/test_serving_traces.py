@@ -27,7 +27,6 @@ from headcount.cli.main import main as cli_main
 from headcount.naming import DOMAIN
 from headcount.parsers import kineto, nsys_sqlite
 from headcount.parsers.cupti_records import events_frame, read_records
-from tests.nsight import nsight_bin
 
 KINETO = Path(__file__).parent / "fixtures" / "kineto"
 GPU = Path(__file__).parent / "fixtures" / "gpu" / "h100-2026-12-05"
@@ -39,15 +38,6 @@ FLUX_SAGE = KINETO / "mi300x_xdit_flux_sage_kineto.json.gz"
 B200_VLLM = KINETO / "b200_vllm_gpt-oss_kineto.json.gz"
 NSYS = Path(__file__).parent / "fixtures" / "nsys" / "h100x2_pytorch_nsys2026.2.sqlite"
 TRAIN = str(Path(__file__).parent / "workloads" / "tiny_cpu_training.py")
-
-
-@pytest.fixture
-def nsight_path(monkeypatch):
-    """PATH with the real nsys first."""
-    tools = Path(nsight_bin("nsys")).parent
-    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("HEADCOUNT_NSYS", raising=False)
-    return tools
 
 
 def _events(path: Path) -> list[dict]:
