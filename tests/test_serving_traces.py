@@ -418,3 +418,38 @@ def test_an_nsys_export_with_a_graph_replay_is_read_the_same_way(tmp_path):
     wanted = [e for e in replay if "unified_attention" in e["name"] or e["name"] == "reduce_segments"]
     assert sorted(attributed["name"]) == sorted(e["name"] for e in wanted)
     assert attributed["duration_ns"].sum() == pytest.approx(sum(round(e["dur"] * 1000) for e in wanted), abs=len(wanted))
+
+
+def test_a_pipelines_layers_are_compared_within_their_model_and_the_hot_one_checked_by_hand():
+    """SD 3.5's MMDiT: its 38 attention positions compared with each other (4 calls each), not with the text
+    encoders' layers; the hottest, position 1, +11 % over the median position, counted from the raw kernels."""
+    import bisect
+    import statistics
+
+    from headcount.reports import findings
+    tables, _ = _built(SD35)
+    lines = [ln for ln in findings.layer_noise_lines(tables["layers"]) if "SD3Transformer2DModel_0:" in ln]
+    assert lines[0].startswith("fwd, sdpa, SD3Transformer2DModel_0: SD3Transformer2DModel_0.layer.1 stands out, +11 %")
+    assert "(SD3Transformer2DModel_0.layer.37)" in lines[0]
+    assert len(lines) == findings.STANDOUT_LINES + 1 and "more layers beyond the spread" in lines[-1]
+    raw = _events(SD35)
+    steps = sorted((e for e in raw if e.get("cat") == "python_function" and e["name"] == "nn.Module: SD3Transformer2DModel_0"),
+                   key=lambda e: e["ts"])
+    flash = sorted((e for e in raw if e.get("cat") == "cpu_op" and e["name"] == "aten::_scaled_dot_product_flash_attention"),
+                   key=lambda e: e["ts"])
+    runtime = sorted((e for e in raw if e.get("cat") == "cuda_runtime"), key=lambda e: e["ts"])
+    starts = [e["ts"] for e in runtime]
+    kernels: dict = {}
+    for k in raw:
+        if k.get("cat") == "kernel":
+            kernels.setdefault(k["args"].get("correlation"), []).append(k)
+    spans: dict = {}
+    for step in steps:
+        inside = [f for f in flash if step["ts"] <= f["ts"] <= step["ts"] + step["dur"]]
+        for position, f in enumerate(inside):
+            lo, hi = bisect.bisect_left(starts, f["ts"]), bisect.bisect_right(starts, f["ts"] + f["dur"])
+            ks = [k for r in runtime[lo:hi] if r["tid"] == f["tid"] for k in kernels.get(r["args"]["correlation"], [])]
+            spans.setdefault(position, []).append(max(k["ts"] + k["dur"] for k in ks) - min(k["ts"] for k in ks))
+    assert len(spans) == 38 and all(len(v) == 4 for v in spans.values())
+    by_hand = statistics.median(spans[1]) / statistics.median(spans[37]) - 1
+    assert round(100 * by_hand) == 11

@@ -152,6 +152,9 @@ def _calls_to_single_out(heads: int, tests: int) -> int | None:
     return max(spread.VERDICT_MIN_CALLS, math.ceil(math.log(tests / spread.ALPHA) / math.log(heads)))
 
 
+STANDOUT_LINES = 5
+"""At most this many rows that stand out are named per group, largest difference first; the rest are counted."""
+
 SAME_WORK_MAX_NOISE_PCT = 100.0
 """A row whose calls spread more than this (p10–p90 half-width over the median, %) holds more than one kind of
 work (calls of several models or places under one layer name): its spread is no noise to compare against."""
@@ -172,8 +175,14 @@ def _standout_lines(rows: pd.DataFrame, key: str, where: str, what: str, whats: 
                                       "different work (record with_modules=True)" if ordered else "")]
     if not len(hot):
         return [f"{where}: {whats} within noise (±{number(noise, 2)} % per call)"]
-    return [f"{where}: {v[key]} stands out, {v['vs_median_pct']:+.0f} % time per call against the median {what} "
-            f"({v['reference']}), beyond the spread (±{number(v['noise_pct'], 2)} %)" for v in hot.to_dict("records")]
+    hot = hot.sort_values("vs_median_pct", ascending=False, key=abs)
+    lines = [f"{where}: {v[key]} stands out, {v['vs_median_pct']:+.0f} % time per call against the median {what} "
+             f"({v['reference']}), beyond the spread (±{number(v['noise_pct'], 2)} %)" for v in hot.head(STANDOUT_LINES).to_dict("records")]
+    if len(hot) > STANDOUT_LINES:
+        rest = hot.iloc[STANDOUT_LINES:]
+        lines.append(f"{where}: {len(rest)} more {whats} beyond the spread, by {number(float(rest['vs_median_pct'].abs().max()), 2)} % "
+                     "or less (the layers table has them all)")
+    return lines
 
 
 def module_lines(layers: pd.DataFrame) -> list[str]:
