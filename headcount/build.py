@@ -160,12 +160,8 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
     # the launching process and thread come from the runtime call), or, where the launch carried
     # one, to the range whose external correlation id it carried
     captured = graphs.captured_by_external_id(graph_nodes, main) if graph_nodes and correlated else None
-    assigned = None
-    if keyed:
-        by_key = main[main[untagged.CALL_KEY].fillna(-1).to_numpy(np.int64) >= 0]
-        by_key = dict(zip(by_key[untagged.CALL_KEY].astype("int64"), by_key["range_id"].astype("int64")))
-        keys = pd.array(gpu[untagged.CALL_KEY], dtype="Int64").to_numpy(np.int64, na_value=-1)
-        assigned = np.array([by_key.get(k, -1) if k >= 0 else -1 for k in keys.tolist()], dtype=np.int64)
+    assigned = attribution.by_call_key(main, pd.array(gpu[untagged.CALL_KEY], dtype="Int64").to_numpy(np.int64, na_value=-1)) \
+        if keyed else None
     projected, gpu, cpu_inner = attribution.attribute(main, gpu.assign(pid=None), runtime, cpu=cpu,
                                                       match_external=correlated, captured=captured, assigned=assigned)
     gpu_inner = gpu["range_id"].to_numpy()

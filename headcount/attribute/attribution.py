@@ -228,11 +228,7 @@ def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, 
     if graph_nodes is not None and len(graph_nodes):
         captured = graphs.capture_ranges(graph_nodes, nested)
         replayable = ~nested["domain"].isin(list(not_replayed)).to_numpy() if "domain" in nested else None
-    assigned = None
-    if assigned_keys is not None:
-        keyed = nested[nested["call_key"].to_numpy(np.int64) >= 0]
-        by_key = dict(zip(keyed["call_key"].astype("int64"), keyed["range_id"].astype("int64")))
-        assigned = np.array([by_key.get(k, -1) if k >= 0 else -1 for k in assigned_keys.tolist()], dtype=np.int64)
+    assigned = by_call_key(nested, assigned_keys) if assigned_keys is not None else None
     projected, work, _ = attribute(nested, gpu, runtime, captured=captured, replayable=replayable, assigned=assigned)
     with_ops = projected[projected["gpu_op_count"] > 0]
     children = with_ops[with_ops["parent_range_id"] >= 0].groupby("parent_range_id").size()
@@ -267,6 +263,21 @@ def _top_level_op_time(cpu: pd.DataFrame, inner: np.ndarray, ranges: pd.DataFram
         active = (level >= 0) & ~stopped
         np.add.at(total, level[active], duration[active])
     return total
+
+
+def by_call_key(ranges: pd.DataFrame, keys: np.ndarray) -> np.ndarray:
+    """Per GPU row, the ``range_id`` of the range whose ``call_key`` it carries (-1: a key of -1, or none
+    of ``ranges``'): how an untagged graph replay's attention kernels reach their call
+    (:mod:`headcount.attribute.untagged`), ``attribute(assigned=…)``'s argument.
+
+    Args:
+        ranges: nested ranges with ``call_key`` (-1 or null: a range no kernel is assigned to).
+        keys: per GPU row, the key it carries (-1: none).
+    """
+    carried = pd.array(ranges["call_key"], dtype="Int64").to_numpy(np.int64, na_value=-1)
+    keyed = carried >= 0
+    by_key = dict(zip(carried[keyed].tolist(), ranges["range_id"].to_numpy(np.int64)[keyed].tolist()))
+    return np.array([by_key.get(k, -1) if k >= 0 else -1 for k in np.asarray(keys, dtype=np.int64).tolist()], dtype=np.int64)
 
 
 def by_external_id(work: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:

@@ -157,6 +157,8 @@ def _idle_findings(steps: pd.DataFrame) -> list[dict]:
             if cause == "other" and "idle_other_blocked_ns" in g and g["idle_other_blocked_ns"].fillna(0).gt(0).any():
                 _, blocked, _ = _over_steps(100.0 * g["idle_other_blocked_ns"].fillna(0) / window, stepped)
                 gain = max(mid - blocked, 0.0)
+                evidence = evidence.replace("(the expected gain is all of that time: the most that removing the cause gives back)",
+                                            "(the expected gain: that time, less what the program could not have used)")
                 evidence += (f"; {_pct(blocked)} of the window the launching thread was itself blocked in a synchronizing "
                              "call while the GPU waited: both waited on something outside the recording (requests, another "
                              f"process, a peer), so no gain is claimed for it: expected gain {_pct(gain)}")
@@ -164,7 +166,8 @@ def _idle_findings(steps: pd.DataFrame) -> list[dict]:
                         "unit": "% of the GPU window", "evidence": evidence, "suggestion": _SUGGEST[kind],
                         "expected_gain_pct": gain, "provenance": "measured", "_impact": gain})
         # most kernels run from graph launches (a replay is one launch for many kernels): already captured, no such advice
-        replayed = (g["launches"] > 0) & (2 * g["launches"] < g["kernels"])
+        launches = g["launches"] if "launches" in g else pd.Series(0, index=g.index)
+        replayed = (launches > 0) & (2 * launches < g["kernels"])
         small = g[(g["kernels"] >= MANY_KERNELS) & (g["kernel_p50_ns"] < g["cpu_launch_cost_p50_ns"]) & ~replayed]
         if len(small) == len(g) and len(g):
             out.append({"kind": "many_small_kernels", "subject": what, "implementation": key[0],
