@@ -454,3 +454,25 @@ def test_a_pipelines_layers_are_compared_within_their_model_and_the_hot_one_chec
     assert len(spans) == 38 and all(len(v) == 4 for v in spans.values())
     by_hand = statistics.median(spans[1]) / statistics.median(spans[37]) - 1
     assert round(100 * by_hand) == 11
+
+
+def test_a_cuda_graph_replay_with_node_ids_reads_as_the_hip_one(tmp_path):
+    """Stands in for a CUDA torch.profiler trace of the same replay (none is public): the vLLM trace with its
+    ``hipGraphLaunch`` named ``cudaGraphLaunch`` and each replayed kernel given the ``graph node id`` Kineto
+    writes on CUDA. The same 24 calls and the same kernels."""
+    with gzip.open(VLLM_FULL) as fh:
+        doc = json.load(fh)
+    graph = next(e["args"]["correlation"] for e in doc["traceEvents"] if e.get("name") == "hipGraphLaunch")
+    for n, e in enumerate(doc["traceEvents"]):
+        if e.get("name") == "hipGraphLaunch":
+            e["name"] = "cudaGraphLaunch"
+        elif e.get("cat") == "kernel" and e["args"].get("correlation") == graph:
+            e["args"]["graph node id"] = 1000 + n
+    path = tmp_path / "cuda.json"
+    path.write_text(json.dumps(doc))
+    tables, notices = _built(path)
+    base, _ = _built(VLLM_FULL)
+    assert len(tables["layers"]) == 24
+    pd.testing.assert_frame_equal(tables["layers"][["layer_name", "calls", "kernel_count", "duration_ns"]],
+                                  base["layers"][["layer_name", "calls", "kernel_count", "duration_ns"]])
+    assert any("graph node id" not in n and "inside 1 CUDA/HIP graph replays" in n for n in notices)
