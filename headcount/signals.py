@@ -114,7 +114,7 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("kernel", r"native_sdpa|_sdpa_|sdpa_sm\d|cudnn\d*fusion\d*(compute_dot_do_o|convert_dq)", "cuDNN SDPA kernels", "sdpa",
            source="cudnn_generated_fort_native_sdpa_sm90_flash_fprop/bprop, cudnn::fusion::compute_dot_do_o_specialized, "
                   "convert_dq_to_16bits: tests/fixtures/gpu/h100-2026-12-05 records-layer/sdpa (H100)"),
-    Signal("kernel", r"AttentionKernel|attention_kernel|^_?attn_fwd|^_?attn_bwd|mha_fwd|mha_bwd|fused_attn",
+    Signal("kernel", r"AttentionKernel|attention_kernel|_attn_fwd|_attn_bwd|^attn_fwd|^attn_bwd|mha_fwd|mha_bwd|fused_attn",
            "other attention kernels (CUTLASS, Triton, TE)",
            source="attn_fwd (Triton/aiter): TraceLens xdit_sd_3.5 and torch_compile_triton traces; _attn_bwd: Triton tutorial 06"),
     # ---- prologues: attention only when an attention kernel above follows within PROLOGUE_REACH kernels
