@@ -316,8 +316,7 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
     k["duration_ns"] = k["end_ns"] - k["start_ns"]
     step_time = k["start_ns"]
     if "api_start_ns" in k:
-        k["launch_latency_ns"] = (k["start_ns"] - k["api_start_ns"]).astype("Float64")
-        k["cpu_launch_cost_ns"] = (k["api_end_ns"] - k["api_start_ns"]).astype("Float64")
+        launch.latency_columns(k)
         step_time = k["api_start_ns"].fillna(k["start_ns"])
     gpu = k["kind"].isin(timeline.GPU_KINDS).to_numpy(dtype=bool)
     k["runs_on"] = runs_on(gpu)

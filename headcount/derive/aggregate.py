@@ -339,15 +339,18 @@ def from_kernels(kernels: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def with_launch_latency(layers: pd.DataFrame, heads: pd.DataFrame, kernels: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Add ``launch_latency_p50_ns``/``_p99_ns`` (of the kernels of each row)
-    to the layers and heads tables; unchanged where kernels have no latency."""
+    """Add ``launch_latency_p50_ns``/``_p99_ns``, ``queue_delay_p50_ns``/``_p99_ns`` and ``queued_kernels_pct``
+    (of the kernels of each row, :func:`headcount.derive.launch.latency_quantiles`) to the layers and heads
+    tables; unchanged where kernels have no latency."""
     from headcount.derive.launch import latency_quantiles
 
-    if "launch_latency_ns" not in kernels or kernels["launch_latency_ns"].isna().all():
+    queued = kernels["queue_delay_ns"].isna().all() if "queue_delay_ns" in kernels else True
+    if "launch_latency_ns" not in kernels or (kernels["launch_latency_ns"].isna().all() and queued):
         return layers, heads
     out = []
     for table, keys in ((layers, GROUP_LAYER), (heads, GROUP_LAYER + ["head"])):
-        table = table.drop(columns=["launch_latency_p50_ns", "launch_latency_p99_ns"], errors="ignore")
+        table = table.drop(columns=["launch_latency_p50_ns", "launch_latency_p99_ns", "queue_delay_p50_ns", "queue_delay_p99_ns",
+                                    "queued_kernels_pct"], errors="ignore")
         out.append(_joined(table, latency_quantiles(kernels, keys), keys))
     return out[0], out[1]
 

@@ -5,7 +5,14 @@ and per attention implementation.
 Definitions (all ``_ns``):
 
 - ``launch_latency_ns`` of a kernel = kernel start − start of its launch API
-  call (same correlation id); ``cpu_launch_cost_ns`` = API end − API start;
+  call (same correlation id), **only where its stream was idle when the
+  launch call returned** (no earlier work of its stream still running): the
+  time launching took. Where the stream was still busy, the kernel waited
+  behind earlier work, and that is ``queue_delay_ns`` = kernel start − end
+  of its launch call (null where the stream was idle). The two never hold for
+  one kernel, and ``cpu_launch_cost_ns`` (API end − API start) + either of
+  them = start − API start. A stream is (process, device, stream); its
+  earlier work is every GPU operation of it that started before;
 - ``queue_ns`` = submitted − queued, ``submit_to_start_ns`` = start −
   submitted (CUPTI latency timestamps; null where not recorded);
 - per range: ``kernel_busy_ns`` = the union of its kernels' execution
@@ -27,6 +34,43 @@ def kernel_columns(k: pd.DataFrame) -> pd.DataFrame:
     if "queued_ns" in k and "submitted_ns" in k:
         k["queue_ns"] = (k["submitted_ns"] - k["queued_ns"]).astype("Float64")
         k["submit_to_start_ns"] = (k["start_ns"] - k["submitted_ns"]).astype("Float64")
+    return k
+
+
+def latency_columns(k: pd.DataFrame) -> pd.DataFrame:
+    """Add ``launch_latency_ns``, ``queue_delay_ns`` and ``cpu_launch_cost_ns`` (see the module docstring) to a
+    kernels table's GPU rows (``start_ns``, ``end_ns``, ``api_start_ns``, ``api_end_ns``, ``pid``, ``device``,
+    ``stream``, ``kind``); null where the launch call is not recorded. Whole nanoseconds (int64: float64
+    loses them at today's epoch times). In place; returned."""
+    def ints(col):
+        values = pd.array(pd.to_numeric(k[col], errors="coerce"), dtype="Int64")
+        return values.to_numpy(np.int64, na_value=0), ~np.asarray(pd.isna(values), dtype=bool)
+
+    api_start, has_start = ints("api_start_ns")
+    api_end, has_end = ints("api_end_ns")
+    start, has = ints("start_ns")
+    gpu = k["kind"].isin(["kernel", "memcpy", "memset"]).to_numpy(dtype=bool) if "kind" in k else np.ones(len(k), dtype=bool)
+    busy_until = np.full(len(k), np.iinfo(np.int64).min, dtype=np.int64)  # no earlier work: idle
+    rows = np.flatnonzero(gpu & has)
+    if len(rows):
+        keys = [k[c].iloc[rows].astype(object).fillna("").astype(str).to_numpy() for c in ("pid", "device", "stream") if c in k]
+        stream = pd.MultiIndex.from_arrays(keys).factorize()[0] if keys else np.zeros(len(rows), dtype=np.int64)
+        s_int = start[rows]
+        e_int = np.maximum(pd.array(k["end_ns"].iloc[rows], dtype="Int64").to_numpy(np.int64, na_value=0), s_int)
+        order = np.lexsort((s_int, stream))
+        lo = int(s_int.min())
+        prev = previous_end(stream[order], e_int[order] - lo)  # the stream's earlier work's last end, relative
+        busy_until[rows[order]] = np.where(np.isnan(prev), np.iinfo(np.int64).min, np.nan_to_num(prev).astype(np.int64) + lo)
+    known = gpu & has & has_start & has_end
+    waited = known & (busy_until > api_end)
+    def column(values, where):
+        out = pd.array(np.where(where, values, 0).astype(np.float64), dtype="Float64")  # differences: exact in float64
+        out[~where] = pd.NA
+        return out
+
+    k["launch_latency_ns"] = column(start - api_start, known & ~waited)
+    k["queue_delay_ns"] = column(start - api_end, waited)
+    k["cpu_launch_cost_ns"] = column(api_end - api_start, known)
     return k
 
 
@@ -120,18 +164,27 @@ def per_range(ranges: pd.DataFrame, work: pd.DataFrame, levels: list[np.ndarray]
 
 
 def latency_quantiles(kernels: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """``launch_latency_p50_ns`` and ``_p99_ns`` of the kernels of each group."""
-    cols = [*keys, "launch_latency_p50_ns", "launch_latency_p99_ns"]
+    """Per group of the attention kernels: ``launch_latency_p50_ns``/``_p99_ns`` (kernels launched onto an idle
+    stream), ``queue_delay_p50_ns``/``_p99_ns`` (kernels that waited behind earlier work) and
+    ``queued_kernels_pct`` (the share of the group's launched kernels that waited)."""
+    cols = [*keys, "launch_latency_p50_ns", "launch_latency_p99_ns", "queue_delay_p50_ns", "queue_delay_p99_ns", "queued_kernels_pct"]
     if "launch_latency_ns" not in kernels or not len(kernels):
         return pd.DataFrame(columns=cols)
-    k = kernels.dropna(subset=["launch_latency_ns"])
-    k = k[k["layer_name"].notna()]
-    if not len(k):
+    k = kernels[kernels["layer_name"].notna().to_numpy(dtype=bool)]
+    queue = k["queue_delay_ns"] if "queue_delay_ns" in k else pd.Series(np.nan, index=k.index)
+    lat, queue = pd.to_numeric(k["launch_latency_ns"], errors="coerce"), pd.to_numeric(queue, errors="coerce")
+    launched = lat.notna() | queue.notna()
+    if not launched.any():
         return pd.DataFrame(columns=cols)
-    lat = k["launch_latency_ns"].astype("float64")
-    grouped = lat.groupby([k[c] for c in keys], dropna=False)
-    out = pd.DataFrame({"launch_latency_p50_ns": grouped.quantile(0.5), "launch_latency_p99_ns": grouped.quantile(0.99)}).reset_index()
-    return out
+    by = [k[c] for c in keys]
+    out = pd.DataFrame({
+        "launch_latency_p50_ns": lat.groupby(by, dropna=False).quantile(0.5),
+        "launch_latency_p99_ns": lat.groupby(by, dropna=False).quantile(0.99),
+        "queue_delay_p50_ns": queue.groupby(by, dropna=False).quantile(0.5),
+        "queue_delay_p99_ns": queue.groupby(by, dropna=False).quantile(0.99),
+        "queued_kernels_pct": 100.0 * queue.notna().groupby(by, dropna=False).sum() / launched.groupby(by, dropna=False).sum(),
+    }).reset_index()
+    return out[cols]
 
 
 def summary(layers: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
@@ -140,11 +193,13 @@ def summary(layers: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
     Returns:
         ``implementation``, ``phase``, ``calls`` (layer calls), ``kernels_per_call``,
         ``cpu_launch_cost_per_call_ns``, ``kernel_gap_per_call_ns``,
-        ``gpu_time_per_call_ns``, ``launch_latency_p50_ns``, ``launch_latency_p99_ns``,
-        ``queue_p50_ns``, ``submit_to_start_p50_ns``.
+        ``gpu_time_per_call_ns``, ``launch_latency_p50_ns``, ``launch_latency_p99_ns`` (kernels launched onto an
+        idle stream), ``queue_delay_p50_ns``, ``queued_kernels_pct`` (kernels that waited behind earlier work),
+        ``queue_p50_ns``, ``submit_to_start_p50_ns`` (CUPTI's latency timestamps, where recorded).
     """
     cols = ["implementation", "phase", "calls", "kernels_per_call", "cpu_launch_cost_per_call_ns", "kernel_gap_per_call_ns",
-            "gpu_time_per_call_ns", "launch_latency_p50_ns", "launch_latency_p99_ns", "queue_p50_ns", "submit_to_start_p50_ns"]
+            "gpu_time_per_call_ns", "launch_latency_p50_ns", "launch_latency_p99_ns", "queue_delay_p50_ns", "queued_kernels_pct",
+            "queue_p50_ns", "submit_to_start_p50_ns"]
     if not len(layers) or "kernel_count" not in layers:
         return pd.DataFrame(columns=cols)
     g = layers.groupby(["implementation", "phase"], dropna=False)
@@ -162,7 +217,13 @@ def summary(layers: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
                 return np.nan
             v = pd.to_numeric(group[col], errors="coerce").dropna()
             return float(v.quantile(p)) if len(v) else np.nan
-        stats[(impl, phase)] = (q("launch_latency_ns", 0.5), q("launch_latency_ns", 0.99), q("queue_ns", 0.5), q("submit_to_start_ns", 0.5))
-    rows = [stats.get((i, p), (np.nan,) * 4) for i, p in zip(out["implementation"], out["phase"])]
-    out[["launch_latency_p50_ns", "launch_latency_p99_ns", "queue_p50_ns", "submit_to_start_p50_ns"]] = pd.DataFrame(rows, index=out.index)
+        waited = pd.to_numeric(group["queue_delay_ns"], errors="coerce").notna() if "queue_delay_ns" in group else None
+        launched = (pd.to_numeric(group["launch_latency_ns"], errors="coerce").notna() | waited) if waited is not None else None
+        share = 100.0 * waited.sum() / launched.sum() if launched is not None and launched.any() else np.nan
+        stats[(impl, phase)] = (q("launch_latency_ns", 0.5), q("launch_latency_ns", 0.99), q("queue_delay_ns", 0.5), share,
+                                q("queue_ns", 0.5), q("submit_to_start_ns", 0.5))
+    names = ["launch_latency_p50_ns", "launch_latency_p99_ns", "queue_delay_p50_ns", "queued_kernels_pct", "queue_p50_ns",
+             "submit_to_start_p50_ns"]
+    rows = [stats.get((i, p), (np.nan,) * len(names)) for i, p in zip(out["implementation"], out["phase"])]
+    out[names] = pd.DataFrame(rows, index=out.index)
     return out[cols]

@@ -58,14 +58,18 @@ def _launch_table(layers: pd.DataFrame, kernels: pd.DataFrame) -> Table:
     from headcount.derive.launch import summary
 
     t = Table(title="Launching attention (per layer call)",
-              caption="latency: kernel start − launch call start; gaps: GPU idle between a call's kernels; occupancy: theoretical")
-    for col in ("impl", "phase", "kernels", "launch cost µs", "gaps µs", "GPU µs", "latency p50 µs", "p99 µs", "occupancy %"):
+              caption="latency: kernel start − launch call start, kernels launched onto an idle stream; queued: kernels that "
+                      "waited behind earlier work, and how long after their launch returned; gaps: GPU idle between a call's "
+                      "kernels; occupancy: theoretical")
+    for col in ("impl", "phase", "kernels", "launch cost µs", "gaps µs", "GPU µs", "latency p50 µs", "p99 µs", "queued %",
+                "queue p50 µs", "occupancy %"):
         t.add_column(col, justify="left" if col in ("impl", "phase") else "right")
     occ = layers.groupby(["implementation", "phase"])["theoretical_occupancy_pct"].mean() if "theoretical_occupancy_pct" in layers else {}
     for r in summary(layers, kernels).itertuples(index=False):
         t.add_row(r.implementation, r.phase, _fmt(r.kernels_per_call, ",.1f"), _fmt(r.cpu_launch_cost_per_call_ns / 1e3, ",.1f"),
                   _fmt(r.kernel_gap_per_call_ns / 1e3, ",.1f"), _fmt(r.gpu_time_per_call_ns / 1e3, ",.1f"),
                   _fmt(r.launch_latency_p50_ns / 1e3, ",.1f"), _fmt(r.launch_latency_p99_ns / 1e3, ",.1f"),
+                  _fmt(r.queued_kernels_pct, ",.0f"), _fmt(r.queue_delay_p50_ns / 1e3, ",.1f"),
                   _fmt(occ.get((r.implementation, r.phase)) if len(occ) else None, ",.1f"))
     return t
 
