@@ -78,6 +78,8 @@ class ReplayCupti:
         self.tick_ns = tick_ns
         self._now = 1_000_000_000  # virtual ns; any origin will do
         self.enabled: set[int] = set()
+        self.runtime_calls: set[int] = set()  # call ids enabled one by one (activity_enable_runtime_api)
+        self.driver_calls: set[int] = set()
         self.thread_id_type = None
         self.latency_timestamps = False
         self._callbacks = None
@@ -116,6 +118,21 @@ class ReplayCupti:
     def activity_disable(self, kind) -> None:
         self.enabled.discard(int(kind))
 
+    def activity_enable_runtime_api(self, cbid: int, enable: int) -> None:
+        """One runtime call id recorded (or not) without the whole ``RUNTIME`` kind, as CUPTI does."""
+        (self.runtime_calls.add if enable else self.runtime_calls.discard)(int(cbid))
+
+    def activity_enable_driver_api(self, cbid: int, enable: int) -> None:
+        (self.driver_calls.add if enable else self.driver_calls.discard)(int(cbid))
+
+    def _recorded(self, record) -> bool:
+        """Whether CUPTI would deliver ``record``: an API call only where its kind, or its own call id, is enabled."""
+        if not isinstance(record, real.ActivityAPI):
+            return True
+        if int(record.kind) == int(real.ActivityKind.RUNTIME):
+            return int(real.ActivityKind.RUNTIME) in self.enabled or int(record.cbid) in self.runtime_calls
+        return int(real.ActivityKind.DRIVER) in self.enabled or int(record.cbid) in self.driver_calls
+
     def activity_push_external_correlation_id(self, kind, ext_id: int) -> None:
         assert int(kind) == int(real.ExternalCorrelationKind.CUSTOM0)
         self._stacks.setdefault(threading.get_native_id(), []).append(ext_id)
@@ -125,7 +142,7 @@ class ReplayCupti:
 
     def activity_flush_all(self, flag: int) -> None:
         with self._lock:
-            pending, self._pending = self._pending, []
+            pending, self._pending = [r for r in self._pending if self._recorded(r)], []
         size, _ = self._callbacks[0]()
         assert size > 0
         for lo in range(0, len(pending), 500):  # several buffers, as CUPTI delivers them

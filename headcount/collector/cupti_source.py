@@ -44,7 +44,7 @@ from pathlib import Path
 
 import msgspec
 
-from headcount.collector import cupti_home
+from headcount.collector import api_calls, cupti_home
 from headcount.collector.cupti_errors import classify
 from headcount.derive.sampling import PM_COUNTERS, PM_PERCENTS
 from headcount.env import cuda_usable, package_version
@@ -400,6 +400,7 @@ class CuptiRecorder:
         self.stats = {"buffers": 0, "records": 0, "dropped_records": 0, "pm_sampling": {"enabled": False}}
         self.notices: list[str] = []
         self._kinds: list = []
+        self._api_calls: dict | None = None  # call ids enabled one by one (headcount.collector.api_calls)
         self._lock = threading.Lock()
         self._sampler: PmSampler | None = None
         self._graph_nodes: GraphNodeLog | None = None
@@ -412,6 +413,19 @@ class CuptiRecorder:
     # -------------------------------------------------------------- CUPTI side
     def _buffer_requested(self):
         return BUFFER_BYTES, 0
+
+    def _disable_api_calls(self) -> None:
+        """Stop recording the call ids :func:`headcount.collector.api_calls.enable` chose (best effort)."""
+        if not getattr(self, "_api_calls", None):
+            return
+        cupti, self._api_calls = self.cupti, None
+        for enum, pattern, switch in ((cupti.runtime_api_trace_cbid, api_calls.RUNTIME_CALLS, cupti.activity_enable_runtime_api),
+                                      (cupti.driver_api_trace_cbid, api_calls.DRIVER_CALLS, cupti.activity_enable_driver_api)):
+            for cbid in api_calls.chosen(enum, pattern):
+                try:
+                    switch(cbid, 0)
+                except Exception:  # noqa: BLE001
+                    pass
 
     def _buffer_completed(self, activities) -> None:
         cupti = self.cupti
@@ -434,7 +448,7 @@ class CuptiRecorder:
         """
         cupti = self.cupti
         kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET,
-                 cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER, cupti.ActivityKind.EXTERNAL_CORRELATION]
+                 cupti.ActivityKind.EXTERNAL_CORRELATION]
         if os.environ.get("NVTX_INJECTION64_PATH"):
             kinds.append(cupti.ActivityKind.MARKER)
             self.stats["nvtx_markers_enabled"] = True
@@ -452,12 +466,20 @@ class CuptiRecorder:
             for kind in kinds:
                 cupti.activity_enable(kind)
                 enabled.append(kind)
+            # only the runtime and driver calls a table reads (before any whole kind, which would override them)
+            self._api_calls = api_calls.enable(cupti)
+            self.stats["api_calls"] = self._api_calls or "all (this cupti-python cannot choose call ids)"
+            if self._api_calls is None:
+                for kind in (cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER):
+                    cupti.activity_enable(kind)
+                    enabled.append(kind)
         except Exception as exc:
             for kind in enabled:
                 try:
                     cupti.activity_disable(kind)
                 except Exception:  # noqa: BLE001 - best effort unwinding
                     pass
+            self._disable_api_calls()
             raise classify(exc) from exc
         self._kinds = enabled
         self.range_log = RangeLog(cupti)
@@ -535,6 +557,7 @@ class CuptiRecorder:
                 except Exception:  # noqa: BLE001
                     pass
             self._kinds = []
+            self._disable_api_calls()
         if self._graph_nodes is not None:
             self._graph_nodes.stop()
             self.records.extend(self._graph_nodes.records)
