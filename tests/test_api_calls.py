@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from cupti_replay import ReplayCupti, profile_replayed
+
 from headcount.collector import api_calls
 from headcount.collector.cupti_source import CuptiRecorder
 from headcount.derive.timeline import SYNC_CALL
