@@ -645,9 +645,8 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
         notices += found.notices
         calls = found.calls
         if len(found.ranges):
-            if found.assigned:  # a replay's attention kernels: given to their call by name, not by the graph launch
-                keys = np.full(len(events), -1, dtype=np.int64)
-                keys[np.fromiter(found.assigned, np.int64)] = np.fromiter(found.assigned.values(), np.int64)
+            keys = untagged.assigned_keys(found, len(events))
+            if keys is not None:  # a replay's attention kernels: given to their call by name, not by the graph launch
                 events = events.assign(**{untagged.CALL_KEY: keys})
             else:
                 found.ranges = found.ranges.drop(columns=untagged.CALL_KEY)
@@ -878,7 +877,8 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
         found = untagged.find_calls(events) if events is not None else None
         if found is not None and found.calls:
             export.ranges, calls = untagged.with_nvtx_ranges(export.ranges, found.ranges), found.calls
-            assigned = untagged.gpu_assigned(events, found, len(export.gpu))
+            if found.assigned:  # a replay's attention kernels: given to their call by name
+                assigned = untagged.assigned_keys(found, len(export.gpu), events[untagged.GPU_ROW].to_numpy())
         del events
     projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu, graph_nodes=export.graph_nodes,
                                               not_replayed=(STEP_DOMAIN,), assigned_keys=assigned)

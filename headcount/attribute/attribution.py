@@ -173,14 +173,12 @@ def attribute(ranges: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, *,
     """
     work = launches(gpu, runtime).reset_index(drop=True)
     inner = by_external_id(work, ranges) if match_external else launched_in(work, ranges)
-    if assigned is not None:
-        inner = np.where(assigned >= 0, assigned, inner)
     # before the replay instances: those hold replayed GPU work, never a CPU operator
     cpu_range = innermost_range(cpu, ranges, "start_ns", "end_ns") if cpu is not None else None
     if captured:
         ranges, inner = graphs.replay_instances(ranges, work, inner, captured, replayable)
-        if assigned is not None:  # a kernel assigned by name stays with its call, whichever range made its node
-            inner = np.where(assigned >= 0, assigned, inner)
+    if assigned is not None:  # a kernel assigned by name stays with its call, whatever its launch or node
+        inner = np.where(assigned >= 0, assigned, inner)
     work["range_id"] = inner
     if cpu is not None:
         ranges = project(ranges, cpu, cpu_range).rename(columns={"op_start_ns": "cpu_op_start_ns", "op_end_ns": "cpu_op_end_ns"})
@@ -215,7 +213,7 @@ def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, 
         not_replayed: domains whose ranges get no replay instances (steps).
         assigned_keys: per row of ``gpu``, the ``call_key`` of the range it belongs to whatever its launch
             (-1: by the rule; ``ranges`` then has a ``call_key`` column): an untagged graph replay's attention
-            kernels (:func:`headcount.attribute.untagged.gpu_assigned`).
+            kernels (:func:`headcount.attribute.untagged.assigned_keys`).
 
     Returns:
         ``(ranges, gpu)``: ranges with ``parent_range_id``, ``depth``, ``path``,

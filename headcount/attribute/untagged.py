@@ -103,9 +103,9 @@ class _Call:
     sequences: frozenset = frozenset()
     forward: "_Call | None" = None   # a backward call: the forward call it belongs to
     module: tuple[int, int] | None = None  # the attention module around a forward core call: its start and end
-    kernels: list[int] | None = None  # a call found by kernel names: its kernels (positions in the events table)
-    replay: bool = False  # found inside a graph replay: its kernels are assigned to it by name, not by launch
+    replayed: list[int] | None = None  # a call inside a graph replay: its kernels (events positions), theirs by name
     model: str | None = None  # the model (outermost module instance, or compiled graph) that made the call
+    model_at: int | None = None  # the position of that model's module range on the call's thread (None: not a module)
 
 
 class _Thread:
@@ -306,7 +306,7 @@ def find_calls(events: pd.DataFrame) -> Found:
     calls += _kernel_calls(events, calls, replays)
     _link_backward(calls, op_threads)
     _models(calls, module_threads, annotation_threads)
-    _number_by_position(calls, annotation_threads, module_threads, found.notices)
+    _number_by_position(calls, annotation_threads, found.notices)
     for c in calls:
         if c.forward is not None:  # a backward call: its forward call's layer, shapes and model
             f = c.forward
@@ -332,11 +332,12 @@ def find_calls(events: pd.DataFrame) -> Found:
             rows.append(_range(events, MODULE, c.pid, c.tid, min(c.module[0], c.start - 2), max(c.module[1], c.end + 2)))
         # a replay's calls on a lane of their own beside the launching thread: their kernels are theirs by name, and
         # no range of the thread (an nsys export's may overlap without nesting) re-attributes them by launch
-        tid = f"{c.tid}{REPLAY_LANE}" if c.replay else c.tid
+        replay = c.replayed is not None
+        tid = f"{c.tid}{REPLAY_LANE}" if replay else c.tid
         rows.append(_range(events, c.phase, c.pid, tid, c.start - 1, c.end + 1))
-        rows.append(_range(events, c.layer_name, c.pid, tid, c.start, c.end, n if c.replay else -1))
-        if c.replay:
-            found.assigned.update((k, n) for k in c.kernels)
+        rows.append(_range(events, c.layer_name, c.pid, tid, c.start, c.end, n if replay else -1))
+        if replay:
+            found.assigned.update((k, n) for k in c.replayed)
         found.calls.append(CallLog(thread_id=0, phase=c.phase, layer_name=c.layer_name, layer=c.layer, head=None, kv_head=None,
                                    shape=c.shape, model=c.model, signal=c.signal, found_as=c.found_as, numbered_by=c.numbered_by))
     ranges = pd.DataFrame(rows, columns=[*events.columns, CALL_KEY])
@@ -394,7 +395,7 @@ def _models(calls: list[_Call], module_threads: dict, annotation_threads: dict) 
         if around:
             name = str(module_threads[(call.pid, call.tid)].frame["name"].iloc[around[0]]).removeprefix("nn.Module: ")
             if not (signals.LAYER_MODULE.search(name) or signals.match("module", name)):
-                call.model = name
+                call.model, call.model_at = name, around[0]
     rest = [c for c in todo if c.model is None]
     for call, around in zip(rest, _around(annotation_threads, rest)):
         frame = annotation_threads[(call.pid, call.tid)].frame if around else None
@@ -572,7 +573,7 @@ def _kernel_calls(events: pd.DataFrame, calls: list[_Call], replays: _Replays) -
     ``…GraphLaunch``, or kernels with a ``graph node id``) every kernel shares
     the one launch call, so the launch cannot be the call: each run of
     attention kernels among the replay's kernels (in GPU order) is one call,
-    and those kernels are assigned to it by name (``_Call.kernels``), never
+    and those kernels are assigned to it by name (``_Call.replayed``), never
     the replay's other kernels."""
     kind = events["kind"].astype(object)
     kernel_rows = np.flatnonzero((kind == "kernel").to_numpy())
@@ -631,12 +632,11 @@ def _kernel_calls(events: pd.DataFrame, calls: list[_Call], replays: _Replays) -
                 run, phase = [], None
             elif hit[i] and not held[i]:
                 this = "bwd" if signals.BACKWARD_KERNEL.search(names[i]) else "fwd"
-                if not (run and this == phase and not (prologue[run[-1]])) and not (run and prologue[run[-1]]):
-                    if run:
-                        yield run, phase
-                    run, phase = [], this
+                if run and phase is not None and this != phase:  # the other phase: a call of its own
+                    yield run, phase
+                    run = []
+                run.append(i)  # to the run of its phase, or to the prologue waiting for it (phase None)
                 phase = this
-                run.append(i)
             elif prologue[i] and not held[i]:
                 if run:
                     yield run, phase
@@ -667,8 +667,7 @@ def _kernel_calls(events: pd.DataFrame, calls: list[_Call], replays: _Replays) -
                 if spans.overlaps((pid, tid), start, end):  # a run across another call: its first attention launch alone
                     run, start, end = [main], int(a_s[main]), int(a_e[main])
                 spans.add((pid, tid), start, end)
-                out.append(_Call(pid, tid, start, end, phase, "kernel", row_of[names[main]], names[main][:_KERNEL_NAME_CHARS],
-                                 kernels=[int(kernel_rows[i]) for i in run]))
+                out.append(_Call(pid, tid, start, end, phase, "kernel", row_of[names[main]], names[main][:_KERNEL_NAME_CHARS]))
 
     # graph replays holding attention: one launch call (pid, correlation) for all the replay's kernels
     graph = np.flatnonzero(in_graph)
@@ -691,7 +690,7 @@ def _kernel_calls(events: pd.DataFrame, calls: list[_Call], replays: _Replays) -
         for n, (run, phase) in enumerate(found):
             lo, main = lo_ns + n * width, next(i for i in run if hit[i])
             out.append(_Call(pid, tid, lo + 1, lo + width - 2, phase, "kernel", row_of[names[main]],
-                             names[main][:_KERNEL_NAME_CHARS], kernels=[int(kernel_rows[i]) for i in run], replay=True))
+                             names[main][:_KERNEL_NAME_CHARS], replayed=[int(kernel_rows[i]) for i in run]))
         spans.add((pid, tid), lo_ns, max(hi_ns, lo_ns + width * len(found)))
     return out
 
@@ -750,7 +749,7 @@ def _link_backward(calls: list[_Call], op_threads: dict) -> None:
                 c.found_as = fwd.found_as.rsplit("/", 1)[0] + "/" + c.found_as
 
 
-def _number_by_position(calls: list[_Call], annotation_threads: dict, module_threads: dict, notices: list[str]) -> None:
+def _number_by_position(calls: list[_Call], annotation_threads: dict, notices: list[str]) -> None:
     """Calls without a layer yet: a forward call's position among the forward calls inside the same
     outermost annotation around it and the same call of its model's outermost module; a backward
     call without a forward it links to takes, in reverse order, the layer of the forward calls of its
@@ -758,24 +757,24 @@ def _number_by_position(calls: list[_Call], annotation_threads: dict, module_thr
     todo = sorted((c for c in calls if c.layer_name is None and c.forward is None), key=lambda c: c.start)
     if not todo:
         return
-    group = _step_groups(todo, annotation_threads)
-    outer = _around(module_threads, todo)
+    group = dict(zip(map(id, calls), _step_groups(calls, annotation_threads)))
     counters: dict = {}
     backward: dict = {}
-    for c, g, around in zip(todo, group, outer):
+    for c in todo:
+        g = group[id(c)]
         if c.phase == "bwd":
             backward.setdefault((c.pid, g), []).append(c)
             continue
-        key = (c.pid, c.tid, g, around[0] if around and c.model is not None else None)
+        key = (c.pid, c.tid, g, c.model_at)
         c.layer = counters.get(key, 0)
         counters[key] = c.layer + 1
         c.layer_name = f"layer.{c.layer}"
     if not backward:
         return
     forward_of: dict = {}
-    for c, g in zip(calls, _step_groups(calls, annotation_threads)):
+    for c in calls:
         if c.phase == "fwd" and c.layer_name is not None:
-            forward_of.setdefault((c.pid, g), []).append(c)
+            forward_of.setdefault((c.pid, group[id(c)]), []).append(c)
     matched = unmatched = 0
     for key, bwd in backward.items():
         fwd = sorted(forward_of.get(key, []), key=lambda c: c.start)
@@ -932,29 +931,36 @@ GPU_ROW = "gpu_row"
 """Column of :func:`nvtx_events`' kernel rows: the row's position in the export's ``gpu`` table."""
 
 
-def gpu_assigned(events: pd.DataFrame, found: Found, rows: int) -> np.ndarray | None:
-    """Per row of an export's ``gpu`` table (``rows`` of them), the :data:`CALL_KEY` of the call its kernel is
-    assigned to by name (:attr:`Found.assigned`, a graph replay's attention kernels), -1 elsewhere; ``None``: none."""
+def assigned_keys(found: Found, rows: int, at: np.ndarray | None = None) -> np.ndarray | None:
+    """Per row of a table of ``rows`` rows, the :data:`CALL_KEY` of the call its kernel is assigned to by name
+    (:attr:`Found.assigned`: a graph replay's attention kernels), -1 elsewhere; ``None`` where none is.
+
+    Args:
+        at: each events position's row in that table (an nsys export's ``gpu``: :func:`nvtx_events`'
+            :data:`GPU_ROW`); ``None``: the table is the events table itself (a Kineto trace's).
+    """
     if not found.assigned:
         return None
     keys = np.full(rows, -1, dtype=np.int64)
-    at = events[GPU_ROW].to_numpy()
-    for position, key in found.assigned.items():
-        keys[int(at[position])] = key
+    positions = np.fromiter(found.assigned, np.int64, len(found.assigned))
+    keys[positions if at is None else np.asarray(at)[positions].astype(np.int64)] = np.fromiter(
+        found.assigned.values(), np.int64, len(found.assigned))
     return keys
 
 
 def with_nvtx_ranges(ranges: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
     """An nsys export's NVTX ranges (:class:`~headcount.tables.Timeline` ``ranges``) plus the
     ranges of the calls :func:`find_calls` found there, as ranges of headcount's domain
-    (new ``range_id`` s after the export's own), with their :data:`CALL_KEY` (-1 for the export's own)."""
+    (new ``range_id`` s after the export's own), with their :data:`CALL_KEY` where a graph replay's kernels
+    are assigned by name (null for the export's own ranges)."""
     first = int(ranges["range_id"].max()) + 1 if len(ranges) else 1
     ours = pd.DataFrame({"range_id": np.arange(first, first + len(found), dtype=np.int64), "pid": found["pid"].to_numpy(object),
                          "tid": found["tid"].to_numpy(object), "domain": DOMAIN,
                          "name": [n.split("@", 1)[1] for n in found["name"]], "style": "PushPop",
                          "start_ns": found["start_ns"].to_numpy(np.int64), "end_missing": False,
-                         "end_ns": found["end_ns"].to_numpy(np.int64),
-                         CALL_KEY: found[CALL_KEY].to_numpy(np.int64) if CALL_KEY in found else -1})
+                         "end_ns": found["end_ns"].to_numpy(np.int64)})
+    if CALL_KEY in found and (found[CALL_KEY] >= 0).any():
+        ours[CALL_KEY] = pd.array(found[CALL_KEY].to_numpy(np.int64), dtype="Int64")
     text = [c for c in ("pid", "tid", "domain", "name", "style") if c in ranges]
-    both = pd.concat([ranges.astype({c: object for c in text}).assign(**{CALL_KEY: -1}), ours], ignore_index=True)
+    both = pd.concat([ranges.astype({c: object for c in text}), ours], ignore_index=True)
     return both.astype({c: "category" for c in text})

@@ -123,18 +123,17 @@ def run(args) -> int:
     except FileNotFoundError as exc:
         raise HeadcountError(f"{argv[0]}: cannot be started ({exc.strerror})", hint="check the command", exit_code=3) from exc
     tool_info["program_wall_s"] = round(time.monotonic() - started, 3)  # under the recorder: what recording cost
-    follow_umask(raw)
-    if ran.killed or ran.held:  # killed: what the tool had not written is lost; held: the user stopped headcount there
-        console.print(f"headcount: {'killed' if ran.killed else 'interrupted'}; no report was written; {_kept(wrapper, raw, out)}",
-                      soft_wrap=True, highlight=False)
-        return INTERRUPTED
     try:
+        if ran.killed or ran.held:  # killed: what the tool had not written is lost; held: the user stopped headcount there
+            console.print(f"headcount: {'killed' if ran.killed else 'interrupted'}; no report was written; "
+                          f"{_kept(wrapper, raw, out)}", soft_wrap=True, highlight=False)
+            return INTERRUPTED
         return _report(args, console, wrapper, ran, raw, out, run_id, tool_info)
     except KeyboardInterrupt:  # while the recording is exported, read or committed: nothing half-written, the raw files kept
         console.print(f"headcount: interrupted; no report was written; {_kept(wrapper, raw, out)}", soft_wrap=True, highlight=False)
         return INTERRUPTED
     finally:
-        follow_umask(raw)  # the exports made while the report was built too
+        follow_umask(raw)  # what the recorder, the program and the exports wrote
 
 
 INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C, as shells and nsys give it

@@ -37,11 +37,11 @@ def chosen(enum, pattern: re.Pattern) -> list[int]:
     return sorted({int(member) for member in enum if pattern.match(member.name)})
 
 
-def enable(cupti) -> dict[str, int] | None:
-    """Enable the runtime and driver calls the tables read, one call id at a time.
+def switch(cupti, on: bool) -> dict[str, int] | None:
+    """Enable (``on``) or disable the runtime and driver calls the tables read, one call id at a time.
 
     Returns:
-        How many call ids of each were enabled (``{"runtime": n, "driver": m}``), or ``None`` where this
+        How many call ids of each were switched (``{"runtime": n, "driver": m}``), or ``None`` where this
         cupti-python cannot choose (no ``activity_enable_runtime_api``): the caller enables the whole kinds.
 
     Raises:
@@ -49,9 +49,11 @@ def enable(cupti) -> dict[str, int] | None:
     """
     if not (hasattr(cupti, "activity_enable_runtime_api") and hasattr(cupti, "activity_enable_driver_api")):
         return None
-    runtime, driver = chosen(cupti.runtime_api_trace_cbid, RUNTIME_CALLS), chosen(cupti.driver_api_trace_cbid, DRIVER_CALLS)
-    for cbid in runtime:
-        cupti.activity_enable_runtime_api(cbid, 1)
-    for cbid in driver:
-        cupti.activity_enable_driver_api(cbid, 1)
-    return {"runtime": len(runtime), "driver": len(driver)}
+    counts = {}
+    for what, enum, pattern, call in (("runtime", cupti.runtime_api_trace_cbid, RUNTIME_CALLS, cupti.activity_enable_runtime_api),
+                                      ("driver", cupti.driver_api_trace_cbid, DRIVER_CALLS, cupti.activity_enable_driver_api)):
+        ids = chosen(enum, pattern)
+        for cbid in ids:
+            call(cbid, int(on))
+        counts[what] = len(ids)
+    return counts

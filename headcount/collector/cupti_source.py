@@ -415,17 +415,13 @@ class CuptiRecorder:
         return BUFFER_BYTES, 0
 
     def _disable_api_calls(self) -> None:
-        """Stop recording the call ids :func:`headcount.collector.api_calls.enable` chose (best effort)."""
-        if not getattr(self, "_api_calls", None):
-            return
-        cupti, self._api_calls = self.cupti, None
-        for enum, pattern, switch in ((cupti.runtime_api_trace_cbid, api_calls.RUNTIME_CALLS, cupti.activity_enable_runtime_api),
-                                      (cupti.driver_api_trace_cbid, api_calls.DRIVER_CALLS, cupti.activity_enable_driver_api)):
-            for cbid in api_calls.chosen(enum, pattern):
-                try:
-                    switch(cbid, 0)
-                except Exception:  # noqa: BLE001
-                    pass
+        """Stop recording the call ids :func:`headcount.collector.api_calls.switch` chose (best effort)."""
+        if self._api_calls:
+            self._api_calls = None
+            try:
+                api_calls.switch(self.cupti, False)
+            except Exception:  # noqa: BLE001 - best effort at the end of a session
+                pass
 
     def _buffer_completed(self, activities) -> None:
         cupti = self.cupti
@@ -467,7 +463,7 @@ class CuptiRecorder:
                 cupti.activity_enable(kind)
                 enabled.append(kind)
             # only the runtime and driver calls a table reads (before any whole kind, which would override them)
-            self._api_calls = api_calls.enable(cupti)
+            self._api_calls = api_calls.switch(cupti, True)
             self.stats["api_calls"] = self._api_calls or "all (this cupti-python cannot choose call ids)"
             if self._api_calls is None:
                 for kind in (cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER):

@@ -53,8 +53,9 @@ def latency_columns(k: pd.DataFrame) -> pd.DataFrame:
     busy_until = np.full(len(k), np.iinfo(np.int64).min, dtype=np.int64)  # no earlier work: idle
     rows = np.flatnonzero(gpu & has)
     if len(rows):
-        keys = [k[c].iloc[rows].astype(object).fillna("").astype(str).to_numpy() for c in ("pid", "device", "stream") if c in k]
-        stream = pd.MultiIndex.from_arrays(keys).factorize()[0] if keys else np.zeros(len(rows), dtype=np.int64)
+        keys = [c for c in ("pid", "device", "stream") if c in k]
+        stream = (k.iloc[rows].groupby(keys, dropna=False, observed=True, sort=False).ngroup().to_numpy(np.int64) if keys
+                  else np.zeros(len(rows), dtype=np.int64))
         s_int = start[rows]
         e_int = np.maximum(pd.array(k["end_ns"].iloc[rows], dtype="Int64").to_numpy(np.int64, na_value=0), s_int)
         order = np.lexsort((s_int, stream))

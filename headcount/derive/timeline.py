@@ -194,13 +194,20 @@ def _blocked(a: np.ndarray, b: np.ndarray, other: np.ndarray, thread: np.ndarray
     another process, a collective's peer); ns. Only stretches longer than :data:`CPU_PACE_NS` are looked at."""
     out = np.zeros(len(a))
     sync = np.flatnonzero(calls["sync"]) if len(calls["sync"]) else np.zeros(0, dtype=np.int64)
-    if not len(sync):
+    long = np.flatnonzero(other > CPU_PACE_NS)
+    if not len(sync) or not len(long):
         return out
-    ends, threads = calls["end"][sync], calls["thread"][sync]
-    starts = ends - calls["blocked"][sync]
-    for i in np.flatnonzero(other > CPU_PACE_NS):
-        mine = threads == thread[i]
-        overlap = np.minimum(ends[mine], b[i]) - np.maximum(starts[mine], a[i])
+    by_thread = {}  # a thread is in one call at a time: its calls sorted by start are sorted by end too
+    for t in np.unique(calls["thread"][sync]):
+        mine = sync[calls["thread"][sync] == t]
+        order = np.argsort(calls["end"][mine] - calls["blocked"][mine], kind="stable")
+        by_thread[t] = ((calls["end"][mine] - calls["blocked"][mine])[order], calls["end"][mine][order])
+    for i in long:
+        if thread[i] not in by_thread:
+            continue
+        starts, ends = by_thread[thread[i]]
+        lo, hi = np.searchsorted(ends, a[i], side="right"), np.searchsorted(starts, b[i], side="left")
+        overlap = np.minimum(ends[lo:hi], b[i]) - np.maximum(starts[lo:hi], a[i])
         out[i] = min(float(overlap[overlap > 0].sum()), other[i])
     return out
 
