@@ -110,7 +110,8 @@ STEPS = pa.schema([
     ("idle_unknown_ns", F), ("idle_other_blocked_ns", F),
     ("kernels", I), ("kernel_ns", F), ("kernel_p50_ns", F), ("memcpy_ns", F), ("memset_ns", F),
     ("attention_gpu_ns", F), ("attention_share_pct", F), ("communication_ns", F),
-    ("launches", I), ("cpu_launch_cost_p50_ns", F), ("sync_calls", I), ("provenance", S), ("note", S),
+    ("launches", I), ("cpu_launch_cost_p50_ns", F), ("sync_calls", I), ("queued_kernels_pct", F), ("launch_latency_p50_ns", F),
+    ("launch_travel_ns", F), ("provenance", S), ("note", S),
 ])
 """One row per implementation × process × device × step: how busy the GPU was and why it was idle
 (:mod:`headcount.derive.timeline`)."""

@@ -33,8 +33,14 @@ The rules, all on one process's work on one device within one step:
     something else for longer than that (Python, data loading, the
     framework's own work);
   - then ``[max(a, s), e)``, the CPU inside N's launch call, and the first
-    :data:`LAUNCH_TRAVEL_NS` after it (the launch reaching the GPU) →
-    **launch-bound**; the GPU idle beyond that with N launched → **other**;
+    *travel allowance* after it (the launch reaching the GPU) →
+    **launch-bound**; the GPU idle beyond that with N launched → **other**.
+    The allowance is measured: the p90 (:data:`TRAVEL_QUANTILE`) of start −
+    launch call end over the process's operations on the device that were
+    launched onto an idle stream (``launch_latency_ns`` set, not
+    ``queue_delay_ns``: :func:`headcount.derive.launch.latency_columns`), at
+    most :data:`LAUNCH_TRAVEL_NS`; that ceiling where fewer than
+    :data:`MIN_IDLE_LAUNCHES` were (``launch_travel_ns`` says which);
   - a gap whose N has no launch record (launched before the recording
     began, or a source without launch calls) is ``idle_unknown_ns``.
 
@@ -59,6 +65,11 @@ The rules, all on one process's work on one device within one step:
   launch is one call for many kernels); ``cpu_launch_cost_p50_ns`` their
   median duration; ``sync_calls``: synchronizing calls of the process that
   started in the step (any thread).
+- ``queued_kernels_pct``: of the step's operations whose launch is recorded,
+  the share that waited behind earlier work of their stream (the CPU was
+  ahead of the GPU there); ``launch_latency_p50_ns``: the median launch
+  latency of the others (launched onto an idle stream); ``launch_travel_ns``:
+  the travel allowance the split above used.
 
 CPU runs (no GPU operation): ``basis`` ``cpu_step``: the window is the step
 range itself, attention is the union of its layer ranges, and every GPU
@@ -90,23 +101,32 @@ SYNC_CALL = re.compile(
 """Runtime/driver calls that block the CPU until GPU work has finished."""
 
 LAUNCH_TRAVEL_NS = 50_000
-"""How long a launched operation may take to reach an idle GPU and start (a
-few µs on NVIDIA and AMD GPUs): an idle GPU that starts it later was waiting
-for something else."""
+"""The most a launched operation may take to reach an idle GPU and start, from the end of its launch call: the
+travel allowance where too few launches onto an idle stream measure it, and its ceiling where they do (an idle GPU
+that starts the work later was waiting for something else). The H100 step measured 2.0 µs p50, 2.7 µs p90
+(tests/fixtures/gpu/h100-2026-12-05, sdpa)."""
+
+TRAVEL_QUANTILE = 0.9
+"""The quantile of the measured travel (start − launch call end, launches onto an idle stream) that is the allowance:
+the longest ordinary launch, not the outliers that waited on another stream's event."""
+
+MIN_IDLE_LAUNCHES = 20
+"""Launches onto an idle stream needed (per process and device) to measure the travel allowance."""
 
 COMMUNICATION = re.compile(r"nccl|rccl", re.IGNORECASE)
 """Kernel names of collective communication (NCCL, RCCL)."""
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
 WORK_COLUMNS = ["kind", "implementation", "pid", "tid", "device", "step", "name", "start_ns", "end_ns", "api_start_ns",
-                "api_end_ns", "correlation_id", "layer_name"]
+                "api_end_ns", "correlation_id", "layer_name", "launch_latency_ns", "queue_delay_ns"]
 """The kernels table's columns :func:`gpu_steps` reads."""
 KEYS = ["implementation", "pid", "device", "step"]
 COLUMNS = [
     *KEYS, "basis", "window_start_ns", "window_end_ns", "window_ns", "gpu_busy_ns", "gpu_busy_pct",
     "idle_ns", "idle_launch_bound_ns", "idle_sync_ns", "idle_host_ns", "idle_other_ns", "idle_unknown_ns",
     "idle_other_blocked_ns", "kernels", "kernel_ns", "kernel_p50_ns", "memcpy_ns", "memset_ns", "attention_gpu_ns", "attention_share_pct",
-    "communication_ns", "launches", "cpu_launch_cost_p50_ns", "sync_calls", "provenance", "note",
+    "communication_ns", "launches", "cpu_launch_cost_p50_ns", "sync_calls", "queued_kernels_pct", "launch_latency_p50_ns",
+    "launch_travel_ns", "provenance", "note",
 ]
 
 
@@ -154,7 +174,7 @@ def _last_before(q_thread: np.ndarray, q_time: np.ndarray, c_thread: np.ndarray,
 
 def _classify(gaps: dict[str, np.ndarray], calls: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Split each gap (``a``, ``b``; ``s``, ``e`` the launch call of the op
-    ending it, on ``thread``, -1: unknown) into launch-bound, sync, host, other
+    ending it, on ``thread``, -1: unknown; ``travel``: its travel allowance) into launch-bound, sync, host, other
     and unknown nanoseconds (the rules of the module docstring), given the
     launching threads' ``calls`` (``thread``, ``end``, ``sync``, ``blocked``)."""
     a, b, s, e = gaps["a"], gaps["b"], gaps["s"], gaps["e"]
@@ -163,7 +183,7 @@ def _classify(gaps: dict[str, np.ndarray], calls: dict[str, np.ndarray]) -> dict
     late = ~unknown & ~queued
     c = np.where(late, np.clip(s, a, b), a)  # the GPU idle before the CPU began launching the op: [a, c)
     returned = np.where(late, np.clip(e, c, b), a)  # [c, returned): inside the launch call
-    travel = np.where(late, np.minimum(b - returned, LAUNCH_TRAVEL_NS), 0.0)
+    travel = np.where(late, np.minimum(b - returned, gaps["travel"]), 0.0)
     other = np.where(queued, b - a, np.where(late, b - returned - travel, 0.0))
     launch = np.where(late, returned - c + travel, 0.0)
     before = c - a
@@ -294,7 +314,10 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
     origin = int(start_int.min())
 
     def rel(values) -> np.ndarray:
-        return (pd.to_numeric(values, errors="coerce").astype("Float64") - origin).to_numpy(np.float64, na_value=np.nan)
+        numbers = pd.to_numeric(values, errors="coerce")
+        if pd.api.types.is_integer_dtype(numbers.dtype):  # subtracted as integers: float64 would round to 256 ns first
+            return (pd.array(numbers, dtype="Int64") - origin).to_numpy(np.float64, na_value=np.nan)
+        return (numbers.astype("Float64") - origin).to_numpy(np.float64, na_value=np.nan)
 
     start, end = (start_int - origin).astype(np.float64), (end_int - origin).astype(np.float64)
     s = rel(work["api_start_ns"]) if "api_start_ns" in work else np.full(len(work), np.nan)
@@ -335,7 +358,8 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
     del piece
     gap = np.flatnonzero(~np.isnan(prev_end) & (start_o > prev_end))
     at = order[gap]
-    gaps = {"a": prev_end[gap], "b": start_o[gap], "s": s[at], "e": e[at], "thread": thread[at]}
+    allowance, idle, queued = _travel_allowance(work, start, s, e, pid_codes, len(pids), device_codes, len(devices))
+    gaps = {"a": prev_end[gap], "b": start_o[gap], "s": s[at], "e": e[at], "thread": thread[at], "travel": allowance[at]}
     gap_group = g_o[gap]
     del prev_end, start_o, end_o, g_o, gap, at, group_key, impl_codes, step_codes  # a large process's copies: freed before the rest
     # what each launching thread did: its launch calls (one per thread and correlation id) and its synchronizing calls
@@ -382,9 +406,38 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
     out["launches"] = np.bincount(g[one], minlength=n).astype(np.int64)
     out["cpu_launch_cost_p50_ns"] = pd.Series(e[one] - s[one]).groupby(g[one]).median().reindex(range(n)).to_numpy(np.float64)
     out["sync_calls"] = _sync_counts(out, syncs)
+    launched_ops = idle | queued
+    with np.errstate(divide="ignore", invalid="ignore"):
+        counted = np.bincount(g[launched_ops], minlength=n)
+        out["queued_kernels_pct"] = np.where(counted > 0, 100.0 * np.bincount(g[queued], minlength=n) / counted, np.nan)
+    latency = pd.to_numeric(work["launch_latency_ns"], errors="coerce").to_numpy(np.float64, na_value=np.nan) \
+        if "launch_latency_ns" in work else np.full(len(work), np.nan)
+    out["launch_latency_p50_ns"] = pd.Series(latency[idle]).groupby(g[idle]).median().reindex(range(n)).to_numpy(np.float64)
+    out["launch_travel_ns"] = allowance[first_row]
     out["provenance"] = "measured"
     out["note"] = np.where(out["launches"] == 0, "no launch call recorded for this work: idle time cannot be split by cause", None)
     return out.reindex(columns=COLUMNS)
+
+
+def _travel_allowance(work: pd.DataFrame, start: np.ndarray, s: np.ndarray, e: np.ndarray, pid_codes: np.ndarray, n_pids: int,
+                      device_codes: np.ndarray, n_devices: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per op: the travel allowance of its process and device (ns; the module docstring), and whether it was launched
+    onto an idle stream (``launch_latency_ns`` set) or waited behind earlier work (``queue_delay_ns`` set), with
+    its launch call known. Times relative, float64 (exact differences)."""
+    def column(name):
+        return (pd.to_numeric(work[name], errors="coerce").to_numpy(np.float64, na_value=np.nan) if name in work
+                else np.full(len(work), np.nan))
+
+    known = ~np.isnan(s) & ~np.isnan(e)
+    idle = known & ~np.isnan(column("launch_latency_ns"))
+    queued = known & ~np.isnan(column("queue_delay_ns"))
+    allowance = np.full(len(work), float(LAUNCH_TRAVEL_NS))
+    if idle.sum() >= MIN_IDLE_LAUNCHES:
+        where = _combine((pid_codes, n_pids), (device_codes, n_devices))
+        travel = pd.Series(start[idle] - e[idle]).groupby(where[idle])
+        measured = travel.quantile(TRAVEL_QUANTILE)[travel.size() >= MIN_IDLE_LAUNCHES].clip(0.0, LAUNCH_TRAVEL_NS)
+        allowance = pd.Series(where).map(measured).fillna(float(LAUNCH_TRAVEL_NS)).to_numpy(np.float64)
+    return allowance, idle, queued
 
 
 def _sync_counts(rows: pd.DataFrame, syncs: pd.DataFrame | None) -> np.ndarray:

@@ -43,6 +43,8 @@ OUTLIER_MIN_PCT = 20.0  # a layer/head beyond the spread must also be this much 
 EXCESS_MIN = 2.0  # measured DRAM bytes over the analytic minimum
 LOW_OCCUPANCY_PCT = 25.0  # time-weighted occupancy of attention's kernels
 MANY_KERNELS = 100  # kernels per step from which "many small kernels" is considered
+QUEUED_MAX_PCT = 50.0  # "many small kernels" only where at most this share of the work waited behind earlier work:
+# where most of it queued, the CPU stayed ahead of the GPU and its launches cost the GPU nothing
 MIN_STEPS = 3
 
 KINDS = ("gpu_idle_launch_bound", "gpu_idle_sync", "gpu_idle_host", "gpu_idle_other", "attention_dominant", "slow_implementation",
@@ -152,7 +154,11 @@ def _idle_findings(steps: pd.DataFrame) -> list[dict]:
             elif cause == "host":
                 evidence += f"; the launching thread launched nothing for more than {_us(CPU_PACE_NS)} before the GPU's next work"
             else:
-                evidence += f"; the work after these gaps had been launched and waited more than {_us(LAUNCH_TRAVEL_NS)} to start"
+                travel = float(g["launch_travel_ns"].median()) if "launch_travel_ns" in g and g["launch_travel_ns"].notna().any() \
+                    else float(LAUNCH_TRAVEL_NS)
+                evidence += (f"; the work after these gaps had been launched and waited more than {_us(travel)} to start "
+                             "(the recording's p90 from launch call to start onto an idle stream"
+                             + (")" if travel < LAUNCH_TRAVEL_NS else ", or the ceiling)"))
             gain = mid
             if cause == "other" and "idle_other_blocked_ns" in g and g["idle_other_blocked_ns"].fillna(0).gt(0).any():
                 _, blocked, _ = _over_steps(100.0 * g["idle_other_blocked_ns"].fillna(0) / window, stepped)
@@ -168,13 +174,21 @@ def _idle_findings(steps: pd.DataFrame) -> list[dict]:
         # most kernels run from graph launches (a replay is one launch for many kernels): already captured, no such advice
         launches = g["launches"] if "launches" in g else pd.Series(0, index=g.index)
         replayed = (launches > 0) & (2 * launches < g["kernels"])
-        small = g[(g["kernels"] >= MANY_KERNELS) & (g["kernel_p50_ns"] < g["cpu_launch_cost_p50_ns"]) & ~replayed]
+        # work that waited behind earlier work was launched ahead of the GPU: its launch cost the GPU nothing
+        queued = pd.to_numeric(g["queued_kernels_pct"], errors="coerce") if "queued_kernels_pct" in g else pd.Series(np.nan, index=g.index)
+        ahead = queued > QUEUED_MAX_PCT
+        small = g[(g["kernels"] >= MANY_KERNELS) & (g["kernel_p50_ns"] < g["cpu_launch_cost_p50_ns"]) & ~replayed & ~ahead]
         if len(small) == len(g) and len(g):
+            launched = "; whether the work queued behind earlier work is not known"
+            if queued.notna().any():
+                latency = float(pd.to_numeric(g["launch_latency_p50_ns"], errors="coerce").median())
+                launched = (f"; {_pct(float(queued.median()))} of the work waited behind earlier work, the rest started "
+                            f"{_us(latency)} (p50) after its launch call began")
             out.append({"kind": "many_small_kernels", "subject": what, "implementation": key[0],
                         "value": float(g["kernel_p50_ns"].median()), "unit": "ns median kernel duration",
                         "evidence": f"{int(g['kernels'].median())} kernels per step, median {_us(float(g['kernel_p50_ns'].median()))}: "
-                                    f"shorter than the CPU's median launch call ({_us(float(g['cpu_launch_cost_p50_ns'].median()))}); "
-                                    f"GPU idle {_pct(idle_mid)} of the window ({idle_words}); measured",
+                                    f"shorter than the CPU's median launch call ({_us(float(g['cpu_launch_cost_p50_ns'].median()))})"
+                                    f"{launched}; GPU idle {_pct(idle_mid)} of the window ({idle_words}); measured",
                         "suggestion": _SUGGEST["many_small_kernels"], "expected_gain_pct": np.nan, "provenance": "measured",
                         "_impact": idle_mid})
     return out
