@@ -222,8 +222,8 @@ def test_the_bert_small_kineto_step_waited_for_every_launch(tmp_path):
     (queued 0 %), 1.9 µs p90 after its launch call returned: counted from the trace's own events (µs, to the ns)."""
     import gzip as gz
 
-    from headcount.derive.timeline import MIN_IDLE_LAUNCHES
     from headcount.cli.main import main
+    from headcount.derive.timeline import MIN_IDLE_LAUNCHES
 
     path = Path(__file__).parent / "fixtures" / "kineto" / "h100_bert-small_sdpa_kineto.json.gz"
     events = json.load(gz.open(path))["traceEvents"]
