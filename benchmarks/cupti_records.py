@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from cupti import cupti  # noqa: E402
-from cupti_replay import ReplayCupti  # noqa: E402
+from cupti_replay import ReplayCupti  # noqa: E402  (first: it puts headcount's own cupti-python on the path)
 
 from headcount.collector.cupti_source import CuptiRecorder, record_of  # noqa: E402
 from headcount.parsers import cupti_records  # noqa: E402

@@ -1,6 +1,7 @@
 """The cupti source's Python-side cost per range (issue 49): open and close one of headcount's ranges
 (``headcount.collector.cupti_source.RangeLog``: two timestamps, the external correlation id pushed and
-popped, the range kept), without a GPU.
+popped — for a phase range opened with its layer range, only the layer's —, the range kept), without a GPU
+(the copy of each CUPTI record: ``benchmarks/cupti_records.py``).
 
 What stands in for CUPTI: its three calls are C builtins of the same arity (``time.perf_counter_ns`` for
 ``get_timestamp``, ``max`` for ``activity_push_external_correlation_id``, ``abs`` for the pop), so the figure
@@ -33,7 +34,7 @@ def per_range_ns(ranges: int, nested: bool) -> float:
     start = time.perf_counter_ns()
     if nested:
         for _ in range(ranges // 2):
-            outer = log.open("headcount", "fwd")
+            outer = log.open("headcount", "fwd", correlate=False)  # as CorrelatedEmitter.push2: one id for the pair
             inner = log.open("headcount", "layer.0")
             log.close(inner)
             log.close(outer)

@@ -78,6 +78,7 @@ class ReplayCupti:
         self.tick_ns = tick_ns
         self._now = 1_000_000_000  # virtual ns; any origin will do
         self.enabled: set[int] = set()
+        self.pushed: list[int] = []  # every external correlation id pushed, in order
         self.runtime_calls: set[int] = set()  # call ids enabled one by one (activity_enable_runtime_api)
         self.driver_calls: set[int] = set()
         self.thread_id_type = None
@@ -136,6 +137,7 @@ class ReplayCupti:
     def activity_push_external_correlation_id(self, kind, ext_id: int) -> None:
         assert int(kind) == int(real.ExternalCorrelationKind.CUSTOM0)
         self._stacks.setdefault(threading.get_native_id(), []).append(ext_id)
+        self.pushed.append(ext_id)
 
     def activity_pop_external_correlation_id(self, kind) -> int:
         return self._stacks[threading.get_native_id()].pop()
@@ -143,6 +145,9 @@ class ReplayCupti:
     def activity_flush_all(self, flag: int) -> None:
         with self._lock:
             pending, self._pending = [r for r in self._pending if self._recorded(r)], []
+        # an external correlation record precedes the API record it correlates: none where that call is not recorded
+        calls = {r.correlation_id for r in pending if isinstance(r, real.ActivityAPI)}
+        pending = [r for r in pending if not isinstance(r, real.ActivityExternalCorrelation) or r.correlation_id in calls]
         size, _ = self._callbacks[0]()
         assert size > 0
         for lo in range(0, len(pending), 500):  # several buffers, as CUPTI delivers them
@@ -434,7 +439,7 @@ def factory():
 
 
 def profile_replayed(model, inputs, mode="layer", steps=2, replay=None, pm=None, tmp_path=None, backward=True,
-                     cuda_ready=lambda: True, pm_interval_ns: int = 0):
+                     cuda_ready=lambda: True, pm_interval_ns: int = 0, correlate: bool = True):
     """``AttentionProfiler`` on a :class:`CuptiRecorder` fed by this replay (H100 limits), ``steps``
     numbered steps of ``model(**inputs)`` with every operator launching: ``(profiler, replay)``."""
     from headcount import AttentionProfiler
@@ -446,7 +451,7 @@ def profile_replayed(model, inputs, mode="layer", steps=2, replay=None, pm=None,
         pm.clock = replay.get_timestamp  # one clock for the replayed GPU and its PM sampler
     # the model is on the GPU before profiling (cuda_ready), unless a test says otherwise
     rec = CuptiRecorder(cupti=replay, pm_module=pm, pm_sampling=pm is not None, record_dir=tmp_path, cuda_ready=cuda_ready,
-                        pm_interval_ns=pm_interval_ns)
+                        pm_interval_ns=pm_interval_ns, correlate=correlate)
     rec.device_limits = LIMITS["9.0"]
     prof = AttentionProfiler(model, mode=mode, recorder=rec)
     with prof:

@@ -174,6 +174,9 @@ def events_frame(header: dict, records: list[dict]) -> pd.DataFrame:
     frame["est_achieved_occupancy_pct"] = pd.array([pd.NA] * len(frame), dtype="Float64")
     frame["pid"] = frame["pid"].astype(str)
     frame["tid"] = frame["tid"].astype(object).where(frame["tid"].notna(), None)
+    if header.get("stats", {}).get("correlation") is False:
+        # recorded without external correlation: work belongs to the ranges around its launch call on its thread
+        frame = frame.drop(columns=["external_id"])
     return frame
 
 

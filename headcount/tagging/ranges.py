@@ -153,9 +153,9 @@ class CorrelatedEmitter(RangeEmitter):
         self.push2 = self._push2
         self.pop2 = self._pop2
 
-    def push(self, name: str):
+    def push(self, name: str, correlate: bool = True):
         token = RangeEmitter.push(self, name)
-        return token, self._log.open(self._domain_name, name)
+        return token, self._log.open(self._domain_name, name, correlate)
 
     def pop(self, token=None) -> None:
         inner, rid = token
@@ -163,7 +163,8 @@ class CorrelatedEmitter(RangeEmitter):
         RangeEmitter.pop(self, inner)
 
     def _push2(self, outer: str, inner: str):
-        return self.push(outer), self.push(inner)
+        # nothing launches between the two: the inner range's id is the only one a launch can carry
+        return self.push(outer, correlate=False), self.push(inner)
 
     def _pop2(self, tokens=None) -> None:
         self.pop(tokens[1])

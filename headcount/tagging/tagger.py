@@ -78,12 +78,19 @@ class _BackwardRange:
         """Open the ranges (from the output's gradient hook or :class:`~headcount.tagging.grad_marks.OpenOnGrad`)."""
         tagger = self.tagger
         tagger._record(self.log, threading.get_ident())
-        self.opened.append([tagger.emitter.push(name) for name in self.names])
+        if len(self.names) == 2:  # phase and layer, opened together as the forward's are (one correlation id)
+            self.opened.append(tagger.emitter.push2(*self.names))
+        else:
+            self.opened.append([tagger.emitter.push(name) for name in self.names])
 
     def close(self, *_grads) -> None:
         """Close them once the inputs' gradients exist."""
         if self.opened:  # the output may have received no gradient
-            for token in reversed(self.opened.pop()):
+            tokens = self.opened.pop()
+            if len(self.names) == 2:
+                self.tagger.emitter.pop2(tokens)
+                return
+            for token in reversed(tokens):
                 self.tagger.emitter.pop(token)
 
 
