@@ -17,8 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from headcount.collector import cupti_home  # noqa: E402
+
+cupti_home.activate()  # headcount's own cupti-python (`headcount cupti install`), as the product loads it
 from cupti import cupti  # noqa: E402
-from cupti_replay import ReplayCupti  # noqa: E402  (first: it puts headcount's own cupti-python on the path)
+from cupti_replay import ReplayCupti  # noqa: E402
 
 from headcount.collector.cupti_source import CuptiRecorder, record_of  # noqa: E402
 from headcount.parsers import cupti_records  # noqa: E402
