@@ -186,6 +186,13 @@ class AttentionProfiler:
         return self._window.collector_info
 
     @property
+    def collector_stats(self) -> dict | None:
+        """The cupti recorder's own counts and timings of this window, as it keeps them while recording (records by
+        kind, call ids chosen, correlation ids pushed, ``timings_ms`` of its start and stop parts); ``None`` for
+        other sources."""
+        return getattr(self._window.recorder, "stats", None)
+
+    @property
     def compiled_steps(self) -> list[int]:
         """Steps left out of the figures because torch.compile compiled during them."""
         return self._window.compiled_steps

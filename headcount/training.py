@@ -36,6 +36,7 @@ need only the attention statistics, gathered in the loop: they come at once.
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 import weakref
 from pathlib import Path
@@ -129,6 +130,9 @@ class StepProfiler:
         self.alerted: set[tuple] = set()
         self._baseline: tuple[int, dict] | None = None  # (first profiled step, normalized entropy by head)
         self.profiled: list[int] = []  # steps recorded (and, in the background, handed to the writer)
+        # per profiled step, the loop's wall time (ms) spent starting the window, stopping it (the collector's parts
+        # in "collector") and handing it over: what a window costs the loop beyond the profiled step itself
+        self.window_ms: dict[int, dict] = {}
         self.skipped: list[int] = []  # steps due while the writer was full
         self.writer = WindowWriter(capacity=queue, idle=writer_priority == "idle") if background else None
         # windows queued when the program ends without close() are written all the same
@@ -158,18 +162,25 @@ class StepProfiler:
                    + (", writer_priority='normal' writes every window at the loop's expense" if lowered else "") + ")")
             return
         self._step = step
+        began = time.perf_counter()
         self._prof = AttentionProfiler(self.model, mode=self.mode, backend=self.backend, run_id=f"{self.base_id}-step{step:07d}",
                                        attention_stats=self.attention_stats, metadata={"global_step": step})
         self._prof.__enter__()
+        self.window_ms[step] = {"start": round((time.perf_counter() - began) * 1e3, 3)}
 
     def stop(self) -> None:
         """End the profiled step: write its run, update the drift."""
         if self._prof is None:
             return
         prof, self._prof = self._prof, None
+        began = time.perf_counter()
         prof.__exit__(None, None, None)
+        spent = self.window_ms.setdefault(self._step, {})
+        spent["stop"] = round((time.perf_counter() - began) * 1e3, 3)
+        spent["collector"] = dict((prof.collector_stats or {}).get("timings_ms") or {})
         if prof.failure is not None:
             return
+        began = time.perf_counter()
         statistics = prof.attention_statistics()
         if statistics is not None:
             statistics["step"] = self._step
@@ -182,6 +193,7 @@ class StepProfiler:
                 notice(line)
         else:
             prof.save(self.out, append=bool(self.profiled) or (self.out / "headcount.json").exists())
+        spent["handed_over"] = round((time.perf_counter() - began) * 1e3, 3)  # statistics, and the writer given the window
         self.profiled.append(self._step)
         self._warn(statistics)
 

@@ -48,6 +48,13 @@ def test_only_the_ranges_a_launch_can_carry_push_their_id(llama, tmp_path, mode)
     assert pushed == set(by_id.index[by_id["level"].isin(inner)])
     header = records[0]
     assert header["stats"]["correlation"] is True and header["stats"]["correlation_pushes"] == len(pushed)
+    # the recorder's own account: records counted by kind as the file holds them, its start and stop parts timed
+    counted: dict = {}
+    for r in records[1:]:
+        if r["kind"] != "range":
+            counted[r["kind"]] = counted.get(r["kind"], 0) + 1
+    assert header["stats"]["records_by_kind"] == counted and counted["external_correlation"] > 0
+    assert {"enable", "synchronize", "flush_disable", "write"} <= set(prof.collector_stats["timings_ms"])
     # every launch still maps to its range exactly: the layers' kernels are the ones launched inside them
     k = stats["kernels"]
     carried = {r["external_id"] for r in records if r["kind"] == "external_correlation"}

@@ -66,6 +66,9 @@ def test_plain_loop_helper_and_no_alert_under_the_threshold(tmp_path):
         sp.close()
     assert sp.profiled == [0, 5, 10]
     assert not sp.drift()["alert"].any()
+    # what each window cost the loop, part by part (the GPU check's training.json reports it)
+    assert sorted(sp.window_ms) == [0, 5, 10]
+    assert all(w["start"] >= 0 and w["stop"] >= 0 and w["handed_over"] >= 0 and w["collector"] == {} for w in sp.window_ms.values())
 
 
 def test_drift_table_arithmetic():
