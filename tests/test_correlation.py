@@ -85,3 +85,44 @@ def test_without_correlation_the_ranges_are_attributed_by_time_alike(llama, tmp_
     if mode == "head":
         pd.testing.assert_frame_equal(a["heads"][["phase", "layer", "head", "kernel_count", "duration_ns"]],
                                       b["heads"][["phase", "layer", "head", "kernel_count", "duration_ns"]])
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_the_h100_tables_need_only_what_the_collector_now_records(impl, tmp_path):
+    """The H100 step, recorded with every API call and an id pushed by every range, read again with only what the
+    collector now records: the chosen call ids, and external correlation records only of those calls made inside an
+    attention range (CUPTI writes one with each recorded API call while an id is pushed; the steps push none).
+    Every table a user reads is the same."""
+    from pathlib import Path
+
+    from headcount.build import tables_from_cupti
+    from headcount.collector import api_calls
+    from headcount.device import limits_for
+
+    source = Path(__file__).parent / "fixtures" / "gpu" / "h100-2026-12-05" / "records-layer" / impl / "cupti-records.jsonl.gz"
+    with gzip.open(source, "rt") as fh:
+        records = [json.loads(line) for line in fh]
+    attention = {r["id"] for r in records if r["kind"] == "range" and r["domain"] == "headcount"}
+    chosen = {r["correlation_id"] for r in records if r["kind"] in ("runtime", "driver")
+              and (api_calls.RUNTIME_CALLS if r["kind"] == "runtime" else api_calls.DRIVER_CALLS).match(r["name"])}
+    kept = [r for r in records if not (
+        (r["kind"] in ("runtime", "driver") and r["correlation_id"] not in chosen)
+        or (r["kind"] == "external_correlation" and (r["correlation_id"] not in chosen or r["external_id"] not in attention)))]
+    assert len(kept) < 0.15 * len(records)
+    now = tmp_path / "cupti-records.jsonl.gz"
+    with gzip.open(now, "wt") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in kept)
+    before = tables_from_cupti(source, [], "h100", impl, limits_for("9.0")).tables
+    after = tables_from_cupti(now, [], "h100", impl, limits_for("9.0")).tables
+    # a kernel launched outside attention carried its step's id before: no table reads it (steps come from time)
+    k_before, k_after = before["kernels"], after["kernels"]
+    inside = k_before["layer_name"].notna()
+    assert k_before.loc[inside, "external_id"].tolist() == k_after.loc[inside, "external_id"].tolist()
+    assert k_after.loc[~inside, "external_id"].isna().all()
+    before["kernels"], after["kernels"] = k_before.drop(columns="external_id"), k_after.drop(columns="external_id")
+    for name in ("kernels", "layers", "steps", "ranges"):
+        a, b = before[name], after[name]
+        if "run_id" in a:
+            a, b = a.drop(columns="run_id"), b.drop(columns="run_id")
+        pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True), check_like=True, obj=name)
+    assert after["layers"]["kernel_count"].sum() > 0 and after["steps"]["sync_calls"].notna().all()

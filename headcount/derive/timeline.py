@@ -36,11 +36,13 @@ The rules, all on one process's work on one device within one step:
     *travel allowance* after it (the launch reaching the GPU) →
     **launch-bound**; the GPU idle beyond that with N launched → **other**.
     The allowance is measured: the p90 (:data:`TRAVEL_QUANTILE`) of start −
-    launch call end over the process's operations on the device that were
-    launched onto an idle stream (``launch_latency_ns`` set, not
-    ``queue_delay_ns``: :func:`headcount.derive.launch.latency_columns`), at
-    most :data:`LAUNCH_TRAVEL_NS`; that ceiling where fewer than
-    :data:`MIN_IDLE_LAUNCHES` were (``launch_travel_ns`` says which);
+    launch call end over the row's own operations (its step, process and
+    device) that were launched onto an idle stream (``launch_latency_ns``
+    set, not ``queue_delay_ns``: :func:`headcount.derive.launch.latency_columns`),
+    at most :data:`LAUNCH_TRAVEL_NS`; that ceiling where fewer than
+    :data:`MIN_IDLE_LAUNCHES` were (``launch_travel_ns`` says which). Per
+    row, so that a trace built a group of steps at a time gives the tables
+    the whole trace gives;
   - a gap whose N has no launch record (launched before the recording
     began, or a source without launch calls) is ``idle_unknown_ns``.
 
@@ -69,7 +71,7 @@ The rules, all on one process's work on one device within one step:
   the share that waited behind earlier work of their stream (the CPU was
   ahead of the GPU there); ``launch_latency_p50_ns``: the median launch
   latency of the others (launched onto an idle stream); ``launch_travel_ns``:
-  the travel allowance the split above used.
+  the travel allowance the split above used (the row's own).
 
 CPU runs (no GPU operation): ``basis`` ``cpu_step``: the window is the step
 range itself, attention is the union of its layer ranges, and every GPU
@@ -358,7 +360,7 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
     del piece
     gap = np.flatnonzero(~np.isnan(prev_end) & (start_o > prev_end))
     at = order[gap]
-    allowance, idle, queued = _travel_allowance(work, start, s, e, pid_codes, len(pids), device_codes, len(devices))
+    allowance, idle, queued = _travel_allowance(work, start, s, e, g)
     gaps = {"a": prev_end[gap], "b": start_o[gap], "s": s[at], "e": e[at], "thread": thread[at], "travel": allowance[at]}
     gap_group = g_o[gap]
     del prev_end, start_o, end_o, g_o, gap, at, group_key, impl_codes, step_codes  # a large process's copies: freed before the rest
@@ -419,11 +421,11 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
     return out.reindex(columns=COLUMNS)
 
 
-def _travel_allowance(work: pd.DataFrame, start: np.ndarray, s: np.ndarray, e: np.ndarray, pid_codes: np.ndarray, n_pids: int,
-                      device_codes: np.ndarray, n_devices: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per op: the travel allowance of its process and device (ns; the module docstring), and whether it was launched
-    onto an idle stream (``launch_latency_ns`` set) or waited behind earlier work (``queue_delay_ns`` set), with
-    its launch call known. Times relative, float64 (exact differences)."""
+def _travel_allowance(work: pd.DataFrame, start: np.ndarray, s: np.ndarray, e: np.ndarray,
+                      g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per op: the travel allowance of its row ``g`` (ns; the module docstring), and whether it was launched onto an
+    idle stream (``launch_latency_ns`` set) or waited behind earlier work (``queue_delay_ns`` set), with its launch
+    call known. Times relative, float64 (exact differences)."""
     def column(name):
         return (pd.to_numeric(work[name], errors="coerce").to_numpy(np.float64, na_value=np.nan) if name in work
                 else np.full(len(work), np.nan))
@@ -431,13 +433,12 @@ def _travel_allowance(work: pd.DataFrame, start: np.ndarray, s: np.ndarray, e: n
     known = ~np.isnan(s) & ~np.isnan(e)
     idle = known & ~np.isnan(column("launch_latency_ns"))
     queued = known & ~np.isnan(column("queue_delay_ns"))
-    allowance = np.full(len(work), float(LAUNCH_TRAVEL_NS))
+    allowance = np.full(int(g.max()) + 1 if len(g) else 0, float(LAUNCH_TRAVEL_NS))
     if idle.sum() >= MIN_IDLE_LAUNCHES:
-        where = _combine((pid_codes, n_pids), (device_codes, n_devices))
-        travel = pd.Series(start[idle] - e[idle]).groupby(where[idle])
+        travel = pd.Series(start[idle] - e[idle]).groupby(g[idle])
         measured = travel.quantile(TRAVEL_QUANTILE)[travel.size() >= MIN_IDLE_LAUNCHES].clip(0.0, LAUNCH_TRAVEL_NS)
-        allowance = pd.Series(where).map(measured).fillna(float(LAUNCH_TRAVEL_NS)).to_numpy(np.float64)
-    return allowance, idle, queued
+        allowance[measured.index.to_numpy(np.int64)] = measured.to_numpy(np.float64)
+    return allowance[g], idle, queued
 
 
 def _sync_counts(rows: pd.DataFrame, syncs: pd.DataFrame | None) -> np.ndarray:
