@@ -157,8 +157,9 @@ def _idle_findings(steps: pd.DataFrame) -> list[dict]:
                 travel = float(g["launch_travel_ns"].median()) if "launch_travel_ns" in g and g["launch_travel_ns"].notna().any() \
                     else float(LAUNCH_TRAVEL_NS)
                 evidence += (f"; the work after these gaps had been launched and waited more than {_us(travel)} to start "
-                             "(the recording's p90 from launch call to start onto an idle stream"
-                             + (")" if travel < LAUNCH_TRAVEL_NS else ", or the ceiling)"))
+                             + ("(launch_travel_ns: each step's p90 from launch call end to start onto an idle stream, "
+                                "median over steps)" if travel < LAUNCH_TRAVEL_NS else "(the ceiling: too few launches onto "
+                                "an idle stream to measure it)"))
             gain = mid
             if cause == "other" and "idle_other_blocked_ns" in g and g["idle_other_blocked_ns"].fillna(0).gt(0).any():
                 _, blocked, _ = _over_steps(100.0 * g["idle_other_blocked_ns"].fillna(0) / window, stepped)
