@@ -344,8 +344,8 @@ def with_launch_latency(layers: pd.DataFrame, heads: pd.DataFrame, kernels: pd.D
     tables; unchanged where kernels have no latency."""
     from headcount.derive.launch import latency_quantiles
 
-    queued = kernels["queue_delay_ns"].isna().all() if "queue_delay_ns" in kernels else True
-    if "launch_latency_ns" not in kernels or (kernels["launch_latency_ns"].isna().all() and queued):
+    none_queued = kernels["queue_delay_ns"].isna().all() if "queue_delay_ns" in kernels else True
+    if "launch_latency_ns" not in kernels or (kernels["launch_latency_ns"].isna().all() and none_queued):
         return layers, heads
     out = []
     for table, keys in ((layers, GROUP_LAYER), (heads, GROUP_LAYER + ["head"])):

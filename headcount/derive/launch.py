@@ -203,28 +203,21 @@ def summary(layers: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
             "queue_p50_ns", "submit_to_start_p50_ns"]
     if not len(layers) or "kernel_count" not in layers:
         return pd.DataFrame(columns=cols)
-    g = layers.groupby(["implementation", "phase"], dropna=False)
+    keys = ["implementation", "phase"]
+    g = layers.groupby(keys, dropna=False)
     out = g.agg(calls=("calls", "sum"), kernel_count=("kernel_count", "sum"), cost=("cpu_launch_cost_ns", "sum"),
                 gap=("kernel_gap_ns", "sum"), time=("duration_ns", "sum")).reset_index()
     out["kernels_per_call"] = out["kernel_count"] / out["calls"]
     out["cpu_launch_cost_per_call_ns"] = out["cost"] / out["calls"]
     out["kernel_gap_per_call_ns"] = out["gap"] / out["calls"]
     out["gpu_time_per_call_ns"] = out["time"] / out["calls"]
+    # the launch latency, queue delay and queued share of the attention kernels: as the layers and heads get them
+    out = out.merge(latency_quantiles(kernels, keys).astype({k: object for k in keys}), on=keys, how="left")
     k = kernels[kernels["layer_name"].notna()] if len(kernels) and "layer_name" in kernels else kernels.iloc[0:0]
-    stats = {}
-    for (impl, phase), group in k.groupby(["implementation", "phase"], dropna=False) if len(k) else []:
-        def q(col, p):
-            if col not in group:
-                return np.nan
-            v = pd.to_numeric(group[col], errors="coerce").dropna()
-            return float(v.quantile(p)) if len(v) else np.nan
-        waited = pd.to_numeric(group["queue_delay_ns"], errors="coerce").notna() if "queue_delay_ns" in group else None
-        launched = (pd.to_numeric(group["launch_latency_ns"], errors="coerce").notna() | waited) if waited is not None else None
-        share = 100.0 * waited.sum() / launched.sum() if launched is not None and launched.any() else np.nan
-        stats[(impl, phase)] = (q("launch_latency_ns", 0.5), q("launch_latency_ns", 0.99), q("queue_delay_ns", 0.5), share,
-                                q("queue_ns", 0.5), q("submit_to_start_ns", 0.5))
-    names = ["launch_latency_p50_ns", "launch_latency_p99_ns", "queue_delay_p50_ns", "queued_kernels_pct", "queue_p50_ns",
-             "submit_to_start_p50_ns"]
-    rows = [stats.get((i, p), (np.nan,) * len(names)) for i, p in zip(out["implementation"], out["phase"])]
-    out[names] = pd.DataFrame(rows, index=out.index)
-    return out[cols]
+    for col, name in (("queue_ns", "queue_p50_ns"), ("submit_to_start_ns", "submit_to_start_p50_ns")):  # CUPTI's timestamps
+        p50 = (pd.to_numeric(k[col], errors="coerce").groupby([k[c] for c in keys], dropna=False).median().rename(name).reset_index()
+               if col in k and len(k) else pd.DataFrame(columns=[*keys, name]))
+        out = out.merge(p50.astype({c: object for c in keys}), on=keys, how="left")
+    out = out.reindex(columns=cols)
+    out[cols[7:]] = out[cols[7:]].astype("float64")  # NaN where none, as the figures above
+    return out
