@@ -36,7 +36,7 @@ import sys, torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from headcount import AttentionProfiler
-from headcount.models import load_model, make_inputs
+from headcount.cli.models import load_model, make_inputs
 
 SLOW = sys.argv[2] == "slow"
 

@@ -103,7 +103,7 @@ def step_cost(rounds: int) -> dict:
 
 def _workers_cpu(sp) -> dict[str, float]:
     """CPU seconds each window-writer process has had so far, by kind (none without workers)."""
-    from headcount.window_writer import _cpu_seconds
+    from headcount.build.window_writer import _cpu_seconds
 
     if sp is None or sp.writer is None:
         return {}

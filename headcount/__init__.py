@@ -13,7 +13,7 @@ from importlib import import_module
 
 from headcount._version import __version__
 from headcount.collector import cupti_home as _cupti_home
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 # before torch is imported: a CUDA torch then loads the cupti source's libcupti, not its own older one
 _cupti_home.put_first()

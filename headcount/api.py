@@ -3,7 +3,7 @@
 It wires the stages together and holds no logic of its own: tag
 (:mod:`headcount.tagging.tagger`), record (a source from
 :mod:`headcount.collector`), parse, attribute and derive
-(:mod:`headcount.build`), report (:mod:`headcount.reports`).
+(:mod:`headcount.build.shared`), report (:mod:`headcount.reports`).
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount import env
-from headcount.build import NO_ATTENTION, Recording, implementation_of, tables_from_recording
+from headcount.build.shared import NO_ATTENTION, Recording, implementation_of, tables_from_recording
+from headcount.build.sources import RECORDERS
 from headcount.collector import Recorder, cupti_source
 from headcount.collector.compile_watch import CompileWatch
 from headcount.collector.torch_source import TorchRecorder
-from headcount.device import Device
-from headcount.errors import HeadcountError, notice
-from headcount.naming import STEP_DOMAIN
-from headcount.reports import dataset
-from headcount.reports.metadata import device_info, new_run_id, run_metadata, runs_row
-from headcount.sources import RECORDERS
+from headcount.common import env
+from headcount.common.device import Device
+from headcount.common.errors import HeadcountError, notice
+from headcount.common.naming import STEP_DOMAIN
+from headcount.store import dataset
+from headcount.store.metadata import device_info, new_run_id, run_metadata, runs_row
 from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
 from headcount.tagging.tagger import MODES, AttentionTagger
 
@@ -452,7 +452,7 @@ class AttentionProfiler:
 
     def recording(self) -> Recording:
         """This window's recording with everything its build needs, picklable (a worker process can build it:
-        :func:`headcount.build.tables_from_recording`).
+        :func:`headcount.build.shared.tables_from_recording`).
 
         Raises:
             HeadcountError: nothing was recorded, or the window has not ended.
@@ -482,7 +482,7 @@ class AttentionProfiler:
             self._window.recorder.cleanup()
 
     def _built(self, window: "_Window") -> dict[str, pd.DataFrame]:
-        """The window's recording built (:func:`headcount.build.tables_from_recording`), its notices said."""
+        """The window's recording built (:func:`headcount.build.shared.tables_from_recording`), its notices said."""
         built = tables_from_recording(self.recording())
         window.collector_info = built.info or None
         for line in built.notices:
@@ -525,7 +525,7 @@ class AttentionProfiler:
         return runs_row(meta)
 
     def save(self, out: str | Path, append: bool = False, force: bool = False) -> Path:
-        """Write the report (Parquet dataset, see :mod:`headcount.reports.dataset`).
+        """Write the report (Parquet dataset, see :mod:`headcount.store.dataset`).
 
         Raises:
             HeadcountError: the directory already holds a report (without

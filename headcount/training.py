@@ -23,7 +23,7 @@ turning uniform, or collapsing onto one token) is warned about once.
 
 The loop does not wait for a window's tables: once torch's profiler has
 stopped, the recording goes to a worker process that builds and appends it
-(:mod:`headcount.window_writer`, started with the profiler, before the
+(:mod:`headcount.build.window_writer`, started with the profiler, before the
 loop): on Linux at idle priority, so that it takes only CPU time the loop
 leaves, and by a second worker at low priority (nice 19: a small share of
 a busy core) when ``queue`` windows wait and another is due; a window due
@@ -44,9 +44,9 @@ from pathlib import Path
 import pandas as pd
 
 from headcount.api import AttentionProfiler, resolve_backend
-from headcount.errors import notice
-from headcount.reports.metadata import new_run_id
-from headcount.window_writer import WindowWriter
+from headcount.build.window_writer import WindowWriter
+from headcount.common.errors import notice
+from headcount.store.metadata import new_run_id
 
 DRIFT_COLUMNS = ["step", "baseline_step", "layer_name", "layer", "head", "baseline_normalized_entropy",
                  "normalized_entropy", "change", "alert"]
@@ -98,7 +98,7 @@ class StepProfiler:
             while that many wait is skipped, with a notice).
         writer_priority: ``"idle"`` (Linux; elsewhere ``"normal"``): windows are written by a worker at
             idle priority, on CPU time the loop leaves idle, and by a second worker at low priority (nice 19)
-            only when the queue is full (see :class:`~headcount.window_writer.WindowWriter`); ``"normal"``: by
+            only when the queue is full (see :class:`~headcount.build.window_writer.WindowWriter`); ``"normal"``: by
             one worker that shares the CPU with the loop as an equal (every window written as it comes).
 
     Raises:

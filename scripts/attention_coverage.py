@@ -154,7 +154,7 @@ def _tagged_step(model, ids, mode: str):
 
 def try_family(family: str) -> Outcome:
     """One family's outcome (never raises)."""
-    from headcount.errors import HeadcountError
+    from headcount.common.errors import HeadcountError
 
     result = Outcome(family)
     ids = torch.randint(3, 100, (2, 16), generator=torch.Generator().manual_seed(1))

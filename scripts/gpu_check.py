@@ -158,7 +158,7 @@ def pack(src: Path, dest: Path, limit: int = 60 << 20, piece: int = 15 << 20) ->
 # ---------------------------------------------------------------- bandwidth
 def bandwidth(out: Path, dry_run: bool) -> int:
     """Device-to-device copy ceiling (headcount calibrate's measurement)."""
-    from headcount.calibrate import copy_ceiling
+    from headcount.machine.calibrate import copy_ceiling
 
     device = "cuda" if _cuda() and not dry_run else "cpu"
     _write(out / "bandwidth.json", copy_ceiling(device, (2 << 30) if device == "cuda" else (64 << 20)))
@@ -173,8 +173,8 @@ def occupancy_vs_driver(out: Path) -> int:
     import torch
     from cuda.bindings import driver as cu
 
+    from headcount.common.device import Device
     from headcount.derive import occupancy
-    from headcount.device import Device
 
     torch.zeros(1, device="cuda")  # a current context (torch's primary one)
 
@@ -216,7 +216,7 @@ def occupancy_vs_driver(out: Path) -> int:
 def _model(args):
     import torch
 
-    from headcount.models import load_model, make_inputs, set_implementation
+    from headcount.cli.models import load_model, make_inputs, set_implementation
 
     model, _ = load_model(args.model, args.dtype)
     if _cuda() and not args.dry_run:
@@ -441,7 +441,7 @@ def _counters_model(args, longest: int):
     import torch
     from transformers import BertForMaskedLM
 
-    from headcount.models import DTYPES, bert_config, set_implementation
+    from headcount.cli.models import DTYPES, bert_config, set_implementation
 
     config = bert_config("tiny" if args.dry_run else "base")
     config.max_position_embeddings = max(config.max_position_embeddings, longest)
@@ -457,7 +457,7 @@ def counters_workload(args) -> int:
     """For each shape of ``--shapes`` (SEQxBATCH,…), two training steps (the first warms up), untagged: run under
     ``headcount run``, which tags it and numbers its steps (a step per outermost forward). ``--plan`` gets which
     step ran which shape and which step is the one compared."""
-    from headcount.models import make_inputs
+    from headcount.cli.models import make_inputs
 
     shapes = parse_shapes(args.shapes)
     model = _counters_model(args, max(seq for seq, _ in shapes))
@@ -857,8 +857,8 @@ def check_ncu_slice(c: _Checked) -> None:
     import numpy as np
     import pandas as pd
 
+    from headcount.common.device import limits_for
     from headcount.derive import occupancy
-    from headcount.device import limits_for
 
     ncu_dir = c.out / "ncu-report"
     if not (ncu_dir / "layers").exists():

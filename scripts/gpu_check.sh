@@ -110,7 +110,7 @@ if torch.cuda.is_available():
 for tool in ("ncu", "nsys"):
     exe = shutil.which(tool)
     env[tool] = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1] if exe else None
-from headcount.env import package_version
+from headcount.common.env import package_version
 for dist in ("nvidia-cuda-cupti", "cuda-toolkit", "cupti-python", "cuda-bindings", "nvtx"):  # what torch brought (issue 35)
     env[dist] = package_version(dist)
 try:

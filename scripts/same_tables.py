@@ -41,13 +41,13 @@ import sys
 from pathlib import Path
 import pyarrow as pa, pyarrow.parquet as pq
 try:
-    from headcount.build.in_process import tables_from_cupti
+    from headcount.build.shared.in_process import tables_from_cupti
 except ImportError:  # before the build package
-    from headcount.build import tables_from_cupti
+    from headcount.build.shared import tables_from_cupti
 try:
     from headcount.common.device import limits_for
 except ImportError:
-    from headcount.device import limits_for
+    from headcount.common.device import limits_for
 path, impl, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 built = tables_from_cupti(path, [], "h100", impl, limits_for("9.0"))
 out.mkdir(parents=True)

@@ -444,7 +444,7 @@ def profile_replayed(model, inputs, mode="layer", steps=2, replay=None, pm=None,
     numbered steps of ``model(**inputs)`` with every operator launching: ``(profiler, replay)``."""
     from headcount import AttentionProfiler
     from headcount.collector.cupti_source import CuptiRecorder
-    from headcount.device import LIMITS
+    from headcount.common.device import LIMITS
 
     replay = replay or ReplayCupti()
     if pm is not None:

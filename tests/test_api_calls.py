@@ -14,7 +14,7 @@ from cupti_replay import ReplayCupti, profile_replayed
 
 from headcount.collector import api_calls
 from headcount.collector.cupti_source import CuptiRecorder
-from headcount.derive.timeline import SYNC_CALL
+from headcount.derive.steps import SYNC_CALL
 
 GPU = Path(__file__).parent / "fixtures" / "gpu" / "h100-2026-12-05"
 

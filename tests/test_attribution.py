@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headcount.attribute import attribution, nesting
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 from headcount.parsers.kineto import load_trace
 
 
@@ -164,7 +164,7 @@ def test_calls_pair_with_range_instances_in_time_order_per_layer_and_head():
     whatever the rows' order; an instance with no logged call keeps null shapes; rows come back in
     range_id order, and a range column the log also has keeps the range's value."""
     from headcount.attribute.calls import attach_calls, calls_frame
-    from headcount.call_log import CallLog, CallShape
+    from headcount.common.call_log import CallLog, CallShape
 
     def shape(q_len):
         return CallShape("sdpa", 2, 4, 4, q_len, q_len, 16, 16, "float32", 4, True)

@@ -146,7 +146,7 @@ def test_a_cpu_model_on_a_gpu_machine_is_labelled_cpu(monkeypatch, tmp_path):
     import torch
 
     from headcount import AttentionProfiler
-    from headcount.models import load_model, make_inputs
+    from headcount.cli.models import load_model, make_inputs
 
     class Props:
         name, major, minor, multi_processor_count, total_memory = "NVIDIA H100 80GB HBM3", 9, 0, 132, 80 << 30

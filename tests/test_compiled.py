@@ -195,7 +195,7 @@ def test_profile_compiled_against_uncompiled_in_one_report(tmp_path, capsys):
 
     from headcount.cli.main import main
     from headcount.reports.compare import comparison
-    from headcount.reports.query import connect
+    from headcount.store.query import connect
 
     out = tmp_path / "r"
     assert main(["profile", "--compile", "none,default", "--impl", "sdpa", "--steps", "1", "--batch", "1", "--seq", "32",

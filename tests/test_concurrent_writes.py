@@ -65,7 +65,7 @@ def test_a_claim_is_never_seen_unheld_by_another_writers_recovery(tmp_path, monk
     used to be removed, files and all, and the run then missed tables although every writer succeeded."""
     import os
 
-    from headcount.reports import dataset
+    from headcount.store import dataset
 
     out = tmp_path / "r"
     out.mkdir()

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from cupti_replay import ReplayCupti, profile_replayed
 
-from headcount.models import load_model, make_inputs
+from headcount.cli.models import load_model, make_inputs
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +95,9 @@ def test_the_h100_tables_need_only_what_the_collector_now_records(impl, tmp_path
     Every table a user reads is the same."""
     from pathlib import Path
 
-    from headcount.build import tables_from_cupti
+    from headcount.build.shared import tables_from_cupti
     from headcount.collector import api_calls
-    from headcount.device import limits_for
+    from headcount.common.device import limits_for
 
     source = Path(__file__).parent / "fixtures" / "gpu" / "h100-2026-12-05" / "records-layer" / impl / "cupti-records.jsonl.gz"
     with gzip.open(source, "rt") as fh:

@@ -19,12 +19,12 @@ from headcount import AttentionProfiler, attention_range
 from headcount.api import resolve_backend
 from headcount.attribute import attribution, graphs
 from headcount.cli.main import main as cli_main
+from headcount.cli.models import load_model, make_inputs
 from headcount.collector import cupti_source
 from headcount.collector.cupti_errors import classify
 from headcount.collector.cupti_source import CuptiRecorder, record_of
+from headcount.common.errors import HeadcountError
 from headcount.derive.occupancy import LIMITS
-from headcount.errors import HeadcountError
-from headcount.models import load_model, make_inputs
 from headcount.parsers import cupti_records
 
 
@@ -139,7 +139,7 @@ def test_ranges_left_open_by_an_interrupt_are_left_out_with_a_notice(llama, tmp_
     import gzip
     import os
 
-    from headcount.wrap import assemble
+    from headcount.build import run_folder as assemble
 
     model, inputs = llama
     prof, _ = profile_replayed(model, inputs, steps=2, tmp_path=tmp_path)
@@ -187,7 +187,7 @@ def test_pm_sampling_loads_and_fails_only_at_the_driver():
         from cupti import pm_sampling
     except ImportError as exc:
         pytest.skip(f"cupti-python {cupti_source.cupti_version()} has no pm_sampling ({exc})")
-    from headcount import env
+    from headcount.common import env
 
     if env.driver_present():
         pytest.skip("an NVIDIA driver is present: the collector would start")
@@ -541,7 +541,7 @@ def test_one_recording_gives_the_same_tables_in_process_and_through_headcount_ru
     ``headcount run --backend cupti``'s per-process assembly: one build path, identical tables."""
     import os
 
-    from headcount.wrap import assemble
+    from headcount.build import run_folder as assemble
 
     model, inputs = llama
     prof, _ = profile_replayed(model, inputs, mode=mode, pm=ReplayPm(), tmp_path=tmp_path)

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from headcount.collector import cupti_home, cupti_source
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 pytestmark = pytest.mark.skipif(cupti_home.activate() is None,
                                 reason=f"no folder from `headcount cupti install` ({cupti_home.note() or cupti_home.home()})")

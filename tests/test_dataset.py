@@ -14,8 +14,8 @@ import pytest
 from conftest import inputs_for, llama_model
 
 from headcount import AttentionProfiler, HeadcountError
-from headcount.reports import dataset
-from headcount.tables import TABLES
+from headcount.common.tables import TABLES
+from headcount.store import dataset
 
 
 @pytest.fixture(scope="module")

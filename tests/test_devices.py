@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from headcount.derive import devices
-from headcount.device import limits_for
+from headcount.common.device import limits_for
+from headcount.derive import peaks as devices
 
 
 @pytest.mark.parametrize("name,expect", [
@@ -67,8 +67,8 @@ def test_ridge_point_and_class():
 
 
 def test_calibrate_cli(tmp_path, capsys):
-    from headcount import calibrate
     from headcount.cli.main import main as cli_main
+    from headcount.machine import calibrate
 
     assert cli_main(["calibrate"]) == 3  # no GPU here
     assert "--device cuda: no CUDA GPU here" in capsys.readouterr().err

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from headcount import doctor
 from headcount.cli.main import main as cli_main
+from headcount.machine import doctor
 
 
 def test_doctor_on_this_machine_says_why_cupti_cannot_run(capsys):

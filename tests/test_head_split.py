@@ -119,7 +119,7 @@ def test_a_failure_inside_the_split_is_one_headcount_error_naming_the_features()
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from headcount.errors import HeadcountError
+    from headcount.common.errors import HeadcountError
 
     def needs_every_head(module, query, key, value, attention_mask, **kwargs):
         if query.shape[1] == 1:

@@ -14,7 +14,7 @@ import pytest
 
 from headcount import AttentionProfiler
 from headcount.cli.main import main as cli_main
-from headcount.models import load_model, make_inputs
+from headcount.cli.models import load_model, make_inputs
 from headcount.reports import html as html_report
 
 

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headcount.build import tables_from_cupti
+from headcount.build.shared import tables_from_cupti
+from headcount.common.device import limits_for
 from headcount.derive import launch
-from headcount.device import limits_for
 
 GPU = Path(__file__).parent / "fixtures" / "gpu" / "h100-2026-12-05"
 
@@ -108,7 +108,7 @@ def test_a_late_launch_is_launch_bound_for_the_travel_this_recording_measured():
     """30 kernels launched onto an idle stream, each starting 2 µs after its 4-µs launch call returned (p90 2 µs); then
     one that started 20 µs after its call returned: 4 µs in the call + 2 µs travel are launch-bound, the other 18 µs
     the GPU had the work and did not run it ("other"). A fixed 50-µs allowance called all 24 µs launch-bound."""
-    from headcount.derive import timeline
+    from headcount.derive import steps as timeline
 
     us = 1_000
     rows = []
@@ -128,7 +128,7 @@ def test_a_late_launch_is_launch_bound_for_the_travel_this_recording_measured():
 
 
 def test_too_few_idle_launches_keep_the_ceiling():
-    from headcount.derive import timeline
+    from headcount.derive import steps as timeline
 
     us = 1_000
     rows = [(i * 100 * us + 6 * us, i * 100 * us + 16 * us, i * 100 * us, i * 100 * us + 4 * us) for i in range(5)]
@@ -140,7 +140,8 @@ def test_short_kernels_that_queued_are_no_launch_problem():
     """300 kernels of 3 µs, each launch call 5 µs: shorter than their launch. Launched while a 2-ms kernel ran, all
     queued behind it (the CPU was ahead): no "many small kernels" finding. The same kernels launched one by one onto
     an idle stream (the GPU waited for each launch) get it."""
-    from headcount.derive import timeline, triage
+    from headcount.derive import steps as timeline
+    from headcount.derive import triage
 
     us = 1_000
     ahead = [(0, 2_000 * us, -10 * us, -5 * us)]
@@ -224,7 +225,7 @@ def test_the_bert_small_kineto_step_waited_for_every_launch(tmp_path):
     import gzip as gz
 
     from headcount.cli.main import main
-    from headcount.derive.timeline import MIN_IDLE_LAUNCHES
+    from headcount.derive.steps import MIN_IDLE_LAUNCHES
 
     path = Path(__file__).parent / "fixtures" / "kineto" / "h100_bert-small_sdpa_kineto.json.gz"
     events = json.load(gz.open(path))["traceEvents"]

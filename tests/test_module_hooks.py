@@ -12,7 +12,7 @@ import transformers as T
 from conftest import train_step
 
 from headcount import AttentionProfiler, AttentionTagger
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 
 def _tiny(family: str):

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nsight import nsight_bin
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 from headcount.parsers.ncu_csv import read_csv
 from headcount.parsers.ncu_rep import read_report
 
@@ -181,7 +181,7 @@ def test_layers_from_ncu_kernels_under_headcount_ranges():
     """ncu NVTX stacks as ncu_report gives them ("domain@a/b;…"), put on the
     real kernels of the RTX fixture: the layer gets their summed time and
     measured bytes. (No ncu recording with headcount's ranges exists yet.)"""
-    from headcount.build import tables_from_ncu
+    from headcount.build.shared import tables_from_ncu
 
     kernels = read_csv(FIX / "h800_flash_fwd_raw.C.csv")
     kernels["nvtx_path"] = ["headcount@fwd/layer.0/head.0;NVTX@step", "headcount@fwd/layer.0/head.1",
@@ -341,7 +341,7 @@ def test_ncu_replay_cost_is_read_from_its_log():
     """What ncu's exact counters cost (issue 47, item 3), from the real log of the H100 run: 5 kernels of
     layer 0, each replayed in 10 passes; said in one line with the program's time under ncu."""
 
-    from headcount.collector.nvidia_tools import ncu_cost_notice, ncu_passes
+    from headcount.wrap.nvidia_tools import ncu_cost_notice, ncu_passes
 
     log = Path(__file__).parent / "fixtures" / "gpu" / "h100-2026-12-05" / "interrupt-ncu" / "ncu.log"
     cost = ncu_passes(log.read_text().splitlines())

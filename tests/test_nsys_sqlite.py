@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from nsight import nsight_bin
 
 from headcount.attribute.attribution import project_gpu
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 from headcount.parsers.nsys_sqlite import last_nvtx, nsys_name, read_export
 from headcount.parsers.options import ReadOptions
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from headcount.cli.main import main
-from headcount.device import Device
+from headcount.common.device import Device
 
 FIX = Path(__file__).parent / "fixtures" / "nsys"
 H100 = FIX / "h100x2_pytorch_nsys2026.2.sqlite"

@@ -11,9 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from headcount import sources, tag, untag
+from headcount import tag, untag
+from headcount.build import sources
 from headcount.cli.main import main
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 from headcount.parsers.options import ReadOptions
 
 KINETO = Path(__file__).parent / "fixtures" / "kineto"
@@ -90,7 +91,7 @@ def test_real_h100_traces_without_tags_get_layers_from_module_ranges(tmp_path, c
 
 def test_module_range_figures_by_hand():
     """Qwen1.5-0.5B layer 0 (causal SDPA, B 16, H 16, S 559, D 64, bf16), worked by hand."""
-    from headcount.build import tables_from_kineto
+    from headcount.build.shared import tables_from_kineto
     from headcount.parsers.kineto import read_trace
 
     tables = tables_from_kineto(read_trace(KINETO / "h100_qwen1.5-0.5b_kineto.json.gz"), "x").tables
@@ -120,7 +121,7 @@ def test_the_registry_chooses_by_name_and_refuses_the_rest(tmp_path):
 
 def test_every_registered_wrapper_and_recorder_has_an_implementation():
     from headcount.api import BACKENDS
-    from headcount.wrap import tools
+    from headcount.wrap import wrappers as tools
 
     assert set(tools.WRAPPERS) == set(sources.WRAPPERS)
     assert set(BACKENDS) == {"auto", *sources.RECORDERS}
@@ -200,7 +201,7 @@ def test_a_directory_of_rank_traces_is_a_run_per_file(tmp_path, capsys):
 def test_events_read_in_pieces_give_the_tables_of_the_whole_file(monkeypatch, name):
     """The reader reads, decodes and tabulates a piece of the file at a time (memory follows a piece, not
     the file): every table of each real trace is what reading the whole file at once gives."""
-    from headcount import parse_file
+    from headcount.build import parse_file
     from headcount.parsers import kineto
 
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 10**12)
@@ -307,7 +308,7 @@ def test_a_trace_attributed_a_group_of_steps_at_a_time_gives_the_whole_traces_ta
     """Three steps of a real H100 trace, each step its own group, read in pieces of 200 kB, every piece written to disk:
     every table (ranges, kernels, steps, layers, heads, findings) and every notice is what
     attributing the whole trace at once gives; nothing is left on disk."""
-    from headcount import build
+    from headcount.build import shared as build
     from headcount.parsers import kineto
     from headcount.parsers.kineto_steps import Pieces
 

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headcount import build
 from headcount.attribute.nesting import nest_ranges
+from headcount.build import shared as build
 from headcount.cli.main import main
 from headcount.parsers import nsys_sqlite
 
@@ -108,7 +108,7 @@ def test_one_export_split_across_workers_gives_the_tables_of_one_worker(tmp_path
     """A large export is sharded by process id across the workers (each shard
     read at once, or, for a very large export, one process at a time); each
     shard writes its own pieces of the run, the parent its layers, heads and runs."""
-    from headcount import batch
+    from headcount.build import batch
 
     one, split = tmp_path / "one", tmp_path / "split"
     assert main(["parse", str(H100), "-o", str(one), "--jobs", "1"]) == 0
@@ -129,7 +129,7 @@ def test_ranges_left_open_end_alike_in_a_split_parse(tmp_path, monkeypatch, caps
     tables equal one worker's, the open ranges' ends included."""
     import sqlite3
 
-    from headcount import batch
+    from headcount.build import batch
 
     cut = tmp_path / "cut.sqlite"
     shutil.copy(H100, cut)
@@ -247,7 +247,7 @@ def test_depth_by_one_sort_equals_depth_by_events(spans):
 @given(st.sets(st.integers(0, 10**12), max_size=50), st.lists(st.integers(-2, 10**12), max_size=30), st.booleans())
 def test_positions_of_ids_dense_or_sparse(ids, probes, dense):
     """Row of an id by lookup array (dense ids) or hash table (sparse ids): both equal a dict."""
-    from headcount.arrays import positions
+    from headcount.common.arrays import positions
 
     ids = sorted(ids) if not dense else list(range(len(ids)))
     ids = np.array(ids[::-1], dtype=np.int64)  # any order
@@ -280,7 +280,7 @@ def test_one_small_file_says_no_worker_processes(tmp_path, capsys):
     assert main(["parse", str(H100), "-o", str(tmp_path / "r"), "--jobs", "2"]) == 0
     err = capsys.readouterr().err
     assert "worker processes" not in err and "shards in parallel" not in err
-    from headcount import batch
+    from headcount.build import batch
 
     assert batch.split([(str(H100), "r")], 2).workers == 1
     assert batch.split([(str(H100), "a"), (str(A100), "b")], 2).workers == 2

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headcount.build import tables_from_events
-from headcount.call_log import CallLog, CallShape
+from headcount.build.shared import tables_from_events
+from headcount.common.call_log import CallLog, CallShape
 from headcount.parsers.kineto import events_frame
 
 

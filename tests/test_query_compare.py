@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from headcount.cli.main import main as cli_main
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 from headcount.reports import html as html_report
 from headcount.reports.compare import comparison
-from headcount.reports.query import run_query
+from headcount.store.query import run_query
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,10 @@ import pandas as pd
 import pytest
 from nsight import nsight_bin
 
-from headcount import nsight
 from headcount.cli.main import main as cli_main
-from headcount.collector import nvidia_tools
+from headcount.common import nsight
 from headcount.wrap import child as child_mod
-from headcount.wrap import launcher
+from headcount.wrap import launcher, nvidia_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
@@ -140,7 +139,7 @@ def test_cupti_backend_on_the_replayed_gpu(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("backend", ["cupti", "ncu"])
 def test_a_gpu_backend_without_gpu_is_refused_before_the_program_starts(nsight_path, backend, tmp_path, capsys):
-    from headcount import env
+    from headcount.common import env
 
     if env.driver_present():
         pytest.skip("an NVIDIA driver is present: the backend can run here")

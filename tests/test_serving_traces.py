@@ -21,10 +21,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from headcount import build, signals
 from headcount.attribute import untagged
+from headcount.build import shared as build
 from headcount.cli.main import main as cli_main
-from headcount.naming import DOMAIN
+from headcount.common import signals
+from headcount.common.naming import DOMAIN
 from headcount.parsers import kineto, nsys_sqlite
 from headcount.parsers.cupti_records import events_frame, read_records
 

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headcount import AttentionProfiler
+from headcount.common.numbers import number, with_spread
 from headcount.derive import aggregate, spread
 from headcount.reports import findings
-from headcount.reports.figures import number, with_spread
 
 
 def _ranges(durations: dict, level: str = "head") -> pd.DataFrame:

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from conftest import MODEL_BUILDERS, inputs_for, llama_model, train_step
 
 from headcount import AttentionTagger, attention_range, tag, tag_attention, untag
-from headcount.errors import HeadcountError
-from headcount.naming import parse_path, sanitize
+from headcount.common.errors import HeadcountError
+from headcount.common.naming import parse_path, sanitize
 from headcount.tagging.layer_names import layer_names
 from headcount.tagging.tagger import head_order
 

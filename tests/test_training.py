@@ -228,7 +228,7 @@ def test_a_window_written_in_the_background_equals_the_one_saved_in_the_loop(tmp
     from cupti_replay import profile_replayed
 
     from headcount import AttentionProfiler
-    from headcount.window_writer import WindowWriter
+    from headcount.build.window_writer import WindowWriter
 
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
     if source == "torch":
@@ -290,8 +290,8 @@ def test_windows_queued_when_the_program_ends_without_close_are_written(tmp_path
 def test_a_worker_that_cannot_start_is_said_before_the_loop(tmp_path, monkeypatch):
     """The worker process exits at once (as a broken environment would make it): StepProfiler()
     raises, naming the exit code and the way out, before any step runs."""
-    from headcount import window_writer
-    from headcount.errors import HeadcountError
+    from headcount.build import window_writer
+    from headcount.common.errors import HeadcountError
 
     monkeypatch.setattr(window_writer, "ENTRY", "import sys; sys.exit(7)")
     with pytest.raises(HeadcountError, match=r"did not start \(exit code 7\)") as caught:
@@ -329,8 +329,8 @@ def test_a_worker_killed_between_windows_is_replaced(tmp_path):
 def test_a_recording_that_cannot_be_handed_over_loses_its_window_not_the_run(tmp_path, capsys):
     """The recording's file is gone (a cleaner of /tmp, a full disk): submit() does not raise into the
     training loop; the window is named with its cause at close()."""
-    from headcount.build import Recording
-    from headcount.window_writer import WindowWriter
+    from headcount.build.shared import Recording
+    from headcount.build.window_writer import WindowWriter
 
     writer = WindowWriter()
     writer.submit(7, Recording("kineto", tmp_path / "gone.json", [], "r", "sdpa", None, None), tmp_path / "out", {}, None, False)
@@ -345,7 +345,7 @@ def test_a_worker_that_cannot_be_replaced_loses_the_window_not_the_run(tmp_path,
     import os
     import signal
 
-    from headcount import window_writer
+    from headcount.build import window_writer
 
     model = llama_model("sdpa")
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))

@@ -17,7 +17,8 @@ import pandas as pd
 import pytest
 
 from headcount.cli.main import main
-from headcount.derive import timeline, triage
+from headcount.derive import steps as timeline
+from headcount.derive import triage
 
 FIX = Path(__file__).parent / "fixtures"
 KINETO = {"bert": FIX / "kineto" / "h100_bert-small_sdpa_kineto.json.gz", "qwen": FIX / "kineto" / "h100_qwen1.5-0.5b_kineto.json.gz"}
@@ -174,8 +175,8 @@ def replayed():
     from cupti_replay import ReplayCupti, schedule_from_trace
 
     from headcount.api import AttentionProfiler
+    from headcount.cli.models import load_model
     from headcount.collector.cupti_source import CuptiRecorder
-    from headcount.models import load_model
 
     model, _ = load_model(None)
 

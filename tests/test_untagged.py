@@ -22,9 +22,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from headcount import build, signals
 from headcount.attribute import untagged
+from headcount.build import shared as build
 from headcount.cli.main import main
+from headcount.common import signals
 from headcount.parsers import kineto
 from headcount.reports import findings
 from tests.nsight import nsight_bin

@@ -1,4 +1,4 @@
-"""Stand-ins for the training window writer's job (:func:`headcount.window_writer.write_window`),
+"""Stand-ins for the training window writer's job (:func:`headcount.build.window_writer.write_window`),
 run by name in the real worker process (``WindowWriter.target``): they fail, kill the worker or
 wait, as the tests of ``test_training.py`` need, and otherwise write the window as the worker does.
 Nothing here stands in for the GPU: it stands in for a full disk, a crash and a slow machine."""
@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from headcount.reports.dataset import write_stats
-from headcount.window_writer import write_window
+from headcount.build.window_writer import write_window
+from headcount.store.dataset import write_stats
 
 
 def fail_at_2_die_at_4(recording, out, metadata, attention_stats, append):

@@ -18,9 +18,9 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from headcount.arrays import positions
 from headcount.attribute import graphs
 from headcount.attribute.nesting import ancestor_rows, innermost_range, nest_ranges
+from headcount.common.arrays import positions
 
 
 def launches(gpu: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
@@ -206,7 +206,7 @@ def project_gpu(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame, 
         gpu: GPU work (``pid`` of the launching process, ``correlation_id``, ``start_ns``, ``end_ns``).
         keys: nesting groups (nsys: all domains of a thread together).
         with_paths: also build ``path`` (see :func:`~headcount.attribute.nesting.nest_ranges`).
-        graph_nodes: CUDA graph node events (:class:`~headcount.tables.Timeline`):
+        graph_nodes: CUDA graph node events (:class:`~headcount.common.tables.Timeline`):
             GPU work replayed from a graph belongs to a replay instance of the
             range that made its node (:mod:`headcount.attribute.graphs`), not to
             the range around the graph launch.

@@ -1,6 +1,6 @@
 """Pair range instances with the attention calls the tagger logged.
 
-The tagger logs one :class:`~headcount.call_log.CallLog` per layer
+The tagger logs one :class:`~headcount.common.call_log.CallLog` per layer
 range (and per head range in head mode), in the order it opens them. A
 layer's ranges of one phase never overlap on one thread, so the k-th range
 instance of ``(phase, layer, head)`` in time order is the k-th log entry with

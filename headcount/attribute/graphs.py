@@ -26,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headcount.arrays import positions
 from headcount.attribute.nesting import ancestor_rows, innermost_range
+from headcount.common.arrays import positions
 
 NO_RANGE = -1  # a node made outside every range
 

@@ -1,7 +1,7 @@
 """Phase, layer, head, level and step of ranges and of the operations inside them.
 
 Columnar: a recording holds millions of ranges but a few hundred distinct
-paths, so a path is parsed once (:func:`headcount.naming.parse_path`)
+paths, so a path is parsed once (:func:`headcount.common.naming.parse_path`)
 and its labels reach the rows by integer code (pandas Categoricals, which
 Arrow writes as dictionary arrays). Nothing here loops over rows in Python.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headcount.arrays import positions, unique_inverse
-from headcount.naming import MODULE, PHASES, parse_path
+from headcount.common.arrays import positions, unique_inverse
+from headcount.common.naming import MODULE, PHASES, parse_path
 
 LEVELS = ["phase", "layer", "head", "other", "module"]
 
@@ -112,7 +112,7 @@ def label_ranges(ranges: pd.DataFrame, steps: pd.DataFrame, ours: np.ndarray | N
 
 
 def _label_modules(ranges: pd.DataFrame, ours: np.ndarray, name: pd.Categorical, parent_pos: np.ndarray) -> None:
-    """A range of ours named :data:`~headcount.naming.MODULE` gets level ``module`` and the phase and layer of
+    """A range of ours named :data:`~headcount.common.naming.MODULE` gets level ``module`` and the phase and layer of
     the layer range it holds (under its phase range, and the recording's own module range where one nests between)."""
     module_code = np.flatnonzero(name.categories == MODULE)
     if not len(module_code):

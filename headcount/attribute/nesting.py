@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headcount.arrays import positions, unique_inverse
+from headcount.common.arrays import positions, unique_inverse
 
 RANGE_KEYS = ["pid", "tid", "domain"]
 

@@ -52,9 +52,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from headcount import signals
-from headcount.call_log import CallLog, CallShape
-from headcount.naming import DOMAIN, MODULE
+from headcount.common import signals
+from headcount.common.call_log import CallLog, CallShape
+from headcount.common.naming import DOMAIN, MODULE
 
 _DTYPES = {"c10::BFloat16": ("bfloat16", 2), "c10::Half": ("float16", 2), "float": ("float32", 4), "double": ("float64", 8),
            "c10::Float8_e4m3fn": ("float8_e4m3fn", 1), "c10::Float8_e5m2": ("float8_e5m2", 1)}
@@ -73,7 +73,7 @@ class Found:
     Attributes:
         ranges: rows of the events table (``kind`` ``range``), named ``headcount@fwd`` /
             ``headcount@bwd`` around ``headcount@layer.N``, one pair per call.
-        calls: one :class:`~headcount.call_log.CallLog` per call, in time order.
+        calls: one :class:`~headcount.common.call_log.CallLog` per call, in time order.
         notices: what the reader should know (signals used, shapes not recorded, kernels left out).
         assigned: kernels given to a call by name, not by their launch (a graph replay's attention
             kernels): the kernel's position in the events table → the :data:`CALL_KEY` of the call's
@@ -880,7 +880,7 @@ def _nvtx_name(name: str) -> tuple[str | None, int | None, dict | None]:
 
 
 def nvtx_events(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame | None:
-    """One process of an nsys export (:class:`~headcount.tables.Timeline`'s
+    """One process of an nsys export (:class:`~headcount.common.tables.Timeline`'s
     ``ranges``, ``runtime``, ``gpu``) as the events table :func:`find_calls` reads:
     NVTX ranges named after operators (PyTorch's ``emit_nvtx``: ``aten::x, seq = N,
     op_id = M, sizes = […]``) are operators with their sequence number and input
@@ -949,7 +949,7 @@ def assigned_keys(found: Found, rows: int, at: np.ndarray | None = None) -> np.n
 
 
 def with_nvtx_ranges(ranges: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
-    """An nsys export's NVTX ranges (:class:`~headcount.tables.Timeline` ``ranges``) plus the
+    """An nsys export's NVTX ranges (:class:`~headcount.common.tables.Timeline` ``ranges``) plus the
     ranges of the calls :func:`find_calls` found there, as ranges of headcount's domain
     (new ``range_id`` s after the export's own), with their :data:`CALL_KEY` where a graph replay's kernels
     are assigned by name (null for the export's own ranges)."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from headcount import calibrate, env
+from headcount.common import env
+from headcount.machine import calibrate
 from headcount.reports import terminal
-from headcount.reports.dataset import check_output
+from headcount.store.dataset import check_output
 
 
 def add_parser(subparsers):

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from headcount.reports import terminal
 from headcount.reports.compare import comparison
-from headcount.reports.query import connect
+from headcount.store.query import connect
 
 
 def add_parser(subparsers):

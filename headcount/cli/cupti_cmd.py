@@ -1,11 +1,11 @@
 """``headcount cupti``: the cupti source's own CUPTI beside the environment (:mod:`headcount.collector.cupti_home`,
-through :mod:`headcount.doctor`)."""
+through :mod:`headcount.machine.doctor`)."""
 
 from __future__ import annotations
 
 import json
 
-from headcount import doctor
+from headcount.machine import doctor
 from headcount.reports import terminal
 
 

@@ -9,7 +9,7 @@ from contextlib import ExitStack
 import pandas as pd
 from rich.table import Table
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 from headcount.reports import terminal
 
 EXAMPLES = """\

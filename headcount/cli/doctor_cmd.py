@@ -7,7 +7,8 @@ import json
 from rich.table import Table
 from rich.text import Text
 
-from headcount import doctor, sources
+from headcount.build import sources
+from headcount.machine import doctor
 from headcount.reports import terminal
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "info": "cyan"}

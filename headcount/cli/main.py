@@ -12,7 +12,7 @@ import traceback
 from importlib import import_module
 
 from headcount._version import __version__
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 # subcommand → its module under headcount.cli; only the one that runs is imported (pandas, pyarrow, torch are
 # imported by the commands that need them, so `--version` and `query` do not wait for torch)
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from headcount.env import release_freed_memory
+    from headcount.common.env import release_freed_memory
 
     release_freed_memory()  # large tables are built and freed in turn: give freed memory back at once
     try:

@@ -1,6 +1,6 @@
 """``headcount parse``: turn existing profiles into headcount's Parquet report.
 
-The formats are those of :data:`headcount.sources.FILE_SOURCES` (nsys SQLite
+The formats are those of :data:`headcount.build.sources.FILE_SOURCES` (nsys SQLite
 and parquetdir exports, ``.nsys-rep``, ncu CSV and ``.ncu-rep``, torch.profiler
 traces). Each file becomes one run of the report, staged on its own (in parallel
 with ``--jobs``, or on Ray) and committed together with the others: a
@@ -13,11 +13,12 @@ import argparse
 from contextlib import nullcontext
 from pathlib import Path
 
-from headcount import batch, sources
-from headcount.errors import HeadcountError, notice
+from headcount.build import batch, sources
+from headcount.common.errors import HeadcountError, notice
 from headcount.parsers.options import ReadOptions
-from headcount.reports import dataset, terminal
-from headcount.reports.metadata import new_run_id
+from headcount.reports import terminal
+from headcount.store import dataset
+from headcount.store.metadata import new_run_id
 
 EXAMPLES = """\
 examples:

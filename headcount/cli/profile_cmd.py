@@ -15,14 +15,25 @@ from pathlib import Path
 import pandas as pd
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from headcount import env, sources
+from headcount.build import sources
+from headcount.cli.models import (
+    DTYPES,
+    IMPLEMENTATIONS,
+    check_options,
+    choose_model,
+    config_dict,
+    load_model,
+    make_inputs,
+    set_implementation,
+)
 from headcount.cli.options import add_pm_interval
-from headcount.device import Device
-from headcount.errors import HeadcountError
-from headcount.models import DTYPES, IMPLEMENTATIONS, check_options, choose_model, config_dict, load_model, make_inputs, set_implementation
+from headcount.common import env
+from headcount.common.device import Device
+from headcount.common.errors import HeadcountError
 from headcount.reports import console as console_report
-from headcount.reports import dataset, terminal
-from headcount.reports.metadata import new_run_id, runs_row
+from headcount.reports import terminal
+from headcount.store import dataset
+from headcount.store.metadata import new_run_id, runs_row
 
 DEFAULT_OUT = "headcount-report"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -192,7 +203,7 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
     Returns:
         The report directory.
     """
-    from headcount.build import with_findings
+    from headcount.build.shared import with_findings
     from headcount.derive.aggregate import with_split_cost
 
     run_id = new_run_id()

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from rich.table import Table
 
 from headcount.reports import terminal
-from headcount.reports.query import run_query
+from headcount.store.query import run_query
 
 EXAMPLES = """\
 views: kernels, ranges, layers, heads, runs (all runs; run_id is a column)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from headcount import calibrate
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
+from headcount.machine import calibrate
 from headcount.reports import console as console_report
 from headcount.reports import terminal
 from headcount.reports.html import load_tables, render

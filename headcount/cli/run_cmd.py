@@ -14,16 +14,19 @@ import shutil
 import time
 from pathlib import Path
 
-from headcount import sources
+from headcount.build import run_folder as assemble
+from headcount.build import sources
 from headcount.cli.options import add_pm_interval
-from headcount.device import Device
-from headcount.errors import HeadcountError, NothingRecorded
+from headcount.common.device import Device
+from headcount.common.errors import HeadcountError, NothingRecorded
+from headcount.common.tables import WRITTEN
 from headcount.reports import console as console_report
-from headcount.reports import dataset, terminal
-from headcount.reports.metadata import new_run_id, run_metadata, runs_row
-from headcount.tables import WRITTEN
-from headcount.wrap import assemble, launcher, tools
+from headcount.reports import terminal
+from headcount.store import dataset
+from headcount.store.metadata import new_run_id, run_metadata, runs_row
 from headcount.wrap import child as child_mod
+from headcount.wrap import launcher
+from headcount.wrap import wrappers as tools
 
 EXAMPLES = """\
 examples:

@@ -3,7 +3,7 @@
 Every in-process source is a :class:`Recorder`: :mod:`headcount.collector.torch_source`
 (torch.profiler) and :mod:`headcount.collector.cupti_source` (CUPTI). The tools
 ``headcount run`` wraps (nsys, ncu) are found, versioned and given their
-command lines by :mod:`headcount.collector.nvidia_tools`.
+command lines by :mod:`headcount.wrap.nvidia_tools`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ class Recorder(Protocol):
     """What :class:`headcount.api.AttentionProfiler` needs of a source.
 
     Attributes:
-        name: the source's name (``torch``, ``cupti``; :data:`headcount.sources.RECORDERS`).
+        name: the source's name (``torch``, ``cupti``; :data:`headcount.build.sources.RECORDERS`).
         version: the recording library's version.
         notices: one-line facts the user should know, appended while recording.
         writes: what :meth:`stop` writes: ``kineto`` (a torch.profiler trace) or

@@ -7,7 +7,7 @@ those. The tables read an API call only where it
 - launched GPU work (its correlation id is a kernel's, copy's or memset's): kernel launches, graph
   launches, copies and memsets, synchronous or not (attribution, launch cost and latency, the steps'
   launch-bound split);
-- made the CPU wait for the GPU (:data:`headcount.derive.timeline.SYNC_CALL`: synchronizes, blocking
+- made the CPU wait for the GPU (:data:`headcount.derive.steps.SYNC_CALL`: synchronizes, blocking
   copies, frees), the steps' ``sync`` idle;
 - began or ended a graph capture (a capture's calls ran nothing).
 

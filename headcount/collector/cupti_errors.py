@@ -1,7 +1,7 @@
 """What can stop the in-process CUPTI source, as one line each (docs/architecture.md §7).
 
 :func:`classify` turns whatever ``import cupti`` or a CUPTI call raised into a
-:class:`~headcount.errors.HeadcountError` that names the cause and says what to
+:class:`~headcount.common.errors.HeadcountError` that names the cause and says what to
 do. It reads the exception's type name, its CUPTI status (``cuptiError.status``)
 and its text, so it works on the exceptions cupti-python really raises without
 importing cupti-python itself (it may be missing: that is one of the causes).
@@ -9,7 +9,7 @@ importing cupti-python itself (it may be missing: that is one of the causes).
 
 from __future__ import annotations
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 PERMISSION_HINT = (
     "GPU performance counters are restricted to admin users (ERR_NVGPUCTRPERM): run as root, or load the driver "

@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 PACKAGES = ("cupti-python>=13.4,<14", "nvidia-cuda-cupti>=13.4,<13.5")
 """What ``headcount cupti install`` puts in the folder: the bindings with PM sampling and a libcupti they declare,

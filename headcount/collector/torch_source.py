@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 
 def cuda_available() -> bool:
-    """True when torch sees a CUDA device (:func:`headcount.env.cuda_usable`)."""
-    from headcount.env import cuda_usable
+    """True when torch sees a CUDA device (:func:`headcount.common.env.cuda_usable`)."""
+    from headcount.common.env import cuda_usable
 
     return cuda_usable()
 

@@ -1,6 +1,6 @@
 """The analytic model: minimum DRAM bytes and FLOPs of one attention call.
 
-Pure functions of the shapes (:class:`~headcount.call_log.CallShape`
+Pure functions of the shapes (:class:`~headcount.common.call_log.CallShape`
 fields as DataFrame columns); nothing here is measured, and every number it
 produces carries provenance ``analytic``.
 

@@ -15,9 +15,9 @@ behind ``cudaOccupancyMaxActiveBlocksPerMultiprocessor``):
   per block from compute capability 8.0 on) is allocated in 128-byte units
   from the shared memory the SM is configured with.
 
-The per-SM limits are the device's (:meth:`headcount.device.Device.limits`:
+The per-SM limits are the device's (:meth:`headcount.common.device.Device.limits`:
 what the device or its recording says, the table of
-:data:`headcount.device.LIMITS` for the rest). The GPU check compares this module with the driver's own calculator.
+:data:`headcount.common.device.LIMITS` for the rest). The GPU check compares this module with the driver's own calculator.
 
 Achieved occupancy is a measurement, not this: it comes from ncu
 (``sm__warps_active``) or PM sampling.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headcount.device import LIMITS, Device, SmLimits  # noqa: F401 (LIMITS: the table, read by tests and the GPU check)
+from headcount.common.device import LIMITS, Device, SmLimits  # noqa: F401 (LIMITS: the table, read by tests and the GPU check)
 
 
 def device_occupancy(kernels: pd.DataFrame, devices: pd.DataFrame | None) -> pd.Series:

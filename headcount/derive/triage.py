@@ -30,10 +30,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from headcount.common.numbers import number
 from headcount.derive import spread
 from headcount.derive.aggregate import attention_per_step
-from headcount.derive.timeline import CPU_PACE_NS, LAUNCH_TRAVEL_NS
-from headcount.reports.figures import number
+from headcount.derive.steps import CPU_PACE_NS, LAUNCH_TRAVEL_NS
 
 IDLE_MIN_PCT = 10.0  # the GPU idle at least this share of the window before idle causes are named
 CAUSE_MIN_PCT = 5.0  # a cause of idle time is named from this share of the window
@@ -373,7 +373,7 @@ def findings(steps: pd.DataFrame, layers: pd.DataFrame, heads: pd.DataFrame) -> 
     """The findings of one run (see the module docstring), ranked.
 
     Args:
-        steps: the run's ``steps`` table (:mod:`headcount.derive.timeline`).
+        steps: the run's ``steps`` table (:mod:`headcount.derive.steps`).
         layers, heads: the run's ``layers`` and ``heads`` tables.
 
     Returns:

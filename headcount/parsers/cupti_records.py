@@ -41,7 +41,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 from headcount.parsers.kineto import COLUMNS
 
 FORMAT = "headcount-cupti-records"

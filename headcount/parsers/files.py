@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 
 def head_bytes(path: Path, n: int) -> bytes:

@@ -53,9 +53,9 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from headcount import signals
-from headcount.device import Device
-from headcount.errors import HeadcountError
+from headcount.common import signals
+from headcount.common.device import Device
+from headcount.common.errors import HeadcountError
 
 _KIND_BY_CAT = {
     "cpu_op": "op",
@@ -498,7 +498,7 @@ def read_trace(path: str | Path) -> dict:
 
 
 def run_device(devices: list[dict]) -> Device | None:
-    """The run's device from a trace's ``deviceProperties`` (:meth:`~headcount.device.Device.from_kineto`);
+    """The run's device from a trace's ``deviceProperties`` (:meth:`~headcount.common.device.Device.from_kineto`);
     ``None`` for a CPU trace."""
     return Device.from_kineto(devices)
 

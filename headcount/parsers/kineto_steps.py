@@ -10,7 +10,7 @@ range, module, runtime call) is open, so a step that an open event crosses stays
 neighbour. GPU work goes with its launch call (work whose launch the trace lacks: by its
 own start). Consecutive steps, with the time after them up to the next step, are gathered
 into groups of about :data:`GROUP_ROWS` rows. The build attributes one group at a time
-(:func:`headcount.build.kineto_pieces`): memory follows the largest group, not the file.
+(:func:`headcount.build.shared.kineto_pieces`): memory follows the largest group, not the file.
 
 A trace without steps is one group (attribution needs its ranges and launches together).
 """
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.errors import HeadcountError
-from headcount.naming import STEP_DOMAIN
+from headcount.common.errors import HeadcountError
+from headcount.common.naming import STEP_DOMAIN
 from headcount.parsers import kineto
 from headcount.parsers.plausible import drop_implausible
 
@@ -52,7 +52,7 @@ class Pieces:
         path: the trace file.
         notices: what the reader should know about its events (implausible rows dropped).
         described: ``devices`` and ``distributed`` of the trace (:func:`headcount.parsers.kineto.read_trace`).
-        launched: some GPU work of the trace has its launch call in it (see :func:`headcount.build.tables_from_events`).
+        launched: some GPU work of the trace has its launch call in it (see :func:`headcount.build.shared.tables_from_events`).
         count: the groups, once cut.
     """
 
@@ -226,7 +226,7 @@ def _load(path: Path) -> pd.DataFrame:
 
 def _steps(found: dict[str, list[np.ndarray]]) -> np.ndarray:
     """The trace's steps as ``(start, end)`` rows in time order, overlapping ones merged: headcount's
-    step ranges, else torch.profiler's ``ProfilerStep#N`` (as :func:`headcount.build.tables_from_kineto` takes them)."""
+    step ranges, else torch.profiler's ``ProfilerStep#N`` (as :func:`headcount.build.shared.tables_from_kineto` takes them)."""
     for source in ("headcount", "profiler"):
         spans = np.concatenate(found[source]) if found[source] else np.empty((0, 2), np.int64)
         if len(spans):

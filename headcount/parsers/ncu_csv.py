@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 from headcount.parsers.files import head_bytes
 from headcount.parsers.ncu_metrics import DEVICE_NAME, DISPLAY_NAMES, METRICS, kernels_frame, to_float
 

@@ -20,8 +20,8 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from headcount.device import Device
-from headcount.nsight import COLLECTED, DEVICE_NAME, DISPLAY_NAMES, METRICS, NCU_TABLE  # noqa: F401 (the readers' names)
+from headcount.common.device import Device
+from headcount.common.nsight import COLLECTED, DEVICE_NAME, DISPLAY_NAMES, METRICS, NCU_TABLE  # noqa: F401 (the readers' names)
 
 # counters a headcount report needs; ``missing_metrics`` names those not collected
 CORE = ("duration_ns", "achieved_occupancy_pct")
@@ -77,7 +77,7 @@ def kernels_frame(kernels: Iterable[dict], source: str) -> pd.DataFrame:
             each becomes one tuple, its repeated strings (names, grids) shared.
 
     Returns:
-        The kernels table (schema of :data:`headcount.tables.KERNELS`),
+        The kernels table (schema of :data:`headcount.common.tables.KERNELS`),
         plus ``incomplete`` and ``missing_metrics``; empty when ``kernels`` is.
     """
     rows, odd_units, strings = [], {}, {}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 from headcount.parsers.ncu_metrics import DEVICE_NAME, METRICS, kernels_frame, to_float
 
 

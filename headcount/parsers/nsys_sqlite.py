@@ -34,13 +34,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pandas.api.types import union_categoricals
 
-from headcount.arrays import unique_inverse
-from headcount.device import Device
-from headcount.errors import HeadcountError, NothingRecorded
+from headcount.common.arrays import unique_inverse
+from headcount.common.device import Device
+from headcount.common.errors import HeadcountError, NothingRecorded
+from headcount.common.tables import Timeline
 from headcount.parsers.files import head_bytes
 from headcount.parsers.options import ReadOptions
 from headcount.parsers.plausible import drop_implausible
-from headcount.tables import Timeline
 
 RANGE_EVENT_TYPES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
 DOMAIN_CREATE = 75
@@ -453,7 +453,7 @@ class ExportPlan:
         empty: the export holds no NVTX range, launch call or GPU work at all.
         nvtx_rows: NVTX range rows per process (listed processes only).
         last_nvtx_ns: the export's last NVTX timestamp (where ranges left open end, as nsys has it).
-        meta, devices, gpu_metrics: as in :class:`~headcount.tables.Timeline` (whole export).
+        meta, devices, gpu_metrics: as in :class:`~headcount.common.tables.Timeline` (whole export).
         gpu_devices: the device ids that ran GPU work.
         gpu_processes: the process ids that launched GPU work (two or more: ``parse`` makes one run of each process).
     """
@@ -526,7 +526,7 @@ def _gpu_users(src, tables) -> tuple[set, set]:
 
 def by_process(export: Timeline):
     """The export's processes one at a time (NVTX ranges, launches and GPU work
-    never cross processes), each a :class:`~headcount.tables.Timeline` of its rows."""
+    never cross processes), each a :class:`~headcount.common.tables.Timeline` of its rows."""
     names = ("ranges", "runtime", "gpu", "graph_nodes")
     pids = [pd.Categorical(getattr(export, name)["pid"]) for name in names]
     every = sorted({str(c) for p in pids for c in p.categories})
@@ -611,7 +611,7 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
         options: how to read it (threads).
 
     Returns:
-        A :class:`~headcount.tables.Timeline`: ``ranges`` (range_id = NVTX_EVENTS rowid, pid, tid, domain, name,
+        A :class:`~headcount.common.tables.Timeline`: ``ranges`` (range_id = NVTX_EVENTS rowid, pid, tid, domain, name,
         style, start_ns,
         end_ns, end_missing), ``runtime`` (launch calls: pid, tid,
         correlation_id, start_ns, end_ns, name), ``gpu`` (kind, name, pid,

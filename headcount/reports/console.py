@@ -9,8 +9,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from headcount.common.numbers import number, with_spread
 from headcount.reports import findings, terminal
-from headcount.reports.figures import number, with_spread
 
 
 def _fmt(value, spec: str = ",.0f") -> str:
@@ -102,7 +102,7 @@ def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: C
     (GPU sources, given ``kernels``), the costliest layers (or heads, when
     they were measured) with their spread over calls, and which rows stand
     out beyond it; then NVTX ranges that are not headcount's (``ranges``:
-    :func:`headcount.reports.query.range_summary`), and where the report is."""
+    :func:`headcount.store.query.range_summary`), and where the report is."""
     console = console or terminal.console()
     run_ids = []
     for frame in (steps, layers, ranges):

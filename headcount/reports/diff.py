@@ -38,10 +38,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from headcount.common.errors import HeadcountError
+from headcount.common.numbers import number
 from headcount.derive import difference
-from headcount.errors import HeadcountError
 from headcount.reports import names
-from headcount.reports.figures import number
 
 COUNTERS = ("dram_bytes_per_call", "bandwidth_gbps", "achieved_occupancy_pct", "theoretical_occupancy_pct",
             "kernels_per_call", "cpu_launch_cost_per_call_ns")
@@ -82,9 +82,9 @@ def open_side(path: str, stack: ExitStack, parse=None) -> Side:
     Raises:
         HeadcountError: no such path, or neither a report nor a recording headcount reads.
     """
-    from headcount import sources
-    from headcount.reports.dataset import MARKER
-    from headcount.reports.query import connect
+    from headcount.build import sources
+    from headcount.store.dataset import MARKER
+    from headcount.store.query import connect
 
     p = Path(path)
     if not p.exists():

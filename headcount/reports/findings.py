@@ -16,9 +16,9 @@ import math
 
 import pandas as pd
 
-from headcount import signals
+from headcount.common import signals
+from headcount.common.numbers import missing, number, with_spread
 from headcount.derive import spread
-from headcount.reports.figures import missing, number, with_spread
 
 _GROUP = ["implementation", "phase"]
 

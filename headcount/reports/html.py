@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.derive import devices
+from headcount.common.numbers import missing, number
+from headcount.derive import peaks as devices
 from headcount.reports import findings, names
 from headcount.reports.compare import comparison
-from headcount.reports.figures import missing, number
-from headcount.reports.query import connect, range_summary
+from headcount.store.query import connect, range_summary
 
 # a perceptually ordered ramp (viridis, 9 stops)
 _RAMP = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
@@ -252,7 +252,7 @@ def _table(frame: pd.DataFrame, columns: list[tuple[str, str, str]]) -> str:
 
 def load_tables(out: str | Path) -> dict[str, pd.DataFrame]:
     """``layers``, ``heads``, ``runs``, ``steps`` and ``findings`` of report ``out`` (all runs; empty
-    when absent), and ``ranges_summary`` (:func:`headcount.reports.query.range_summary`).
+    when absent), and ``ranges_summary`` (:func:`headcount.store.query.range_summary`).
 
     Raises:
         HeadcountError: ``out`` is not a report.

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.errors import HeadcountError
-from headcount.reports.figures import missing
+from headcount.common.errors import HeadcountError
+from headcount.common.numbers import missing
 
 _RANGE_COLUMNS = ("range_id", "name", "path", "level", "domain", "pid", "tid", "start_ns", "end_ns", "step", "phase",
                   "layer", "head", "implementation")
@@ -175,7 +175,7 @@ def export_traces(report: str | Path, out: str | Path, run_ids: list[str] | None
     Raises:
         HeadcountError: ``report`` is not a report, a run id is not in it, nothing had a timeline, or ``out`` is not writable.
     """
-    from headcount.reports.query import connect
+    from headcount.store.query import connect
 
     con = connect(report)
     runs = con.sql("SELECT * FROM runs").df() if _has_view(con, "runs") else pd.DataFrame(columns=["run_id"])

@@ -47,8 +47,8 @@ import threading
 
 import torch
 
-from headcount.call_log import CallMeta
-from headcount.errors import HeadcountError
+from headcount.common.call_log import CallMeta
+from headcount.common.errors import HeadcountError
 from headcount.tagging import state
 from headcount.tagging.grad_marks import OpenOnGrad, close_on_grad, output, with_output
 
@@ -276,7 +276,7 @@ def _dtype(name: str) -> torch.dtype:
 
 def parse_site(text: str) -> tuple:
     """``(layer_name, layer, model, fixed)``; ``fixed`` builds the shape metadata
-    (:class:`~headcount.call_log.CallMeta`) from :func:`dims` at run time."""
+    (:class:`~headcount.common.call_log.CallMeta`) from :func:`dims` at run time."""
     layer_name, layer, model, implementation, dtype, mask_rank, mask_dtype, causal, window, layout = text.split(_SEP)
     fixed = (implementation, _dtype(dtype), int(mask_rank), _dtype(mask_dtype) if mask_dtype else None,
              causal == "1", int(window) or None, layout)
@@ -284,7 +284,7 @@ def parse_site(text: str) -> tuple:
 
 
 def metadata(fixed: tuple, shape: list[int]) -> CallMeta:
-    """The call's :class:`~headcount.call_log.CallMeta`, from a parsed site and its run-time dims."""
+    """The call's :class:`~headcount.common.call_log.CallMeta`, from a parsed site and its run-time dims."""
     implementation, dtype, mask_rank, mask_dtype, causal, window, layout = fixed
     q, k, v = tuple(shape[0:4]), tuple(shape[4:8]), tuple(shape[8:12])
     mask = (tuple(shape[12:12 + mask_rank]), mask_dtype) if mask_rank >= 0 else None

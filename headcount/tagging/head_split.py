@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 
 def head_slice(value, head: int, n_heads: int):

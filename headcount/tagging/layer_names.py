@@ -1,7 +1,7 @@
 """How attention modules get their layer names (docs/architecture.md §2).
 
 The names themselves (phases, ``layer.N``, ``head.N``, what may not appear in
-them) are :mod:`headcount.naming`; this module picks a model's layer names from
+them) are :mod:`headcount.common.naming`; this module picks a model's layer names from
 its modules' qualified names.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from headcount.naming import sanitize
+from headcount.common.naming import sanitize
 
 _INT = re.compile(r"^\d+$")
 _CROSS_HINTS = ("cross", "encdec", "enc_dec")

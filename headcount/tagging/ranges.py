@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from headcount.naming import DOMAIN
+from headcount.common.naming import DOMAIN
 
 try:  # the low-level entry points skip a cache lookup and an attribute build per call
     import nvtx as _nvtx

@@ -1,16 +1,16 @@
-"""Read one attention call's metadata from its tensors (:class:`~headcount.call_log.CallMeta`).
+"""Read one attention call's metadata from its tensors (:class:`~headcount.common.call_log.CallMeta`).
 
 Read from the tensors' metadata only (``.shape``, ``.dtype``): never from
 their values, so recording a call launches no GPU work inside the measured
 range. The sizes the analytic model needs are worked out later, once per
-distinct call (:func:`headcount.call_log.shape_of`).
+distinct call (:func:`headcount.common.call_log.shape_of`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from headcount.call_log import CallMeta, CallShape, shape_of
+from headcount.common.call_log import CallMeta, CallShape, shape_of
 
 
 def metadata(implementation, query, key, value, mask, causal, sliding_window=None, layout="bhsd") -> CallMeta:
@@ -28,5 +28,5 @@ def metadata(implementation, query, key, value, mask, causal, sliding_window=Non
 
 
 def from_call(implementation, query, key, value, mask, causal, sliding_window=None, layout="bhsd") -> CallShape:
-    """The call's sizes (:class:`~headcount.call_log.CallShape`) from its arguments (the arguments of :func:`metadata`)."""
+    """The call's sizes (:class:`~headcount.common.call_log.CallShape`) from its arguments (the arguments of :func:`metadata`)."""
     return shape_of(metadata(implementation, query, key, value, mask, causal, sliding_window, layout))

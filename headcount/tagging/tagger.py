@@ -20,7 +20,7 @@ bits, as they are) and from two identity autograd functions in head mode and
 where a key/value is shared with another call (:func:`_hook_backward`).
 
 Each range opened is also logged with the call's metadata
-(:class:`~headcount.call_log.CallLog`, :class:`~headcount.call_log.CallMeta`),
+(:class:`~headcount.common.call_log.CallLog`, :class:`~headcount.common.call_log.CallMeta`),
 which is how the analytic model later knows what each range computed.
 """
 
@@ -35,9 +35,9 @@ from typing import Callable
 
 import torch
 
-from headcount.call_log import CallLog, CallMeta, CallShape, OneHead, logged, shape_of
-from headcount.errors import HeadcountError
-from headcount.naming import head_name, sanitize
+from headcount.common.call_log import CallLog, CallMeta, CallShape, OneHead, logged, shape_of
+from headcount.common.errors import HeadcountError
+from headcount.common.naming import head_name, sanitize
 from headcount.tagging import compiled as _compiled
 from headcount.tagging import shapes as _shapes
 from headcount.tagging import state
@@ -344,7 +344,7 @@ class AttentionTagger:
                 try:
                     self.add_model(module)
                 except HeadcountError as err:  # inside the user's forward: said, never raised
-                    from headcount.errors import notice
+                    from headcount.common.errors import notice
 
                     self._qualnames.setdefault(id(module), ("", type(module).__name__))
                     notice(f"not tagged: {err.one_line()}")

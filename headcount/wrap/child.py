@@ -35,8 +35,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from headcount.call_log import CallLog, CallShape
-from headcount.errors import HeadcountError, notice
+from headcount.common.call_log import CallLog, CallShape
+from headcount.common.errors import HeadcountError, notice
 
 ENV_PREFIX = "HEADCOUNT_RUN_"
 CHILD_FILE = "child-{pid}.json"
@@ -103,7 +103,7 @@ class ChildSession:
         import torch
         from transformers import PreTrainedModel
 
-        from headcount.naming import STEP_DOMAIN
+        from headcount.common.naming import STEP_DOMAIN
         from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
         from headcount.tagging.tagger import AttentionTagger
 
@@ -203,7 +203,7 @@ class ChildSession:
         try:
             import torch
 
-            from headcount.env import cuda_usable
+            from headcount.common.env import cuda_usable
 
             if cuda_usable():
                 (torch.cuda.profiler.start if on else torch.cuda.profiler.stop)()
@@ -273,7 +273,7 @@ def _device() -> dict | None:
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    from headcount.device import Device
+    from headcount.common.device import Device
 
     try:
         return Device.from_torch(torch.cuda.current_device() if torch.cuda.is_initialized() else "cpu").as_dict()
@@ -283,7 +283,7 @@ def _device() -> dict | None:
 
 def _program() -> dict:
     """torch and transformers versions of this (the recorded) program."""
-    from headcount.env import program_versions
+    from headcount.common.env import program_versions
 
     return program_versions()
 
@@ -386,7 +386,7 @@ class ChildReport:
         calls: the call log as :func:`calls_to_rows` rows.
         records: the cupti source's records file (``None`` for nsys and ncu).
         complete: the program ended normally; ``ended_by`` says how it ended otherwise.
-        device: where the process's work ran (:meth:`headcount.device.Device.from_torch`, as a dict).
+        device: where the process's work ran (:meth:`headcount.common.device.Device.from_torch`, as a dict).
         program: its torch and transformers versions.
         nvtx_tagged: headcount's ranges were also emitted as NVTX.
     """

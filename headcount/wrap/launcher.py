@@ -3,7 +3,7 @@ auto-tagging hook, the session's options) and the process itself.
 
 The program's output is passed through line by line (nothing is swallowed)
 while lines that NVIDIA's tools write (``==ERROR==``, ``==WARNING==``) are
-kept for :mod:`headcount.collector.nvidia_tools` to read. The program runs in
+kept for :mod:`headcount.wrap.nvidia_tools` to read. The program runs in
 its own process group: Ctrl-C is passed to that group once, as a terminal
 would, so the recording tool writes what it recorded and the program's
 session flushes its call log; a second Ctrl-C kills the group at once
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import headcount
-from headcount.errors import notice
+from headcount.common.errors import notice
 from headcount.wrap.child import ENV_PREFIX
 
 AUTOTAG_DIR = Path(__file__).resolve().parent / "autotag"
@@ -105,7 +105,7 @@ def run(argv: list[str], env: dict, route=None) -> Ran:
         route: where each line of the command's stdout goes: ``route(line,
             sys.stdout)`` returns the stream to write it to, or ``None`` to
             drop it (a wrapper's tool writes its own lines to stdout among
-            the program's; see :meth:`headcount.wrap.tools.Wrapper.stdout_route`).
+            the program's; see :meth:`headcount.wrap.wrappers.Wrapper.stdout_route`).
 
     Raises:
         FileNotFoundError: ``argv[0]`` does not exist (the caller words it).

@@ -11,7 +11,7 @@ import torch
 from tiny_llama import tiny_llama
 
 from headcount import AttentionTagger
-from headcount.naming import STEP_DOMAIN
+from headcount.common.naming import STEP_DOMAIN
 from headcount.tagging.ranges import RangeEmitter
 
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 2

@@ -27,7 +27,7 @@ def _chain() -> None:
 
 def _notice(text: str) -> None:
     try:
-        from headcount.errors import notice
+        from headcount.common.errors import notice
     except Exception:  # noqa: BLE001 - headcount itself cannot be imported: say it plainly
         print(f"headcount: {text}", file=sys.stderr, flush=True)
         return

@@ -114,7 +114,7 @@ STEPS = pa.schema([
     ("launch_travel_ns", F), ("provenance", S), ("note", S),
 ])
 """One row per implementation × process × device × step: how busy the GPU was and why it was idle
-(:mod:`headcount.derive.timeline`)."""
+(:mod:`headcount.derive.steps`)."""
 
 FINDINGS = pa.schema([
     ("rank", I), ("kind", S), ("subject", S), ("implementation", S), ("value", F), ("unit", S),
@@ -140,7 +140,7 @@ WRITTEN = ("kernels", "ranges", "layers", "heads", "steps", "findings")
 # ---------------------------------------------------------------- in-memory contracts (not saved)
 @dataclass
 class Timeline:
-    """A recording's events as a parser hands them to :mod:`headcount.build`
+    """A recording's events as a parser hands them to :mod:`headcount.build.shared`
     (nsys SQLite and parquetdir exports, ``.nsys-rep`` after export).
 
     Attributes:

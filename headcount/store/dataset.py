@@ -58,9 +58,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from headcount.errors import HeadcountError
-from headcount.reports.metadata import SCHEMA_VERSION
-from headcount.tables import TABLES
+from headcount.common.errors import HeadcountError
+from headcount.common.tables import TABLES
+from headcount.store.metadata import SCHEMA_VERSION
 
 MARKER = "headcount.json"
 LOCK = ".headcount.lock"  # flock'ed by the process committing to the report
@@ -632,7 +632,7 @@ def write_run(
     """Write one run's tables into ``out`` (see the module docstring): staged, then committed.
 
     Args:
-        tables: table name → DataFrame; names must be in :data:`~headcount.tables.TABLES`.
+        tables: table name → DataFrame; names must be in :data:`~headcount.common.tables.TABLES`.
         metadata: run metadata (stored in every file and in ``run.json``).
         append: add to an existing report; force: replace an existing report.
 
@@ -659,8 +659,8 @@ def write_stats(out: str | Path, run_id: str, stats: dict[str, pd.DataFrame], me
     Raises:
         HeadcountError: as :func:`write_run`.
     """
-    from headcount.reports.metadata import runs_row
-    from headcount.tables import WRITTEN
+    from headcount.common.tables import WRITTEN
+    from headcount.store.metadata import runs_row
 
     tables = {name: stats[name] for name in (*WRITTEN, "attention_stats") if name in stats}
     tables["runs"] = runs_row(metadata)

@@ -12,7 +12,7 @@ import functools
 import os
 from importlib import metadata as _md
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 CHOICES = "auto, cpu, cuda, cuda:N"
 

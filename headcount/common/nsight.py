@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 # oldest releases whose options and report formats headcount uses
 MIN_VERSION = {"ncu": (2022, 1), "nsys": (2023, 1)}

@@ -1,6 +1,6 @@
 """How busy the GPU was in each step, and why it was idle (docs/reading-a-report.md § Triage).
 
-Tables in, the ``steps`` table out (:data:`headcount.tables.STEPS`); no I/O.
+Tables in, the ``steps`` table out (:data:`headcount.common.tables.STEPS`); no I/O.
 One row per implementation × process × device × step (``step`` null: GPU
 work outside every step range, or a recording with no steps at all).
 

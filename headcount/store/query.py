@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from headcount.errors import HeadcountError
-from headcount.reports.dataset import MARKER, listed_runs, recover
-from headcount.tables import TABLES
+from headcount.common.errors import HeadcountError
+from headcount.common.tables import TABLES
+from headcount.store.dataset import MARKER, listed_runs, recover
 
 if TYPE_CHECKING:
     import duckdb  # imported when a query runs: not on every command's start (0.09 s)

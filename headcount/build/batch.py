@@ -1,7 +1,7 @@
 """Many recordings into one report: one run per file, each read, built and
-staged on its own (:class:`headcount.reports.dataset.StagedRun`), here, in
+staged on its own (:class:`headcount.store.dataset.StagedRun`), here, in
 parallel processes (``--jobs``) or as Ray tasks (``--executor ray``); the
-caller commits the staged runs together (:func:`headcount.reports.dataset.commit`).
+caller commits the staged runs together (:func:`headcount.store.dataset.commit`).
 
 A large export of a source that can be split by process (nsys SQLite and
 parquetdir) is split into shards across the worker processes
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from headcount.device import Device
-from headcount.errors import HeadcountError
+from headcount.common.device import Device
+from headcount.common.errors import HeadcountError
+from headcount.common.tables import WRITTEN
 from headcount.parsers.options import ReadOptions
-from headcount.tables import WRITTEN
 
 PER_JOB_BYTES = 2 * 2**30  # what one parse may hold at its peak (the benchmark's ceiling)
 
@@ -36,7 +36,7 @@ class FileResult:
         path: the input file; run_id: its run (staged under ``OUT/.staging-<run_id>`` when ``error`` is None);
             runs: the runs staged there when the file held several (one per process; see :attr:`run_ids`).
         lines: one-line facts for the progress output; notices: what the reader should know.
-        error, hint, exit_code: the :class:`~headcount.errors.HeadcountError` that stopped it, if any.
+        error, hint, exit_code: the :class:`~headcount.common.errors.HeadcountError` that stopped it, if any.
     """
 
     path: str
@@ -63,7 +63,8 @@ def stage_file(path: str, out: str, run_id: str, options: ReadOptions) -> FileRe
     result are plain values). Errors a user can cause come back in the result;
     anything else (a bug) raises.
     """
-    from headcount import env, parse_file, sources
+    from headcount.build import parse_file, sources
+    from headcount.common import env
 
     env.release_freed_memory()
     runs, lines, notices = [], [], []
@@ -88,8 +89,8 @@ def stage_file(path: str, out: str, run_id: str, options: ReadOptions) -> FileRe
 
 def _stage(out: str, run_id: str, staging: str, meta: dict, parsed) -> None:
     """Stage ``parsed``'s tables and runs row as run ``run_id`` under ``.staging-<staging>``."""
-    from headcount.reports import dataset
-    from headcount.reports.metadata import runs_row
+    from headcount.store import dataset
+    from headcount.store.metadata import runs_row
 
     with dataset.StagedRun(out, run_id, meta, staging=staging) as staged:
         for name, frame in parsed.pieces():
@@ -126,18 +127,20 @@ class ShardResult:
 
 def process_meta(meta: dict, run_id: str, pid: str, device, processes: int) -> dict:
     """The metadata of the run of process ``pid`` of a file whose processes are runs of their own
-    (the sharded path's; :func:`headcount.parse_file.process_facts` as the one-worker path)."""
-    from headcount.parse_file import process_facts
+    (the sharded path's; :func:`headcount.build.parse_file.process_facts` as the one-worker path)."""
+    from headcount.build.parse_file import process_facts
 
     return {**meta, "run_id": run_id, **process_facts(pid, processes), **({"device": device.as_dict()} if device is not None else {})}
 
 
 def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards: int, plan, options: ReadOptions) -> ShardResult:
-    """Attribute and stage one shard of a large nsys export (:func:`headcount.build.nsys_shard`)
+    """Attribute and stage one shard of a large nsys export (:func:`headcount.build.shared.nsys_shard`)
     as the pieces ``part-s<shard>`` of run ``run_id``; the parent finishes the run. Where the
     export's processes are runs of their own, each process is staged as its run's pieces."""
-    from headcount import build, env, parse_file
-    from headcount.reports import dataset
+    from headcount.build import parse_file
+    from headcount.build import shared as build
+    from headcount.common import env
+    from headcount.store import dataset
 
     env.release_freed_memory()
     counts: dict = {}
@@ -163,9 +166,10 @@ def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards
 def _stage_shard_processes(path: str, out: str, run_id: str, meta: dict, shard: int, shards: int, plan,
                            options: ReadOptions) -> ShardResult:
     """:func:`stage_shard` of an export whose processes are runs of their own (``<run_id>-pid<pid>``)."""
-    from headcount import build, parse_file
+    from headcount.build import parse_file
+    from headcount.build import shared as build
     from headcount.parsers import nsys_sqlite
-    from headcount.reports import dataset
+    from headcount.store import dataset
 
     counts: dict = {}
     processes: dict = {}
@@ -194,7 +198,7 @@ def _shards(path: str, jobs: int):
     for a large nsys export (its processes never span two shards; the plan an
     :class:`~headcount.parsers.nsys_sqlite.ExportPlan`) or a large plain torch.profiler trace
     (read in spans; the plan a list of :class:`~headcount.parsers.kineto.Span`), else 1."""
-    from headcount import sources
+    from headcount.build import sources  # noqa: F401
     from headcount.parsers import kineto, nsys_sqlite
 
     if jobs <= 1:
@@ -219,7 +223,7 @@ def read_span(path: str, span, directory: str):
     piece written to ``directory``, for the parent to gather (:meth:`~headcount.parsers.kineto_steps.Pieces.add`).
     ``None`` where the span cannot be read (misaligned bounds, a damaged file): the parent then reads the
     file whole, which names the problem."""
-    from headcount import env
+    from headcount.common import env
     from headcount.parsers.kineto_steps import Pieces
 
     env.release_freed_memory()
@@ -241,11 +245,12 @@ class GroupsResult:
 
 
 def stage_groups(path: str, out: str, run_id: str, meta: dict, pieces, which: list[int], worker: int) -> GroupsResult:
-    """Build and stage the groups ``which`` of a trace read in spans (:func:`headcount.build.kineto_group_pieces`)
+    """Build and stage the groups ``which`` of a trace read in spans (:func:`headcount.build.shared.kineto_group_pieces`)
     as the pieces ``part-g<worker>`` of run ``run_id``; the parent finishes the run."""
-    from headcount import build, env
+    from headcount.build import shared as build
+    from headcount.common import env
     from headcount.parsers import kineto
-    from headcount.reports import dataset
+    from headcount.store import dataset
 
     env.release_freed_memory()
     result = GroupsResult()
@@ -272,11 +277,12 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
     import shutil
     import tempfile
 
-    from headcount import build, parse_file
+    from headcount.build import parse_file
+    from headcount.build import shared as build
     from headcount.parsers import kineto
     from headcount.parsers.kineto_steps import Pieces
-    from headcount.reports import dataset
-    from headcount.reports.metadata import runs_row
+    from headcount.store import dataset
+    from headcount.store.metadata import runs_row
 
     directory = tempfile.mkdtemp(prefix="headcount-trace-")
     try:
@@ -317,7 +323,7 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
 def _metadata(path: str, run_id: str, source: str, version, device, notices: list[str], run: dict | None = None) -> dict:
     """The run metadata of a parsed file: the device and versions the recording names, never this machine's
     (``run``: what else the file says of its run, e.g. its rank)."""
-    from headcount.reports.metadata import run_metadata
+    from headcount.store.metadata import run_metadata
 
     return run_metadata(run_id, source, version, "parse",
                         {"input": str(path), "implementation": "unknown", "notices": notices, **(run or {})},
@@ -326,9 +332,10 @@ def _metadata(path: str, run_id: str, source: str, version, device, notices: lis
 
 def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResult], plan=None) -> FileResult:
     """The shards of one file are staged: add its layers, heads, findings and runs rows (or report the first error)."""
-    from headcount import build, parse_file
-    from headcount.reports import dataset
-    from headcount.reports.metadata import runs_row
+    from headcount.build import parse_file
+    from headcount.build import shared as build
+    from headcount.store import dataset
+    from headcount.store.metadata import runs_row
 
     failed = next((r for r in parts if r.error), None)
     if failed:
@@ -351,10 +358,11 @@ def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResul
 
 def _finish_processes(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResult], counts: dict, plan) -> FileResult:
     """:func:`_finish` of an export whose processes are runs of their own: each run's layers, heads, findings and runs rows."""
-    from headcount import build, parse_file
+    from headcount.build import parse_file
+    from headcount.build import shared as build
     from headcount.parsers import nsys_sqlite
-    from headcount.reports import dataset
-    from headcount.reports.metadata import runs_row
+    from headcount.store import dataset
+    from headcount.store.metadata import runs_row
 
     processes = {pid: got for r in parts for pid, got in (r.processes or {}).items()}
     runs, notices = [], []
@@ -454,15 +462,16 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
     # imported once here, inherited by forked workers (each would otherwise import them on its first file)
     import adbc_driver_sqlite.dbapi  # noqa: F401 - the nsys reader's driver (0.1 s: it imports polars)
 
-    from headcount import build, sources  # noqa: F401
+    from headcount.build import shared as build  # noqa: F401
+    from headcount.build import sources  # noqa: F401
     from headcount.parsers import kineto_steps  # noqa: F401
-    from headcount.reports import dataset, metadata  # noqa: F401
+    from headcount.store import dataset, metadata  # noqa: F401
 
     if threading.active_count() == 1:  # no thread whose locks a fork could inherit held: fork (starts in ms)
         context = mp.get_context("fork")
     else:  # a fresh single-threaded server forks the workers, with the heavy imports done once
         context = mp.get_context("forkserver")
-        context.set_forkserver_preload(["headcount.batch", "headcount.sources", "headcount.build", "headcount.reports.dataset",
+        context.set_forkserver_preload(["headcount.build.batch", "headcount.build.sources", "headcount.build.shared", "headcount.store.dataset",
                                         "adbc_driver_sqlite.dbapi"])
     from headcount.parsers import nsys_sqlite
 

@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 CALIBRATION_FILE = "calibration.json"
 
@@ -35,7 +35,7 @@ def copy_ceiling(device="cuda", n_bytes: int = 2 << 30, repeats: int = 20, warmu
     import torch
 
     device = torch.device(device)
-    from headcount.env import cuda_usable
+    from headcount.common.env import cuda_usable
 
     if device.type == "cuda" and not cuda_usable():
         raise HeadcountError("calibration needs a CUDA GPU and torch sees none", hint="run it on the GPU machine", exit_code=3)

@@ -3,9 +3,9 @@
 A wrapper finds and checks its tool (:meth:`version`), builds the command
 line around the program (:meth:`argv`), reads the tool's verdict on the run
 (:meth:`check`) and turns the raw folder into one set of tables per rank
-(:meth:`assemble`, through :mod:`headcount.wrap.assemble` and
-:mod:`headcount.build`). ``headcount run`` itself holds no per-tool branch;
-:data:`WRAPPERS` is keyed like :data:`headcount.sources.WRAPPERS`.
+(:meth:`assemble`, through :mod:`headcount.build.run_folder` and
+:mod:`headcount.build.shared`). ``headcount run`` itself holds no per-tool branch;
+:data:`WRAPPERS` is keyed like :data:`headcount.build.sources.WRAPPERS`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from headcount import env, nsight
-from headcount.collector import cupti_source, nvidia_tools
-from headcount.errors import HeadcountError, NothingRecorded
-from headcount.wrap import assemble
+from headcount.build import run_folder as assemble
+from headcount.collector import cupti_source
+from headcount.common import env, nsight
+from headcount.common.errors import HeadcountError, NothingRecorded
+from headcount.wrap import nvidia_tools
 
 
 class Wrapper:
@@ -60,7 +61,7 @@ class Wrapper:
         return None
 
     def assemble(self, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
-        """The raw folder → one :class:`~headcount.wrap.assemble.RankRun` per rank."""
+        """The raw folder → one :class:`~headcount.build.run_folder.RankRun` per rank."""
         return assemble.from_cupti(assemble.read_children(raw), run_id)
 
 

@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from headcount import nsight
 from headcount.collector import cupti_home, cupti_source
 from headcount.collector.cupti_errors import HOLDER_HINT, PERMISSION_HINT, classify
-from headcount.env import package_version as _version
-from headcount.errors import HeadcountError
+from headcount.common import nsight
+from headcount.common.env import package_version as _version
+from headcount.common.errors import HeadcountError
 
 # environment variables that mean another CUPTI client is injected into this process
 INJECTED_TOOLS = {

@@ -1,6 +1,6 @@
 """Driving NVIDIA's tools for ``headcount run``: build their command lines, read their complaints.
 
-Where the tools are and which version they are is :mod:`headcount.nsight`
+Where the tools are and which version they are is :mod:`headcount.common.nsight`
 (``parse`` and ``doctor`` look them up too).
 
 Command building and log reading are pure functions (tested without a GPU);
@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from headcount import nsight
 from headcount.collector.cupti_errors import PERMISSION_HINT
-from headcount.errors import HeadcountError
-from headcount.naming import DOMAIN
+from headcount.common import nsight
+from headcount.common.errors import HeadcountError
+from headcount.common.naming import DOMAIN
 
 # one pass on recent GPUs: time, DRAM bytes and throughput, achieved occupancy,
 # L2 bytes; the launch__* and theoretical-occupancy values cost no pass

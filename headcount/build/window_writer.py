@@ -1,9 +1,9 @@
 """Windows of a training run built and written off the training loop (issue 29).
 
-A profiled window's recording (:class:`~headcount.build.Recording`: the trace
+A profiled window's recording (:class:`~headcount.build.shared.Recording`: the trace
 file, the call log, the device) is handed to a worker process that builds its
-tables (:func:`~headcount.build.tables_from_recording`, the path the API takes)
-and appends them to the dataset (:func:`~headcount.reports.dataset.write_stats`,
+tables (:func:`~headcount.build.shared.tables_from_recording`, the path the API takes)
+and appends them to the dataset (:func:`~headcount.store.dataset.write_stats`,
 the same staged commit: a report is never half-written). The loop goes on as
 soon as torch's profiler has stopped.
 
@@ -58,18 +58,18 @@ from typing import Callable
 
 import pandas as pd
 
-from headcount.build import Recording, tables_from_recording
-from headcount.errors import HeadcountError, notice
-from headcount.reports.dataset import listed_runs, recover, write_stats
+from headcount.build.shared import Recording, tables_from_recording
+from headcount.common.errors import HeadcountError, notice
+from headcount.store.dataset import listed_runs, recover, write_stats
 
-WRITE_WINDOW = "headcount.window_writer:write_window"
+WRITE_WINDOW = "headcount.build.window_writer:write_window"
 # what the build imports on first use, imported before the worker says it is ready (not during the training loop)
 WARM_UP = ("headcount.parsers.kineto", "headcount.parsers.cupti_records", "pyarrow.pandas_compat")
 STARVED_CHECK_S = 0.5  # at close(): how often the progress of the workers at lowered priority is checked
 STARVED_SHARE = 0.25  # of a core, below which one is deemed starved (its window then goes to one at normal priority)
 LOW_NICE = 19  # the low-priority worker's nice value: the lowest share an ordinary process gets
 READY_TIMEOUT_S = 300  # its imports take a third of a second on an idle machine; a loaded one may be far slower
-ENTRY = "import sys; from headcount.window_writer import main; main(sys.argv[1:])"  # not -m: no second copy of this module
+ENTRY = "import sys; from headcount.build.window_writer import main; main(sys.argv[1:])"  # not -m: no second copy of this module
 
 
 def write_window(recording: Recording, out: Path, metadata: dict, attention_stats: pd.DataFrame | None,
@@ -219,7 +219,7 @@ class _Worker:
             return "died", self.process.wait(), None
 
     def kill(self) -> None:
-        """End it now, its job in hand unfinished (its staging is left to :func:`~headcount.reports.dataset.recover`)."""
+        """End it now, its job in hand unfinished (its staging is left to :func:`~headcount.store.dataset.recover`)."""
         self.process.kill()
         self.process.wait()
 
@@ -449,7 +449,7 @@ class WindowWriter:
     def _take_back(self, kind: str) -> list[str]:
         """Take its window from a worker at lowered priority (``kind``) that gets no CPU time: end it, and
         put the window back first in line, unless it was written (its answer came in the meantime, or its
-        commit went through: completed by :func:`~headcount.reports.dataset.recover` where the kill
+        commit went through: completed by :func:`~headcount.store.dataset.recover` where the kill
         interrupted it)."""
         queued, worker = self._holding(kind), self._workers[kind]
         worker.kill()

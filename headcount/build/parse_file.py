@@ -1,6 +1,6 @@
-"""One file of ``headcount parse``: read, built (:mod:`headcount.build`), and said.
+"""One file of ``headcount parse``: read, built (:mod:`headcount.build.shared`), and said.
 
-The functions :data:`headcount.sources.FILE_SOURCES` names, one per kind of
+The functions :data:`headcount.build.sources.FILE_SOURCES` names, one per kind of
 file: each reads the file with its parser, builds its tables with the one
 composition of the stages, and returns a :class:`Parsed` with the device and
 tool version the file names, its notices, and the progress lines the user
@@ -17,10 +17,10 @@ from typing import Iterator
 
 import pandas as pd
 
-from headcount import signals
-from headcount.build import collected, nsys_pieces, nsys_processes, tables_from_ncu
-from headcount.device import Device
-from headcount.errors import NothingRecorded
+from headcount.build.shared import collected, nsys_pieces, nsys_processes, tables_from_ncu
+from headcount.common import signals
+from headcount.common.device import Device
+from headcount.common.errors import NothingRecorded
 from headcount.parsers import ncu_metrics, nsys_sqlite
 from headcount.parsers.options import ReadOptions
 
@@ -138,7 +138,7 @@ def _call_logs(path: Path) -> list[dict] | None:
     folder = path.parent if path.is_file() else None
     if folder is None or not any(folder.glob("child-*.json")):
         return None
-    from headcount.wrap import assemble
+    from headcount.build import run_folder as assemble
 
     return assemble.read_children(folder) or None
 
@@ -146,7 +146,7 @@ def _call_logs(path: Path) -> list[dict] | None:
 def _from_raw_folder(path: Path, sqlite: Path, children: list[dict], run_id: str, whole: Parsed) -> Parsed:
     """The runs ``headcount run`` would have written from this raw folder (one per tagged rank, with its call log):
     a report made later from the raw files an interrupt kept has the tables the run would have given."""
-    from headcount.wrap import assemble
+    from headcount.build import run_folder as assemble
 
     ranks = assemble.from_nsys(sqlite, children, run_id)
     parsed = [_rank_parsed(path, r, whole) for r in ranks]
@@ -210,7 +210,7 @@ def from_ncu_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
 
 def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     """A torch.profiler trace: read a piece at a time (:class:`~headcount.parsers.kineto_steps.Pieces`),
-    then built a group of whole steps at a time (:func:`headcount.build.kineto_pieces`) as the pieces
+    then built a group of whole steps at a time (:func:`headcount.build.shared.kineto_pieces`) as the pieces
     are consumed."""
     from headcount.parsers import kineto
     from headcount.parsers.kineto_steps import Pieces
@@ -228,7 +228,7 @@ def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
 
 
 def _torch_stream(path: Path, pieces, lines: list[str], notices: list[str], run: dict):
-    from headcount.build import kineto_pieces, run_facts
+    from headcount.build.shared import kineto_pieces, run_facts
 
     kernels, layers, calls = 0, pd.DataFrame(), {}
     with pieces:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from headcount.device import Device
+from headcount.common.device import Device
 
 
 @dataclass(frozen=True)

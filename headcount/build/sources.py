@@ -3,7 +3,7 @@
 
 The CLI's ``--backend`` choices, the API's backend names and the parse
 dispatch all read this module; adding a file format is one parser module,
-one build function in :mod:`headcount.build` and one :class:`FileSource`
+one build function in :mod:`headcount.build.shared` and one :class:`FileSource`
 entry here (see ``docs/adding-a-source.md``).
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from headcount import parse_file
-from headcount.errors import HeadcountError
+from headcount.build import parse_file
+from headcount.common.errors import HeadcountError
 from headcount.parsers.options import ReadOptions
 
 # in-process recorders (AttentionProfiler, headcount profile): name → what it gives
@@ -39,10 +39,10 @@ class FileSource:
         name: the ``runs.source`` value (``nsys``, ``ncu``, ``torch``).
         label: what the file is, for messages.
         suffixes: lower-case name endings it is chosen by (a directory: ``directory``).
-        parse: ``(path, run_id, options) →`` :class:`headcount.parse_file.Parsed` (``options``: a
+        parse: ``(path, run_id, options) →`` :class:`headcount.build.parse_file.Parsed` (``options``: a
             :class:`~headcount.parsers.options.ReadOptions`); raises HeadcountError on bad input.
         directory: the format is a directory.
-        splits: a large file can be split by process across workers (:func:`headcount.build.nsys_shard`).
+        splits: a large file can be split by process across workers (:func:`headcount.build.shared.nsys_shard`).
     """
 
     name: str

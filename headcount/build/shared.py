@@ -14,7 +14,7 @@
 - :func:`nsys_pieces`: an nsys export's tables process by process (``parse``
   and ``run --backend nsys`` read exports only this way);
 - one file of ``headcount parse`` (read, built, and the lines the user sees)
-  is :mod:`headcount.parse_file`.
+  is :mod:`headcount.build.parse_file`.
 """
 
 from __future__ import annotations
@@ -27,14 +27,16 @@ import pandas as pd
 
 from headcount.attribute import attribution, graphs, labels, nesting, untagged
 from headcount.attribute.calls import attach_calls, calls_frame
-from headcount.derive import aggregate, analytic, bound, devices, launch, occupancy, sampling, timeline, triage
-from headcount.device import Device
-from headcount.errors import HeadcountError
-from headcount.naming import DOMAIN, STEP_DOMAIN, parse_path
+from headcount.common.device import Device
+from headcount.common.errors import HeadcountError
+from headcount.common.naming import DOMAIN, STEP_DOMAIN, parse_path
+from headcount.common.tables import Timeline
+from headcount.derive import aggregate, analytic, bound, launch, occupancy, sampling, triage
+from headcount.derive import peaks as devices
+from headcount.derive import steps as timeline
 from headcount.parsers import ncu_metrics, nsys_sqlite
 from headcount.parsers.options import ReadOptions
 from headcount.parsers.plausible import drop_implausible
-from headcount.tables import Timeline
 
 
 @dataclass
@@ -109,7 +111,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
             range whose id its launch carried (exact, any thread); without
             it, to the innermost range that contains its launch call on the
             launching thread.
-        calls: the tagger's :class:`~headcount.call_log.CallLog` list.
+        calls: the tagger's :class:`~headcount.common.call_log.CallLog` list.
         implementation: attention implementation of the session (fills rows the
             call log does not name, e.g. operators outside attention).
         source: the ``source`` column of the kernels table.
@@ -226,12 +228,12 @@ def attention_tables(figures: pd.DataFrame, kernels: pd.DataFrame) -> dict[str, 
 
 def steps_of(kernels: pd.DataFrame, syncs: pd.DataFrame, steps: pd.DataFrame, ranges_table: pd.DataFrame,
              implementation: str, found: bool) -> pd.DataFrame:
-    """The ``steps`` rows of one recorded process (:mod:`headcount.derive.timeline`):
+    """The ``steps`` rows of one recorded process (:mod:`headcount.derive.steps`):
     from its GPU work where it has any, else (a CPU run) from its step ranges.
 
     Args:
         kernels: the kernels table (GPU rows and, on a CPU run, CPU operators).
-        syncs: its synchronizing calls (:func:`headcount.derive.timeline.sync_calls`).
+        syncs: its synchronizing calls (:func:`headcount.derive.steps.sync_calls`).
         steps: the step ranges (``headcount.step`` domain) with ``name``, ``pid``, ``start_ns``, ``end_ns``.
         ranges_table: the labelled ranges (attention ranges of level ``layer`` for a CPU run).
         found: the recording has attention calls (else attention figures are null, not 0).
@@ -602,7 +604,7 @@ def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices:
 
 
 def _unstepped(parts: list[GroupFigures], attention_found: bool) -> pd.DataFrame:
-    """The ``steps`` rows of the GPU work outside every step (:func:`headcount.derive.timeline.gpu_steps`),
+    """The ``steps`` rows of the GPU work outside every step (:func:`headcount.derive.steps.gpu_steps`),
     from every group's: what a whole trace attributed at once gives (empty: no such work)."""
     outside = [part.outside for part in parts if part.outside is not None]
     work = _concat([w for w, _ in outside]) if outside else pd.DataFrame()
@@ -745,12 +747,12 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: Devi
     scheme (domain ``headcount``) give the layers/heads tables; other ranges
     (someone else's code) stay in ``ranges`` only, with ``level`` ``other``,
     and are never posed as layers (the report summarises them by name,
-    :func:`headcount.reports.query.range_summary`). Without the tagger's call log (``calls``: given by
+    :func:`headcount.store.query.range_summary`). Without the tagger's call log (``calls``: given by
     ``headcount run``, absent for a parsed file) analytic FLOPs and bytes are null.
     ``roofline_class`` uses ``device``, else the GPU the export describes.
 
     Args:
-        parts: :class:`~headcount.tables.Timeline` s, one per process (NVTX
+        parts: :class:`~headcount.common.tables.Timeline` s, one per process (NVTX
             ranges, launches and GPU work never cross processes, so each part
             is attributed alone and memory follows the largest process).
         devices, gpu_metrics: the export's GPUs and GPU-metrics samples (whole file).
@@ -852,7 +854,7 @@ def nsys_shard(path: Path, plan, shard: int, shards: int, options: ReadOptions =
 def nsys_processes(path: Path, plan, shard: tuple[int, int] | None = None, options: ReadOptions = ReadOptions()):
     """The one way an nsys export is read (``parse``, ``run --backend nsys``, the
     sharded workers): its processes (those of ``shard``, a ``(k, m)`` pair, when
-    given), one :class:`~headcount.tables.Timeline` at a time: a large export
+    given), one :class:`~headcount.common.tables.Timeline` at a time: a large export
     read one process at a time, a smaller one in one read and then cut by process."""
     if plan.processes is not None:
         mine = [p for p in plan.processes if shard is None or p % shard[1] == shard[0]]
@@ -970,7 +972,7 @@ def _headcount_stack(nvtx: str | None) -> str | None:
 def add_roofline(tables: dict, device: Device | None, calls=None, measured_gbps: float | None = None) -> dict:
     """Fill ``roofline_class`` of the layers and heads tables (in place), with the achieved
     fractions it rests on (``peak_bandwidth_pct``, ``peak_flop_pct``), from the peaks of the
-    device the work ran on (:mod:`headcount.derive.devices`) and the dtype of the logged
+    device the work ran on (:mod:`headcount.derive.peaks`) and the dtype of the logged
     calls; null where either is unknown (a CPU run, a mixed-dtype run).
 
     Args:
@@ -996,7 +998,7 @@ class Recording:
     Attributes:
         writes: what the recorder wrote (:attr:`headcount.collector.Recorder.writes`): ``kineto`` or ``cupti-records``.
         path: the recording.
-        calls: the tagger's call log of the window, sizes worked out (:class:`~headcount.call_log.CallLog`).
+        calls: the tagger's call log of the window, sizes worked out (:class:`~headcount.common.call_log.CallLog`).
         run_id, implementation: the window's run and the attention implementation it ran.
         limits: the GPU's SM limits (``None``: theoretical occupancy null); device: where the work ran.
         nvtx_tagged: headcount's ranges were also NVTX ranges (cupti: marker records were to be expected).

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from headcount.errors import HeadcountError
+from headcount.common.errors import HeadcountError
 
 DEFAULT_MODEL = "default"
 

@@ -15,8 +15,8 @@ import sys
 import pandas as pd
 
 from headcount._version import __version__
-from headcount.device import Device
-from headcount.env import package_version, program_versions
+from headcount.common.device import Device
+from headcount.common.env import package_version, program_versions
 
 SCHEMA_VERSION = "1.9"  # 1.9: issue 49 (steps queued_kernels_pct, launch_latency_p50_ns, launch_travel_ns: the launch-bound split's measured travel allowance); 1.8: issue 48 (steps idle_other_blocked_ns; untagged calls' model named, several models' layers named apart) and issue 49 (kernels queue_delay_ns, launch_latency_ns only on an idle stream; layers and heads queue_delay_p50/p99_ns, queued_kernels_pct); 1.7: issue 47 (layers: the head-mode split — heads_share_of_layer_pct, split_glue_ns, split_gaps_ns, heads_dram_bytes, heads_bytes_share_of_layer_pct, layer_mode_duration_per_call_ns, split_cost_x; sampled figures null where too few PM samples resolve a range); 1.6: issue 31 (kernels runs_on, bound and Speed of Light columns; layers and heads achieved fractions, waves, shares; heads rank test)
 
@@ -71,10 +71,10 @@ def run_metadata(run_id: str, source: str, source_version: str | None, mode: str
 
 def runs_row(meta: dict) -> pd.DataFrame:
     """The ``runs`` table row of one run's metadata, column by column from the
-    schema (:data:`headcount.tables.RUNS`): a column is the metadata key of
+    schema (:data:`headcount.common.tables.RUNS`): a column is the metadata key of
     its name, ``device_<x>`` is the device's ``<x>``. A new column is one edit
     of the schema (and the metadata that fills it)."""
-    from headcount.tables import RUNS
+    from headcount.common.tables import RUNS
 
     device = meta.get("device") or {}
     config = meta.get("model_config")
