@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.build.shared import NO_ATTENTION, Recording, implementation_of, tables_from_recording
+from headcount.build.in_process import Recording, tables_from_recording
+from headcount.build.shared import NO_ATTENTION, implementation_of
 from headcount.build.sources import RECORDERS
 from headcount.collector import Recorder, cupti_source
 from headcount.collector.compile_watch import CompileWatch
@@ -452,7 +453,7 @@ class AttentionProfiler:
 
     def recording(self) -> Recording:
         """This window's recording with everything its build needs, picklable (a worker process can build it:
-        :func:`headcount.build.shared.tables_from_recording`).
+        :func:`headcount.build.in_process.tables_from_recording`).
 
         Raises:
             HeadcountError: nothing was recorded, or the window has not ended.
@@ -482,7 +483,7 @@ class AttentionProfiler:
             self._window.recorder.cleanup()
 
     def _built(self, window: "_Window") -> dict[str, pd.DataFrame]:
-        """The window's recording built (:func:`headcount.build.shared.tables_from_recording`), its notices said."""
+        """The window's recording built (:func:`headcount.build.in_process.tables_from_recording`), its notices said."""
         built = tables_from_recording(self.recording())
         window.collector_info = built.info or None
         for line in built.notices:

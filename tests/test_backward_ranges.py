@@ -109,7 +109,7 @@ def test_h100_backward_ranges_rederived_leave_the_projections_out(impl):
     """Each recorded bwd range (the old rule) is the core's kernels followed by the same kernels, twice,
     as the q projection's backward right after the range (v's and k's projection backward). The new rule
     closes the range after the core: the re-derived range holds none of them."""
-    from headcount.build.shared import tables_from_cupti
+    from headcount.build.in_process import tables_from_cupti
     from headcount.common.device import limits_for
 
     built = tables_from_cupti(GPU / "records-layer" / impl / "cupti-records.jsonl.gz", [], "h100", impl, limits_for("9.0"))

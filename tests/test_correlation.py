@@ -95,7 +95,7 @@ def test_the_h100_tables_need_only_what_the_collector_now_records(impl, tmp_path
     Every table a user reads is the same."""
     from pathlib import Path
 
-    from headcount.build.shared import tables_from_cupti
+    from headcount.build.in_process import tables_from_cupti
     from headcount.collector import api_calls
     from headcount.common.device import limits_for
 

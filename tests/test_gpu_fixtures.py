@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from headcount.build.shared import tables_from_cupti
+from headcount.build.in_process import tables_from_cupti
 from headcount.common.device import Device, limits_for
 
 GPU = Path(__file__).parent / "fixtures" / "gpu" / "h100-2026-12-05"

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.build.shared import tables_from_nsys
+from headcount.build.nsys import tables_from_nsys
 from headcount.parsers.nsys_sqlite import read_export
 
 H100 = Path(__file__).parent / "fixtures" / "nsys" / "h100x2_pytorch_nsys2026.2.sqlite"

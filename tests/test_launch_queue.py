@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headcount.build.shared import tables_from_cupti
+from headcount.build.in_process import tables_from_cupti
 from headcount.common.device import limits_for
 from headcount.derive import launch
 

@@ -181,7 +181,7 @@ def test_layers_from_ncu_kernels_under_headcount_ranges():
     """ncu NVTX stacks as ncu_report gives them ("domain@a/b;…"), put on the
     real kernels of the RTX fixture: the layer gets their summed time and
     measured bytes. (No ncu recording with headcount's ranges exists yet.)"""
-    from headcount.build.shared import tables_from_ncu
+    from headcount.build.ncu import tables_from_ncu
 
     kernels = read_csv(FIX / "h800_flash_fwd_raw.C.csv")
     kernels["nvtx_path"] = ["headcount@fwd/layer.0/head.0;NVTX@step", "headcount@fwd/layer.0/head.1",

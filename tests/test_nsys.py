@@ -101,7 +101,7 @@ def test_backward_ranges_follow_forward_in_each_step(nsys_ranges):
 
 def test_cpu_only_capture_parses_into_ranges(nsys_sqlite_path):
     """An export with NVTX ranges but no CUDA activity: a ranges table, no GPU work."""
-    from headcount.build.shared import tables_from_nsys
+    from headcount.build.nsys import tables_from_nsys
     from headcount.parsers.nsys_sqlite import read_export
 
     export = read_export(nsys_sqlite_path)
@@ -214,7 +214,7 @@ def _graphed_export(nsys_sqlite_path, path, replays: int = 2, after_the_run: boo
     """
     import shutil
 
-    from headcount.build.shared import tables_from_nsys
+    from headcount.build.nsys import tables_from_nsys
     from headcount.parsers.nsys_sqlite import read_export
 
     shutil.copy(nsys_sqlite_path, path)
@@ -285,7 +285,7 @@ def test_graph_replays_in_an_export_belong_to_the_ranges_that_captured_them(nsys
     captured its node (path, step of the replay), one instance per replay; the
     node made outside every attention range stays outside; the captured ranges
     are not calls of the figures."""
-    from headcount.build.shared import tables_from_nsys
+    from headcount.build.nsys import tables_from_nsys
     from headcount.parsers.nsys_sqlite import read_export
 
     path = tmp_path / "graphed.sqlite"

@@ -91,7 +91,7 @@ def test_real_h100_traces_without_tags_get_layers_from_module_ranges(tmp_path, c
 
 def test_module_range_figures_by_hand():
     """Qwen1.5-0.5B layer 0 (causal SDPA, B 16, H 16, S 559, D 64, bf16), worked by hand."""
-    from headcount.build.shared import tables_from_kineto
+    from headcount.build.kineto import tables_from_kineto
     from headcount.parsers.kineto import read_trace
 
     tables = tables_from_kineto(read_trace(KINETO / "h100_qwen1.5-0.5b_kineto.json.gz"), "x").tables
@@ -308,12 +308,12 @@ def test_a_trace_attributed_a_group_of_steps_at_a_time_gives_the_whole_traces_ta
     """Three steps of a real H100 trace, each step its own group, read in pieces of 200 kB, every piece written to disk:
     every table (ranges, kernels, steps, layers, heads, findings) and every notice is what
     attributing the whole trace at once gives; nothing is left on disk."""
-    from headcount.build import shared as build
+    from headcount.build.kineto import kineto_pieces, tables_from_kineto
     from headcount.parsers import kineto
     from headcount.parsers.kineto_steps import Pieces
 
     path = _replicated(tmp_path, 3)
-    whole = build.tables_from_kineto(kineto.read_trace(path), "r")
+    whole = tables_from_kineto(kineto.read_trace(path), "r")
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 200_000)
     with Pieces(path, group_rows=1, held_bytes=0) as pieces:
         pieces.read()
@@ -321,7 +321,7 @@ def test_a_trace_attributed_a_group_of_steps_at_a_time_gives_the_whole_traces_ta
         assert pieces.count == 3 and pieces.spilled and len(list(directory.iterdir())) > 3
         notices = list(pieces.notices)
         parts: dict[str, list[pd.DataFrame]] = {}
-        for name, frame in build.kineto_pieces(pieces.groups(), pieces.described["devices"], notices, launched=pieces.launched):
+        for name, frame in kineto_pieces(pieces.groups(), pieces.described["devices"], notices, launched=pieces.launched):
             parts.setdefault(name, []).append(frame)
     assert not directory.exists()
     assert len(parts["ranges"]) == 3 and notices == whole.notices

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headcount.attribute.nesting import nest_ranges
-from headcount.build import shared as build
+from headcount.build.nsys import nsys_pieces
 from headcount.cli.main import main
 from headcount.parsers import nsys_sqlite
 
@@ -72,7 +72,7 @@ def test_pieces_of_processes_equal_the_whole_projection():
     from headcount.attribute.attribution import project_gpu
 
     whole, _ = project_gpu(export.ranges, export.runtime, export.gpu)
-    pieces = pd.concat([frame for name, frame in build.nsys_pieces(parts, devices=export.devices) if name == "ranges"])
+    pieces = pd.concat([frame for name, frame in nsys_pieces(parts, devices=export.devices) if name == "ranges"])
     cols = ["range_id", "gpu_start_ns", "gpu_end_ns", "gpu_op_count", "parent_range_id", "depth"]
     left = whole[cols].sort_values("range_id").reset_index(drop=True)
     right = pieces[cols].sort_values("range_id").reset_index(drop=True)

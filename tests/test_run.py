@@ -18,6 +18,7 @@ from nsight import nsight_bin
 
 from headcount.cli.main import main as cli_main
 from headcount.common import nsight
+from headcount.parsers import child_report
 from headcount.wrap import child as child_mod
 from headcount.wrap import launcher, nvidia_tools
 
@@ -257,7 +258,7 @@ def test_the_child_flushes_on_sigterm(tmp_path):
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGTERM and "not reached" not in done.stdout
     child_file = next(tmp_path.glob("child-*.json"))
-    doc = child_mod.read_report(child_file)
+    doc = child_report.read_report(child_file)
     assert doc["complete"] is False and doc["ended_by"] == "signal SIGTERM" and doc["steps_seen"] == 1
     assert {(c.phase, c.layer_name) for c in doc["calls"]} == {("fwd", "layer.0"), ("bwd", "layer.0")}
 

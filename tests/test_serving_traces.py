@@ -22,7 +22,9 @@ import pandas as pd
 import pytest
 
 from headcount.attribute import untagged
-from headcount.build import shared as build
+from headcount.build.kineto import tables_from_kineto
+from headcount.build.nsys import tables_from_nsys
+from headcount.build.shared import NO_ATTENTION
 from headcount.cli.main import main as cli_main
 from headcount.common import signals
 from headcount.common.naming import DOMAIN
@@ -59,7 +61,7 @@ def _busy_us(kernels: list[dict]) -> float:
 
 
 def _built(path: Path):
-    built = build.tables_from_kineto(kineto.read_trace(path), "r")
+    built = tables_from_kineto(kineto.read_trace(path), "r")
     return built.tables, built.notices
 
 
@@ -139,7 +141,7 @@ def test_a_capture_trace_says_its_calls_were_captured_not_run():
     assert not len(tables["layers"])  # no attention figure for calls that never ran
     captured = [n for n in notices if untagged.CAPTURED in n]
     assert captured and captured[0].startswith("36 ")
-    assert not any(build.NO_ATTENTION in n for n in notices)  # found, and said why there is no figure
+    assert not any(NO_ATTENTION in n for n in notices)  # found, and said why there is no figure
 
 
 # ---------------------------------------------------------------- 2. backward kernels, one call each, layers in reverse
@@ -413,7 +415,7 @@ def test_an_nsys_export_with_a_graph_replay_is_read_the_same_way(tmp_path):
         "0, 0, ?, ?)", rows)
     con.commit()
     con.close()
-    tables = build.tables_from_nsys(nsys_sqlite.read_export(path), "graphed").tables
+    tables = tables_from_nsys(nsys_sqlite.read_export(path), "graphed").tables
     layers, kernels = tables["layers"], tables["kernels"]
     assert len(layers) == 24 and (layers["calls"] == 1).all()
     attributed = kernels[kernels["layer_name"].notna() & (kernels["kind"] == "kernel")]

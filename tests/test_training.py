@@ -329,7 +329,7 @@ def test_a_worker_killed_between_windows_is_replaced(tmp_path):
 def test_a_recording_that_cannot_be_handed_over_loses_its_window_not_the_run(tmp_path, capsys):
     """The recording's file is gone (a cleaner of /tmp, a full disk): submit() does not raise into the
     training loop; the window is named with its cause at close()."""
-    from headcount.build.shared import Recording
+    from headcount.build.in_process import Recording
     from headcount.build.window_writer import WindowWriter
 
     writer = WindowWriter()

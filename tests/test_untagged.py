@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from headcount.attribute import untagged
-from headcount.build import shared as build
+from headcount.build.kineto import tables_from_kineto
 from headcount.cli.main import main
 from headcount.common import signals
 from headcount.parsers import kineto
@@ -38,7 +38,7 @@ WORKLOAD = Path(__file__).parent / "workloads" / "emit_nvtx_untagged.py"
 
 
 def _tables(path: Path):
-    built = build.tables_from_kineto(kineto.read_trace(path), "r")
+    built = tables_from_kineto(kineto.read_trace(path), "r")
     return built.tables, built.notices
 
 

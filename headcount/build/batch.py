@@ -134,11 +134,11 @@ def process_meta(meta: dict, run_id: str, pid: str, device, processes: int) -> d
 
 
 def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards: int, plan, options: ReadOptions) -> ShardResult:
-    """Attribute and stage one shard of a large nsys export (:func:`headcount.build.shared.nsys_shard`)
+    """Attribute and stage one shard of a large nsys export (:func:`headcount.build.nsys.nsys_shard`)
     as the pieces ``part-s<shard>`` of run ``run_id``; the parent finishes the run. Where the
     export's processes are runs of their own, each process is staged as its run's pieces."""
     from headcount.build import parse_file
-    from headcount.build import shared as build
+    from headcount.build.nsys import nsys_shard
     from headcount.common import env
     from headcount.store import dataset
 
@@ -149,7 +149,7 @@ def stage_shard(path: str, out: str, run_id: str, meta: dict, shard: int, shards
         return _stage_shard_processes(path, out, run_id, meta, shard, shards, plan, options)
     try:
         with dataset.StagedRun(out, run_id, meta, part=f"s{shard}", manifest=False) as staged:
-            for name, frame in build.nsys_shard(Path(path), plan, shard, shards, options):
+            for name, frame in nsys_shard(Path(path), plan, shard, shards, options):
                 parse_file.tally(counts, name, frame)
                 if name == "attention":
                     attention = frame
@@ -167,21 +167,21 @@ def _stage_shard_processes(path: str, out: str, run_id: str, meta: dict, shard: 
                            options: ReadOptions) -> ShardResult:
     """:func:`stage_shard` of an export whose processes are runs of their own (``<run_id>-pid<pid>``)."""
     from headcount.build import parse_file
-    from headcount.build import shared as build
+    from headcount.build.nsys import nsys_processes, process_pieces
     from headcount.parsers import nsys_sqlite
     from headcount.store import dataset
 
     counts: dict = {}
     processes: dict = {}
     try:
-        for part in build.nsys_processes(Path(path), plan, (shard, shards), options):
+        for part in nsys_processes(Path(path), plan, (shard, shards), options):
             pid = nsys_sqlite.process_of(part)
             used = nsys_sqlite.devices_of(part)
             attention, steps = [], []
             sub = f"{run_id}-pid{pid}"
             each = process_meta(meta, sub, pid, nsys_sqlite.describe_device(plan.devices, used), len(plan.gpu_processes))
             with dataset.StagedRun(out, sub, each, part=f"s{shard}", manifest=False, staging=run_id) as staged:
-                for name, frame in build.process_pieces([part], None, "unknown", plan.devices, plan.gpu_metrics, attention, set(),
+                for name, frame in process_pieces([part], None, "unknown", plan.devices, plan.gpu_metrics, attention, set(),
                                                          release=True, steps=steps):
                     parse_file.tally(counts, name, frame)
                     staged.write(name, frame)
@@ -245,9 +245,9 @@ class GroupsResult:
 
 
 def stage_groups(path: str, out: str, run_id: str, meta: dict, pieces, which: list[int], worker: int) -> GroupsResult:
-    """Build and stage the groups ``which`` of a trace read in spans (:func:`headcount.build.shared.kineto_group_pieces`)
+    """Build and stage the groups ``which`` of a trace read in spans (:func:`headcount.build.kineto.kineto_group_pieces`)
     as the pieces ``part-g<worker>`` of run ``run_id``; the parent finishes the run."""
-    from headcount.build import shared as build
+    from headcount.build.kineto import kineto_group_pieces
     from headcount.common import env
     from headcount.parsers import kineto
     from headcount.store import dataset
@@ -258,7 +258,7 @@ def stage_groups(path: str, out: str, run_id: str, meta: dict, pieces, which: li
     try:
         with dataset.StagedRun(out, run_id, meta, part=f"g{worker}", manifest=False) as staged:
             for group, events in pieces.groups(which):
-                for name, frame in build.kineto_group_pieces(events, group, device, pieces.launched, result.parts):
+                for name, frame in kineto_group_pieces(events, group, device, pieces.launched, result.parts):
                     if name == "kernels":
                         result.kernels += int((frame["kind"].astype(object) == "kernel").sum())
                     staged.write(name, frame)
@@ -278,7 +278,8 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
     import tempfile
 
     from headcount.build import parse_file
-    from headcount.build import shared as build
+    from headcount.build.kineto import kineto_aggregates
+    from headcount.build.shared import run_facts
     from headcount.parsers import kineto
     from headcount.parsers.kineto_steps import Pieces
     from headcount.store import dataset
@@ -306,8 +307,8 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
         if failed:
             return FileResult(path, run_id, error=failed.error, hint=failed.hint, exit_code=failed.exit_code)
         groups = sorted((part for r in results for part in r.parts), key=lambda part: part.group)
-        whole = build.kineto_aggregates(groups, device, notices)  # its notices go to the list the metadata holds
-        meta.update(build.run_facts(whole["calls"]))
+        whole = kineto_aggregates(groups, device, notices)  # its notices go to the list the metadata holds
+        meta.update(run_facts(whole["calls"]))
         with dataset.StagedRun(out, run_id, meta) as staged:
             for name in ("steps", "layers", "heads", "findings"):  # steps: the work outside every step
                 staged.write(name, whole[name])
@@ -333,7 +334,8 @@ def _metadata(path: str, run_id: str, source: str, version, device, notices: lis
 def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResult], plan=None) -> FileResult:
     """The shards of one file are staged: add its layers, heads, findings and runs rows (or report the first error)."""
     from headcount.build import parse_file
-    from headcount.build import shared as build
+    from headcount.build.nsys import nsys_aggregates
+    from headcount.build.shared import run_findings
     from headcount.store import dataset
     from headcount.store.metadata import runs_row
 
@@ -344,8 +346,8 @@ def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResul
     if any(r.processes is not None for r in parts):
         return _finish_processes(path, run_id, out, meta, parts, counts, plan)
     try:
-        layers, heads = build.nsys_aggregates([r.attention for r in parts], None, Device.from_dict(meta.get("device")))
-        findings = build.run_findings([f for r in parts for f in (r.steps or [])], layers, heads)
+        layers, heads = nsys_aggregates([r.attention for r in parts], None, Device.from_dict(meta.get("device")))
+        findings = run_findings([f for r in parts for f in (r.steps or [])], layers, heads)
         with dataset.StagedRun(out, run_id, meta) as staged:
             staged.write("layers", layers)
             staged.write("heads", heads)
@@ -359,7 +361,8 @@ def _finish(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResul
 def _finish_processes(path: str, run_id: str, out: str, meta: dict, parts: list[ShardResult], counts: dict, plan) -> FileResult:
     """:func:`_finish` of an export whose processes are runs of their own: each run's layers, heads, findings and runs rows."""
     from headcount.build import parse_file
-    from headcount.build import shared as build
+    from headcount.build.nsys import nsys_aggregates
+    from headcount.build.shared import note_no_attention, run_findings
     from headcount.parsers import nsys_sqlite
     from headcount.store import dataset
     from headcount.store.metadata import runs_row
@@ -373,10 +376,10 @@ def _finish_processes(path: str, run_id: str, out: str, meta: dict, parts: list[
             device = nsys_sqlite.describe_device(plan.devices, used)
             each = process_meta(meta, sub, pid, device, len(processes))
             found: list[str] = []
-            layers, heads = build.nsys_aggregates(attention, None, Device.from_dict(each.get("device")))
-            build.note_no_attention(layers, found)
+            layers, heads = nsys_aggregates(attention, None, Device.from_dict(each.get("device")))
+            note_no_attention(layers, found)
             each["notices"] = [*each.get("notices", []), *found]
-            findings = build.run_findings(steps, layers, heads)
+            findings = run_findings(steps, layers, heads)
             with dataset.StagedRun(out, sub, each, staging=run_id) as staged:
                 staged.write("layers", layers)
                 staged.write("heads", heads)
@@ -462,7 +465,8 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
     # imported once here, inherited by forked workers (each would otherwise import them on its first file)
     import adbc_driver_sqlite.dbapi  # noqa: F401 - the nsys reader's driver (0.1 s: it imports polars)
 
-    from headcount.build import shared as build  # noqa: F401
+    import headcount.build.kineto  # noqa: F401
+    import headcount.build.nsys  # noqa: F401
     from headcount.build import sources  # noqa: F401
     from headcount.parsers import kineto_steps  # noqa: F401
     from headcount.store import dataset, metadata  # noqa: F401
@@ -471,7 +475,8 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
         context = mp.get_context("fork")
     else:  # a fresh single-threaded server forks the workers, with the heavy imports done once
         context = mp.get_context("forkserver")
-        context.set_forkserver_preload(["headcount.build.batch", "headcount.build.sources", "headcount.build.shared", "headcount.store.dataset",
+        context.set_forkserver_preload(["headcount.build.batch", "headcount.build.sources", "headcount.build.kineto",
+                                        "headcount.build.nsys", "headcount.store.dataset",
                                         "adbc_driver_sqlite.dbapi"])
     from headcount.parsers import nsys_sqlite
 
@@ -536,3 +541,37 @@ def _on_ray(files, out, options, done) -> list[FileResult]:
     finally:
         if started:
             ray.shutdown()
+
+
+def parse_into(out: str | Path, files: list[tuple[str, str]], options: ReadOptions, jobs: int, executor: str = "local",
+               done: Callable[[FileResult], None] = lambda result: None, plan: Split | None = None, keep_going: bool = False,
+               append: bool = False, force: bool = False) -> list[FileResult]:
+    """``headcount parse``'s work, for it and for ``headcount diff``'s recordings: every ``(path, run_id)``
+    read and staged (:func:`run_files`), then all committed together through the store's one write
+    (:func:`headcount.store.dataset.write_runs`); a failure writes nothing, unless ``keep_going``
+    (then the files that parsed are committed and the failures come back in the results).
+
+    Returns:
+        Every file's :class:`FileResult`, in the order they finished.
+
+    Raises:
+        HeadcountError: a file failed and ``keep_going`` is false ("nothing was written", its hint and exit code);
+            the report cannot be written.
+    """
+    from headcount.store import dataset
+
+    results: list[FileResult] = []
+
+    def stage() -> dataset.Staged | None:
+        results.extend(run_files(files, str(out), options, jobs=jobs, executor=executor, done=done, plan=plan))
+        failed = [r for r in results if r.error]
+        if failed and not keep_going:
+            first = failed[0]
+            others = f"; {len(failed) - 1} more file(s) failed" if len(failed) > 1 else ""
+            raise HeadcountError(f"{first.error}{others}; nothing was written", hint=first.hint, exit_code=first.exit_code or 2)
+        good = [r for r in results if not r.error]
+        # one run per file, or per process of a file, staged under the file's id
+        return dataset.Staged([run for r in good for run in r.run_ids], [r.run_id for r in good]) if good else None
+
+    dataset.write_runs(out, [run_id for _, run_id in files], stage, append=append, force=force)
+    return results

@@ -17,7 +17,9 @@ from typing import Iterator
 
 import pandas as pd
 
-from headcount.build.shared import collected, nsys_pieces, nsys_processes, tables_from_ncu
+from headcount.build.ncu import tables_from_ncu
+from headcount.build.nsys import nsys_pieces, nsys_processes
+from headcount.build.shared import collected
 from headcount.common import signals
 from headcount.common.device import Device
 from headcount.common.errors import NothingRecorded
@@ -138,17 +140,17 @@ def _call_logs(path: Path) -> list[dict] | None:
     folder = path.parent if path.is_file() else None
     if folder is None or not any(folder.glob("child-*.json")):
         return None
-    from headcount.build import run_folder as assemble
+    from headcount.build import run_folder
 
-    return assemble.read_children(folder) or None
+    return run_folder.read_children(folder) or None
 
 
 def _from_raw_folder(path: Path, sqlite: Path, children: list[dict], run_id: str, whole: Parsed) -> Parsed:
     """The runs ``headcount run`` would have written from this raw folder (one per tagged rank, with its call log):
     a report made later from the raw files an interrupt kept has the tables the run would have given."""
-    from headcount.build import run_folder as assemble
+    from headcount.build import run_folder
 
-    ranks = assemble.from_nsys(sqlite, children, run_id)
+    ranks = run_folder.from_nsys(sqlite, children, run_id)
     parsed = [_rank_parsed(path, r, whole) for r in ranks]
     if len(ranks) == 1 and ranks[0].run_id == run_id:
         return parsed[0]
@@ -210,7 +212,7 @@ def from_ncu_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
 
 def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     """A torch.profiler trace: read a piece at a time (:class:`~headcount.parsers.kineto_steps.Pieces`),
-    then built a group of whole steps at a time (:func:`headcount.build.shared.kineto_pieces`) as the pieces
+    then built a group of whole steps at a time (:func:`headcount.build.kineto.kineto_pieces`) as the pieces
     are consumed."""
     from headcount.parsers import kineto
     from headcount.parsers.kineto_steps import Pieces
@@ -228,7 +230,8 @@ def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
 
 
 def _torch_stream(path: Path, pieces, lines: list[str], notices: list[str], run: dict):
-    from headcount.build.shared import kineto_pieces, run_facts
+    from headcount.build.kineto import kineto_pieces
+    from headcount.build.shared import run_facts
 
     kernels, layers, calls = 0, pd.DataFrame(), {}
     with pieces:

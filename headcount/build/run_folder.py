@@ -3,7 +3,7 @@
 Inputs are the raw folder's files: the tool's report (``.nsys-rep`` →
 SQLite, or ``.ncu-rep``), the CUPTI records of each process (cupti backend),
 and the ``child-<pid>.json`` every tagged process wrote (rank, call log,
-status; see :mod:`headcount.wrap.child`). Each tagged process becomes
+status; see :mod:`headcount.parsers.child_report`). Each tagged process becomes
 one run, ``<run id>-rank<r>`` when there are several, so ranks live in their
 own partitions of one dataset and are never mixed up. Parse → attribute →
 derive are the shared ones of :mod:`headcount.build.shared`.
@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.build.shared import gathered, implementation_of, nsys_processes, tables_from_cupti, tables_from_ncu
+from headcount.build.in_process import tables_from_cupti
+from headcount.build.ncu import tables_from_ncu
+from headcount.build.nsys import gathered, nsys_processes
+from headcount.build.shared import implementation_of
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError, NothingRecorded, notice
-from headcount.parsers import ncu_metrics, nsys_sqlite
-from headcount.wrap import child as child_report
+from headcount.parsers import child_report, ncu_metrics, nsys_sqlite
 
 
 @dataclass
@@ -63,7 +65,7 @@ def _info(child: dict) -> dict:
 
 def from_nsys(sqlite: Path, children: list[dict], run_id: str) -> list[RankRun]:
     """An nsys export (SQLite), one process at a time as ``headcount parse`` reads it
-    (:func:`headcount.build.shared.nsys_processes`): one run per tagged process, with its call log.
+    (:func:`headcount.build.nsys.nsys_processes`): one run per tagged process, with its call log.
 
     Raises:
         HeadcountError: the export is unreadable, or holds neither NVTX ranges nor GPU activity.

@@ -42,7 +42,7 @@ class FileSource:
         parse: ``(path, run_id, options) →`` :class:`headcount.build.parse_file.Parsed` (``options``: a
             :class:`~headcount.parsers.options.ReadOptions`); raises HeadcountError on bad input.
         directory: the format is a directory.
-        splits: a large file can be split by process across workers (:func:`headcount.build.shared.nsys_shard`).
+        splits: a large file can be split by process across workers (:func:`headcount.build.nsys.nsys_shard`).
     """
 
     name: str
@@ -109,3 +109,23 @@ def for_path(path: Path) -> FileSource:
         suffix = path.suffix.lower() or "this"
         raise HeadcountError(f"{path}: {suffix} input is not supported yet", hint=f"supported: {supported()}")
     return max(matches, key=lambda s: max(len(x) for x in s.suffixes if name.endswith(x)))
+
+
+def inputs(paths: list[str]) -> list[str]:
+    """The files that ``headcount parse`` (or a recording given to ``headcount diff``) reads for ``paths``,
+    each checked before any work starts: a directory of rank traces is its files (:func:`expand`).
+
+    Raises:
+        HeadcountError: no such path; not a regular file or directory (a FIFO would block); no source reads it.
+    """
+    names = []
+    for name in paths:
+        path = Path(name)
+        if not path.exists():
+            raise HeadcountError(f"{path}: no such file", hint="check the path")
+        if not (path.is_file() or path.is_dir()):  # a FIFO or a device would block or never end
+            raise HeadcountError(f"{path}: not a regular file (a FIFO, socket or device)", hint="pass the exported file itself")
+        for each in expand(path):
+            for_path(each)
+            names.append(str(each))
+    return names

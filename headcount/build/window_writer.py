@@ -1,8 +1,8 @@
 """Windows of a training run built and written off the training loop (issue 29).
 
-A profiled window's recording (:class:`~headcount.build.shared.Recording`: the trace
+A profiled window's recording (:class:`~headcount.build.in_process.Recording`: the trace
 file, the call log, the device) is handed to a worker process that builds its
-tables (:func:`~headcount.build.shared.tables_from_recording`, the path the API takes)
+tables (:func:`~headcount.build.in_process.tables_from_recording`, the path the API takes)
 and appends them to the dataset (:func:`~headcount.store.dataset.write_stats`,
 the same staged commit: a report is never half-written). The loop goes on as
 soon as torch's profiler has stopped.
@@ -58,7 +58,7 @@ from typing import Callable
 
 import pandas as pd
 
-from headcount.build.shared import Recording, tables_from_recording
+from headcount.build.in_process import Recording, tables_from_recording
 from headcount.common.errors import HeadcountError, notice
 from headcount.store.dataset import listed_runs, recover, write_stats
 

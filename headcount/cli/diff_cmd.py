@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from contextlib import ExitStack
+from pathlib import Path
 
 import pandas as pd
 from rich.table import Table
@@ -56,8 +58,8 @@ def run(args) -> int:
     if args.fail_on_regression is not None and args.fail_on_regression < 0:
         raise HeadcountError(f"--fail-on-regression {args.fail_on_regression:g}: must be 0 or more", hint="e.g. --fail-on-regression 5")
     with ExitStack() as stack:
-        base = diffing.open_side(args.base, stack, diffing.parse_recording)
-        new = diffing.open_side(args.new, stack, diffing.parse_recording)
+        base = diffing.open_report(args.base, _report_of(args.base, stack))
+        new = diffing.open_report(args.new, _report_of(args.new, stack))
         result = diffing.diff(base, new, args.run, difference.MIN_CHANGE_PCT if args.min_change is None else args.min_change)
     document = diffing.as_json(result)
     if args.json and args.json != "-":
@@ -112,3 +114,41 @@ def _print(result, top: int) -> None:
                   highlight=False)
     for note in result.notes:
         console.print(f"note: {note}", soft_wrap=True, highlight=False)
+
+
+def _report_of(path: str, stack: ExitStack) -> Path:
+    """``path``'s report: a report as it is; a recording parsed into a temporary report (removed with ``stack``),
+    as ``headcount parse`` would (one process; its progress on stderr, where stdout may carry ``--json -``).
+
+    Raises:
+        HeadcountError: no such path; neither a report nor a recording headcount reads; the recording does not parse.
+    """
+    from headcount.build import batch, sources
+    from headcount.common.errors import notice
+    from headcount.parsers.options import ReadOptions
+    from headcount.store.dataset import MARKER
+    from headcount.store.metadata import new_run_id
+
+    p = Path(path)
+    if not p.exists():
+        raise HeadcountError(f"{path}: no such file or directory", hint="pass a report directory or a recording")
+    if (p / MARKER).exists():
+        return p
+    if p.is_dir() and not any(p.glob("*.parquet")):  # a directory that is no nsys parquetdir either
+        raise HeadcountError(f"{path}: not a headcount report (no {MARKER})", hint="pass the directory headcount profile/run/parse wrote")
+    try:
+        names = sources.inputs([path])
+    except HeadcountError as exc:
+        raise HeadcountError(f"{path}: neither a headcount report (no {MARKER}) nor a recording headcount reads",
+                             hint=exc.hint or "pass a report directory or a recording") from exc
+    out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="headcount-diff-"))) / "report"
+    console = terminal.console(stderr=True)
+
+    def done(result) -> None:
+        for line in result.notices:
+            notice(f"{result.path}: {line}")
+        for line in result.lines:
+            console.print(line, soft_wrap=True)
+
+    batch.parse_into(out, [(name, new_run_id()) for name in names], ReadOptions(), jobs=1, done=done)
+    return out

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 from contextlib import nullcontext
-from pathlib import Path
 
 from headcount.build import batch, sources
 from headcount.common.errors import HeadcountError, notice
@@ -64,17 +63,7 @@ def run(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise HeadcountError(f"--jobs {args.jobs}: must be 1 or more", hint="e.g. --jobs 4")
     out = dataset.check_output(args.out, append=args.append, force=args.force)
-    created = not out.exists()
-    names = []
-    for name in args.files:  # every input is checked before any work starts
-        path = Path(name)
-        if not path.exists():
-            raise HeadcountError(f"{path}: no such file", hint="check the path")
-        if not (path.is_file() or path.is_dir()):  # a FIFO or a device would block or never end
-            raise HeadcountError(f"{path}: not a regular file (a FIFO, socket or device)", hint="pass the exported file itself")
-        for each in sources.expand(path):  # a directory of rank traces: each file
-            sources.for_path(each)
-            names.append(str(each))
+    names = sources.inputs(args.files)  # every input is checked before any work starts
     files = [(name, new_run_id()) for name in names]
     jobs = args.jobs or batch.default_jobs()
     finished = []
@@ -94,43 +83,19 @@ def run(args) -> int:
     how = f"{what} on Ray" if plan is None else f"{what}, {plan.workers} worker processes" if plan.workers > 1 else what
     # a spinner is a thread: none while worker processes may be forked (a fork would inherit its locks)
     parallel = plan is None or plan.workers > 1
-    with dataset.Claim(out, [run_id for _, run_id in files]):  # the workers' staging is this process's until committed
-        try:
-            with nullcontext() if parallel else console.status(f"reading {how}…"):
-                if parallel:
-                    console.print(f"reading {how}…", highlight=False)
-                results = batch.run_files(files, str(out), ReadOptions(locale=args.locale), jobs=jobs, executor=args.executor, done=done,
-                                          plan=plan)
-        except BaseException:
-            _discard(out, files, created)
-            raise
-        failed = [r for r in results if r.error]
-        good = [r.run_id for r in results if not r.error]  # staged under these ids
-        runs = [run for r in results if not r.error for run in r.run_ids]  # one per file, or per process of a file
-        if failed and not args.keep_going:
-            _discard(out, files, created)
-            first = failed[0]
-            others = f"; {len(failed) - 1} more file(s) failed" if len(failed) > 1 else ""
-            raise HeadcountError(f"{first.error}{others}; nothing was written", hint=first.hint, exit_code=first.exit_code or 2)
-        dataset.discard(out, [r.run_id for r in failed])
-        if good:
-            dataset.commit(out, runs, append=args.append, force=args.force, staged=good)
-            terminal.console().print(f"Report: {args.out}/ ({len(runs)} run{'s' if len(runs) > 1 else ''})")
+    with nullcontext() if parallel else console.status(f"reading {how}…"):
+        if parallel:
+            console.print(f"reading {how}…", highlight=False)
+        results = batch.parse_into(out, files, ReadOptions(locale=args.locale), jobs=jobs, executor=args.executor, done=done,
+                                   plan=plan, keep_going=args.keep_going, append=args.append, force=args.force)
+    failed = [r for r in results if r.error]
+    runs = [run for r in results if not r.error for run in r.run_ids]  # one per file, or per process of a file
+    if runs:
+        terminal.console().print(f"Report: {args.out}/ ({len(runs)} run{'s' if len(runs) > 1 else ''})")
     for r in failed:
         terminal.console(stderr=True).print(f"headcount: error: {r.error}" + (f" ({r.hint})" if r.hint else ""), soft_wrap=True, highlight=False)
     if failed:
         terminal.console(stderr=True).print(f"headcount: {len(failed)} of {len(files)} files failed; "
-                                   f"{'the others were written' if good else 'nothing was written'}", highlight=False)
+                                   f"{'the others were written' if runs else 'nothing was written'}", highlight=False)
         return 1
     return 0
-
-
-def _discard(out: Path, files, created: bool) -> None:
-    """Remove the staged runs (and ``out`` itself when this command created it)."""
-    dataset.discard(out, [run_id for _, run_id in files])
-    if created:
-        (out / dataset.LOCK).unlink(missing_ok=True)
-        try:
-            out.rmdir()
-        except OSError:
-            pass

@@ -14,8 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
-from headcount.build import run_folder as assemble
-from headcount.build import sources
+from headcount.build import run_folder, sources
 from headcount.cli.options import add_pm_interval
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError, NothingRecorded
@@ -164,11 +163,11 @@ def recorded_steps(tables: dict) -> int | None:
     return int(steps["step"].dropna().nunique())
 
 
-def first_recorded(runs: list) -> assemble.RankRun:
-    return next((r for r in runs if not assemble.empty(r.tables)), runs[0])
+def first_recorded(runs: list) -> run_folder.RankRun:
+    return next((r for r in runs if not run_folder.empty(r.tables)), runs[0])
 
 
-def _interrupted_notice(run: assemble.RankRun) -> str:
+def _interrupted_notice(run: run_folder.RankRun) -> str:
     """What an interrupted run's recording covers: the steps recorded before the recorder stopped (the program may
     run on a little longer while its recorder shuts down; those steps are not in it)."""
     held, seen = recorded_steps(run.tables), run.info.get("steps_seen")
@@ -201,7 +200,7 @@ def _report(args, console, wrapper, ran, raw: Path, out: Path, run_id: str, tool
         for r in runs:
             r.info["notices"] = [*r.info.get("notices", []), _interrupted_notice(r)]
             r.info["complete"] = False
-    if not runs or all(assemble.empty(r.tables) for r in runs):
+    if not runs or all(run_folder.empty(r.tables) for r in runs):
         notes += [n for r in runs for n in r.info.get("notices", [])]
         note = f" ({'; '.join(notes)})" if notes else ""
         if ran.interrupted:
@@ -218,30 +217,29 @@ def _report(args, console, wrapper, ran, raw: Path, out: Path, run_id: str, tool
     elif status:
         console.print(f"the program exited with status {status}: the report holds what was recorded, marked incomplete")
     staged = []  # every rank's run staged, then all committed together: never a report with some ranks only
-    try:
-        with dataset.Claim(out, [r.run_id for r in runs]):
-            for r in runs:
-                if assemble.empty(r.tables):
-                    console.print(f"{r.run_id}: nothing recorded ({'; '.join(r.info.get('notices', []))})")
-                    continue
-                # the program's device and versions, as its own process saw them (never this launcher's)
-                meta = run_metadata(r.run_id, args.backend, tool_info.get("tool_version"), args.mode,
-                                    {**r.info, **tool_info, "program_exit_status": status, "steps": r.info.get("steps_seen"),
-                                     "complete": bool(r.info.get("complete", True)) and status == 0 and not ran.interrupted},
-                                    device=Device.from_dict(r.info.get("device")),
-                                    program=r.info.get("program") or {})
-                with dataset.StagedRun(out, r.run_id, meta) as run:
-                    staged.append(r.run_id)
-                    for name in WRITTEN:
-                        if name in r.tables:
-                            run.write(name, r.tables[name])
-                    run.write("runs", runs_row(meta))
-            dataset.commit(out, staged, append=args.append, force=args.force)
-    except BaseException:
-        dataset.discard(out, staged)
-        raise
+
+    def stage() -> dataset.Staged:
+        for r in runs:
+            if run_folder.empty(r.tables):
+                console.print(f"{r.run_id}: nothing recorded ({'; '.join(r.info.get('notices', []))})")
+                continue
+            # the program's device and versions, as its own process saw them (never this launcher's)
+            meta = run_metadata(r.run_id, args.backend, tool_info.get("tool_version"), args.mode,
+                                {**r.info, **tool_info, "program_exit_status": status, "steps": r.info.get("steps_seen"),
+                                 "complete": bool(r.info.get("complete", True)) and status == 0 and not ran.interrupted},
+                                device=Device.from_dict(r.info.get("device")),
+                                program=r.info.get("program") or {})
+            with dataset.StagedRun(out, r.run_id, meta) as run:
+                staged.append(r.run_id)
+                for name in WRITTEN:
+                    if name in r.tables:
+                        run.write(name, r.tables[name])
+                run.write("runs", runs_row(meta))
+        return dataset.Staged(staged)
+
+    dataset.write_runs(out, [r.run_id for r in runs], stage, append=args.append, force=args.force)
     written = len(staged)
-    first = next(r for r in runs if not assemble.empty(r.tables))
+    first = next(r for r in runs if not run_folder.empty(r.tables))
     console_report.print_summary(first.tables["layers"], first.tables["heads"], None, console=terminal.console(),
                                  kernels=first.tables["kernels"], steps=first.tables.get("steps"), findings=first.tables.get("findings"))
     terminal.console().print(f"Report: {out}/ ({written} run{'s' if written > 1 else ''}: {', '.join(r.run_id for r in runs)}); raw files: {raw}/")

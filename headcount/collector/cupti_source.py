@@ -49,7 +49,7 @@ from headcount.collector.cupti_errors import classify
 from headcount.common.env import cuda_usable, package_version
 from headcount.common.errors import HeadcountError
 from headcount.common.naming import STEP_DOMAIN
-from headcount.derive.sampling import PM_COUNTERS, PM_PERCENTS
+from headcount.common.nsight import PM_COUNTERS, PM_PERCENTS
 
 BUFFER_BYTES = 8 << 20
 # PM sampling intervals tried, finest first (GPU ns), when none is asked for (DEFAULT_PM_INTERVAL_NS = 0, "auto"):

@@ -62,6 +62,11 @@ DISPLAY_NAMES: dict[str, str] = {display: names[0] for names, display, _ in NCU_
 COLLECTED: tuple[str, ...] = (*(names[0] for names, _, collect in NCU_TABLE.values() if collect), DEVICE_NAME)
 """What ``headcount run --backend ncu`` asks ncu for (one pass on Hopper)."""
 
+# PM sampling (the cupti source samples them, derive/sampling gives them to kernels): metric → headcount column; .sum counters are
+# totals over a sample's window, .pct metrics are averages over it
+PM_COUNTERS = {"dram__bytes_read.sum": "dram_read_sampled_bytes", "dram__bytes_write.sum": "dram_write_sampled_bytes"}
+PM_PERCENTS = {"sm__warps_active.avg.pct_of_peak_sustained_elapsed": "sm_warps_active_sampled_pct"}
+
 
 def find(tool: str) -> str:
     """Path of ``nsys`` or ``ncu``: ``$HEADCOUNT_NSYS`` / ``$HEADCOUNT_NCU``, else PATH.

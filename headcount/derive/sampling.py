@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from headcount.common.nsight import PM_COUNTERS, PM_PERCENTS
+
 # headcount column -> nsys metric names (they carry their unit in brackets in newer releases)
 SAMPLED = {
     "dram_read_sampled_pct": ("DRAM Read Bandwidth", "DRAM Read Bandwidth [Throughput %]"),
@@ -100,10 +102,6 @@ def unresolved_kernels_notice(kernels: pd.DataFrame) -> str | None:
             "sample that held other work; record with a higher nsys --gpu-metrics-frequency, or use --backend ncu for exact counters")
 
 
-# PM sampling (cupti source): metric → headcount column; .sum counters are
-# totals over a sample's window, .pct metrics are averages over it
-PM_COUNTERS = {"dram__bytes_read.sum": "dram_read_sampled_bytes", "dram__bytes_write.sum": "dram_write_sampled_bytes"}
-PM_PERCENTS = {"sm__warps_active.avg.pct_of_peak_sustained_elapsed": "sm_warps_active_sampled_pct"}
 
 
 def _cumulative(samples: pd.DataFrame, values: np.ndarray, t: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ range, module, runtime call) is open, so a step that an open event crosses stays
 neighbour. GPU work goes with its launch call (work whose launch the trace lacks: by its
 own start). Consecutive steps, with the time after them up to the next step, are gathered
 into groups of about :data:`GROUP_ROWS` rows. The build attributes one group at a time
-(:func:`headcount.build.shared.kineto_pieces`): memory follows the largest group, not the file.
+(:func:`headcount.build.kineto.kineto_pieces`): memory follows the largest group, not the file.
 
 A trace without steps is one group (attribution needs its ranges and launches together).
 """
@@ -226,7 +226,7 @@ def _load(path: Path) -> pd.DataFrame:
 
 def _steps(found: dict[str, list[np.ndarray]]) -> np.ndarray:
     """The trace's steps as ``(start, end)`` rows in time order, overlapping ones merged: headcount's
-    step ranges, else torch.profiler's ``ProfilerStep#N`` (as :func:`headcount.build.shared.tables_from_kineto` takes them)."""
+    step ranges, else torch.profiler's ``ProfilerStep#N`` (as :func:`headcount.build.kineto.tables_from_kineto` takes them)."""
     for source in ("headcount", "profiler"):
         spans = np.concatenate(found[source]) if found[source] else np.empty((0, 2), np.int64)
         if len(spans):

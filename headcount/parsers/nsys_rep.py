@@ -1,5 +1,5 @@
 """``.nsys-rep`` reports: exported to SQLite by the ``nsys`` on PATH, then read
-process by process as any export (:func:`headcount.build.shared.nsys_processes`).
+process by process as any export (:func:`headcount.build.nsys.nsys_processes`).
 
 A report written by a newer nsys cannot be opened by an older one; nsys's own
 message is passed on with the hint to export on the machine that recorded it.

@@ -1,7 +1,8 @@
 """``headcount diff BASE NEW``: what changed between two reports (or recordings), per call.
 
-Each side is a report directory, or a recording that is parsed first, into a
-temporary report, exactly as ``headcount parse`` would. The sides' runs are
+Each side is a report directory, or a recording that ``headcount diff`` has
+parsed first into a temporary report, exactly as ``headcount parse`` would
+(:mod:`headcount.cli.diff_cmd`). The sides' runs are
 paired (:func:`pair_runs`), and within each pair every row is compared by
 :mod:`headcount.derive.difference`'s rule on its per-call distribution:
 
@@ -27,11 +28,6 @@ or device are not comparable: ``inconclusive``, naming the fact.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import sys
-import tempfile
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,38 +69,19 @@ class Pair:
 
 
 # ---------------------------------------------------------------- reading
-def open_side(path: str, stack: ExitStack, parse=None) -> Side:
-    """``path`` as a side: a report as it is, a recording parsed into a temporary report.
-
-    Args:
-        parse: ``parse(file, out)`` writing a report (``headcount parse``'s own run); needed for recordings.
+def open_report(path: str, report: Path) -> Side:
+    """The report at ``report`` (``path``: what the user gave, a report or the recording parsed into ``report``) as a side.
 
     Raises:
-        HeadcountError: no such path, or neither a report nor a recording headcount reads.
+        HeadcountError: the report holds no run.
     """
-    from headcount.build import sources
-    from headcount.store.dataset import MARKER
     from headcount.store.query import connect
 
-    p = Path(path)
-    if not p.exists():
-        raise HeadcountError(f"{path}: no such file or directory", hint="pass a report directory or a recording")
-    if not (p / MARKER).exists():
-        try:
-            sources.for_path(p)
-        except HeadcountError as exc:
-            raise HeadcountError(f"{path}: neither a headcount report (no {MARKER}) nor a recording headcount reads",
-                                 hint=exc.hint or "pass a report directory or a recording") from exc
-        if p.is_dir() and not any(p.glob("*.parquet")):  # a directory that is no nsys parquetdir either
-            raise HeadcountError(f"{path}: not a headcount report (no {MARKER})", hint="pass the directory headcount profile/run/parse wrote")
-        out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="headcount-diff-"))) / "report"
-        parse(p, out)
-        p = out
-    con = connect(p)
+    con = connect(report)
     runs = _units(con)
     if not len(runs):
         raise HeadcountError(f"{path}: the report holds no run", hint="profile or parse something into it first")
-    return Side(path, p, con, runs)
+    return Side(path, report, con, runs)
 
 
 def _units(con) -> pd.DataFrame:
@@ -516,13 +493,3 @@ def as_markdown(result: Diff, top: int = 20) -> str:
                   f"base's and its median grew by more than {result.min_change:g} % (at least {difference.MIN_CALLS} "
                   "calls a side)._"]
     return "\n".join(lines) + "\n"
-
-
-def parse_recording(path: Path, out: Path) -> None:
-    """``headcount parse PATH -o OUT`` (its own command path, one process): a recording given to diff."""
-    from headcount.cli import parse_cmd
-
-    args = argparse.Namespace(files=[str(path)], out=str(out), locale=None, jobs=1, executor="local", keep_going=False,
-                              append=False, force=False)
-    with contextlib.redirect_stdout(sys.stderr):  # its progress is not the diff's output (stdout may carry --json -)
-        parse_cmd.run(args)

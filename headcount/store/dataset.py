@@ -50,17 +50,18 @@ import threading
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from headcount.common.errors import HeadcountError
 from headcount.common.tables import TABLES
 from headcount.store.metadata import SCHEMA_VERSION
+from headcount.store.parquet_pieces import chunk_rows, file_schema, to_arrow, writer_options
 
 MARKER = "headcount.json"
 LOCK = ".headcount.lock"  # flock'ed by the process committing to the report
@@ -74,91 +75,6 @@ LOCK_WAIT_S = 600.0  # how long a writer waits for another one's commit
 def _ours(name: str) -> bool:
     """headcount's own entries of an output directory besides the report (hidden, or raw/)."""
     return name.startswith((".staging-", CLAIMING, ".trash-", ".headcount")) or name == "raw"
-
-
-CHUNK_BYTES = 48 << 20  # Arrow bytes converted and written at a time (one Parquet row group): bounds the copy
-CHUNK_ROWS = 262_144  # at most this many rows per row group
-TEXT = pa.dictionary(pa.int32(), pa.string())  # how text columns travel to the Parquet writer
-
-
-def file_schema(schema: pa.Schema) -> pa.Schema:
-    """The schema a table's pieces are converted to: text columns dictionary-encoded.
-
-    The files are written without Arrow's own schema (``store_schema=False``),
-    so every reader sees plain Parquet strings (pandas ``str``, DuckDB
-    ``VARCHAR``) whatever the encoding on the way; a name that repeats on
-    millions of rows is never expanded in memory."""
-    return pa.schema([pa.field(f.name, TEXT) if pa.types.is_string(f.type) else f for f in schema])
-
-
-# columns readers filter on: min/max statistics let DuckDB, polars and pyarrow skip row groups
-STATISTICS = ("run_id", "step", "layer", "head", "phase", "level", "layer_name", "name", "kind", "device",
-              "start_ns", "end_ns", "range_id", "implementation")
-
-
-def chunk_rows(schema: pa.Schema) -> int:
-    """Rows per row group of a table: :data:`CHUNK_BYTES` of its columns (8 bytes
-    a number, 4 a text code), at most :data:`CHUNK_ROWS`."""
-    width = sum(4 if pa.types.is_dictionary(f.type) else 8 for f in schema) or 8
-    return max(1 << 14, min(CHUNK_ROWS, CHUNK_BYTES // width))
-
-
-def writer_options(schema: pa.Schema) -> dict:
-    """Parquet writer options for a :func:`file_schema`: dictionary pages for the
-    text columns only (numbers are written plainly: trying a dictionary on every
-    integer column cost more than half of the write time and made files larger),
-    statistics for the columns readers filter on (:data:`STATISTICS`)."""
-    return {"use_dictionary": [f.name for f in schema if pa.types.is_dictionary(f.type)],
-            "write_statistics": [f.name for f in schema if f.name in STATISTICS]}
-
-
-def _text(values: pd.Series, words_of: dict | None = None) -> pa.DictionaryArray:
-    """A text column as an Arrow dictionary array, without a Python call per value.
-    ``words_of``: a Categorical's categories as Arrow strings, by ``id`` of the
-    categories (the chunks of one piece share them: converted once)."""
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        categories = values.cat.categories
-        words = (words_of or {}).get(id(categories))
-        if words is None:
-            words = pa.array([c if isinstance(c, str) else str(c) for c in categories], type=pa.string())
-            if words_of is not None:
-                words_of[id(categories)] = words
-        codes = values.cat.codes.to_numpy()
-        return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), mask=codes < 0), words)
-    if isinstance(values.array, pd.arrays.ArrowExtensionArray) or str(values.dtype) in ("string", "str"):
-        return pc.dictionary_encode(pc.cast(pa.array(values.array), pa.string()))
-    try:
-        plain = pa.array(values, type=pa.string(), from_pandas=True)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):  # objects that are not strings (ints, paths): their str()
-        mixed = values.astype(object).where(values.notna(), None)
-        plain = pa.array([v if v is None or isinstance(v, str) else str(v) for v in mixed], type=pa.string())
-    return pc.dictionary_encode(plain)
-
-
-def _to_arrow(frame: pd.DataFrame, schema: pa.Schema, table: str, words_of: dict | None = None) -> pa.Table:
-    """``frame`` as an Arrow table of ``schema`` (:func:`file_schema`); missing columns null
-    (``words_of``: see :func:`_text`).
-
-    Raises:
-        HeadcountError: a column's values do not fit its type.
-    """
-    columns = {}
-    for field in schema:
-        if field.name in frame.columns:
-            values = frame[field.name]
-            try:
-                if pa.types.is_dictionary(field.type):
-                    columns[field.name] = _text(values, words_of)
-                    continue
-                numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type)
-                if numeric and not pd.api.types.is_numeric_dtype(values.dtype):
-                    values = pd.to_numeric(values, errors="raise")
-                columns[field.name] = pa.array(values, type=field.type, from_pandas=True)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError, OverflowError) as exc:
-                raise HeadcountError(f"table {table}: column {field.name} does not fit its schema ({exc})") from exc
-        else:
-            columns[field.name] = pa.nulls(len(frame), type=field.type)
-    return pa.table(columns, schema=schema)
 
 
 # how errors name the options: the CLI's flags, or save()'s arguments for a Python caller (spelled_for_python)
@@ -438,7 +354,7 @@ class StagedRun:
             # a table's first piece is written even when empty: every table of a run has its file
             step, words_of = chunk_rows(schema), {}
             for lo in range(0, len(frame) if name in self.rows else max(len(frame), 1), step):
-                writer.write_table(_to_arrow(frame.iloc[lo:lo + step], schema, name, words_of))
+                writer.write_table(to_arrow(frame.iloc[lo:lo + step], schema, name, words_of))
         except OSError as exc:
             raise HeadcountError(f"{self.out}: cannot write the report ({exc.strerror or exc})",
                                  hint="check free space and permissions") from exc
@@ -621,6 +537,52 @@ def _remove_staging(out: str | Path, run_ids: list[str]) -> None:
         shutil.rmtree(Path(out) / f".staging-{run_id}", ignore_errors=True)
 
 
+@dataclass
+class Staged:
+    """What a :func:`write_runs` staging step leaves to commit.
+
+    Attributes:
+        runs: the runs to list in the report, in order.
+        staging: the staging directories' ids where they are not ``runs`` (one file's processes staged side by side).
+    """
+
+    runs: list[str]
+    staging: list[str] | None = None
+
+
+def write_runs(out: str | Path, claimed: list[str], stage: Callable[[], Staged | None], append: bool = False,
+               force: bool = False) -> Staged | None:
+    """The one write of a report: claims the staging of ``claimed`` run ids (:class:`Claim`), lets ``stage``
+    stage them (:class:`StagedRun`, here, in worker processes or on Ray), commits what it returns
+    (:func:`commit`) and discards everything else claimed: on an exception (Ctrl-C included), on ``None``
+    (nothing to commit), and the runs ``stage`` left out. A directory this call created is removed again
+    when nothing was committed. Every command and the API write through here.
+
+    Returns:
+        What ``stage`` returned (committed), or None.
+
+    Raises:
+        HeadcountError: see :func:`check_output` and :func:`commit`; whatever ``stage`` raises (nothing is written).
+    """
+    out = Path(out)
+    created = not out.exists()
+    committed = None
+    try:
+        with Claim(out, claimed):
+            done = stage()
+            if done is not None and done.runs:
+                commit(out, done.runs, append=append, force=force, staged=done.staging)
+                committed = done
+    finally:
+        if committed is None and created:
+            (out / LOCK).unlink(missing_ok=True)
+            try:
+                out.rmdir()  # only when empty: another writer's files are never removed
+            except OSError:
+                pass
+    return committed
+
+
 def write_run(
     out: str | Path,
     run_id: str,
@@ -629,7 +591,7 @@ def write_run(
     append: bool = False,
     force: bool = False,
 ) -> Path:
-    """Write one run's tables into ``out`` (see the module docstring): staged, then committed.
+    """Write one run's tables into ``out`` (see the module docstring): staged, then committed (:func:`write_runs`).
 
     Args:
         tables: table name → DataFrame; names must be in :data:`~headcount.common.tables.TABLES`.
@@ -644,11 +606,15 @@ def write_run(
             an I/O error (the report is left as it was).
     """
     check_output(out, append=append, force=force)
-    with Claim(out, [run_id]):
+
+    def stage() -> Staged:
         with StagedRun(out, run_id, metadata) as staged:
             for name, frame in tables.items():
                 staged.write(name, frame)
-        return commit(out, [run_id], append=append, force=force)
+        return Staged([run_id])
+
+    write_runs(out, [run_id], stage, append=append, force=force)
+    return Path(out)
 
 
 def write_stats(out: str | Path, run_id: str, stats: dict[str, pd.DataFrame], metadata: dict, append: bool = False,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from headcount.build import run_folder as assemble
+from headcount.build import run_folder
 from headcount.collector import cupti_source
 from headcount.common import env, nsight
 from headcount.common.errors import HeadcountError, NothingRecorded
@@ -60,9 +60,9 @@ class Wrapper:
         """The tool's own report in the raw folder, which ``headcount parse`` reads (None: the records are headcount's own)."""
         return None
 
-    def assemble(self, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
+    def assemble(self, raw: Path, run_id: str, console: Console) -> list[run_folder.RankRun]:
         """The raw folder → one :class:`~headcount.build.run_folder.RankRun` per rank."""
-        return assemble.from_cupti(assemble.read_children(raw), run_id)
+        return run_folder.from_cupti(run_folder.read_children(raw), run_id)
 
 
 class Nsys(Wrapper):
@@ -109,16 +109,16 @@ class Nsys(Wrapper):
     def raw_report(self, raw: Path) -> Path | None:
         return raw / "run.nsys-rep"
 
-    def assemble(self, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
+    def assemble(self, raw: Path, run_id: str, console: Console) -> list[run_folder.RankRun]:
         rep = raw / "run.nsys-rep"
         if not rep.exists():
             raise HeadcountError(f"nsys wrote no report ({rep} missing)", hint="see nsys's messages above", exit_code=3)
         from headcount.parsers.nsys_rep import exported
 
-        children = assemble.read_children(raw)
+        children = run_folder.read_children(raw)
         console.print(f"reading {rep} (exported to SQLite by nsys)…", soft_wrap=True, highlight=False)
         with console.status("exporting and reading the nsys report…"), exported(rep) as sqlite:
-            return assemble.from_nsys(sqlite, children, run_id)
+            return run_folder.from_nsys(sqlite, children, run_id)
 
 
 class Ncu(Nsys):
@@ -160,16 +160,16 @@ class Ncu(Nsys):
     def raw_report(self, raw: Path) -> Path | None:
         return raw / "run.ncu-rep"
 
-    def assemble(self, raw: Path, run_id: str, console: Console) -> list[assemble.RankRun]:
+    def assemble(self, raw: Path, run_id: str, console: Console) -> list[run_folder.RankRun]:
         from headcount.parsers import ncu_rep
 
         if not (raw / "run.ncu-rep").exists():  # ncu writes no report when no kernel matched its filters
             raise NothingRecorded(f"ncu profiled no kernel ({raw / 'run.ncu-rep'} not written)",
                                   hint="check --nvtx-include, and that the program ran its model on the GPU")
-        children = assemble.read_children(raw)
+        children = run_folder.read_children(raw)
         with console.status("reading the ncu report…"):
             kernels = ncu_rep.read_report(raw / "run.ncu-rep")
-        return assemble.from_ncu(kernels, children, run_id)
+        return run_folder.from_ncu(kernels, children, run_id)
 
 
 _NSYS_PROGRESS = re.compile(r"^\[\d+/\d+\] \[[=\s]*\d+%[=\s]*\] ")
