@@ -139,7 +139,15 @@ def replay_instances(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray
     rows, capturing, levels = rows[~same], capturing[~same], [level[~same] for level in levels]
     if not len(rows):
         return ranges, inner
+    return _with_instances(ranges, work, inner, rows, levels, replayable)
 
+
+def _with_instances(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray, rows: np.ndarray, levels: list,
+                    replayable: np.ndarray | None) -> tuple[pd.DataFrame, np.ndarray]:
+    """:func:`replay_instances` once the replayed kernels are known: ``rows`` of ``work``, ``levels`` their
+    capturing ranges' rows and those of their ancestors (:func:`~headcount.attribute.nesting.ancestor_rows`).
+    Returns ``ranges`` with the instances appended and ``inner`` with those kernels moved to them."""
+    ids = ranges["range_id"].to_numpy(np.int64)
     # one replay = one launch call: (launching process, correlation id)
     pid_code, _ = pd.factorize(work["launch_pid"].to_numpy()[rows])
     correlation = pd.to_numeric(work["correlation_id"]).to_numpy(np.int64)[rows]
@@ -159,18 +167,7 @@ def replay_instances(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray
     inst_replay, inst_row = pair_keys // n_ranges, pair_keys % n_ranges
     new_ids = int(ids.max()) + 1 + np.arange(len(pair_keys), dtype=np.int64)
 
-    # an instance's parent: the instance, in the same replay, of its range's nearest replayable ancestor
-    parent_of = positions(ids, ranges["parent_range_id"].to_numpy(np.int64))
-    parent_row = parent_of[inst_row]
-    if replayable is not None:
-        for _ in range(len(levels)):
-            skip = (parent_row >= 0) & ~replayable[np.maximum(parent_row, 0)]
-            if not skip.any():
-                break
-            parent_row = np.where(skip, parent_of[np.maximum(parent_row, 0)], parent_row)
-    parent_key = inst_replay * n_ranges + np.maximum(parent_row, 0)
-    parent_at = np.minimum(np.searchsorted(pair_keys, parent_key), len(pair_keys) - 1)
-    has_parent = (parent_row >= 0) & (pair_keys[parent_at] == parent_key)
+    parent_at, has_parent = _instance_parents(ranges, ids, inst_replay, inst_row, pair_keys, levels, replayable)
 
     first_row = pd.Series(rows).groupby(replay).first().to_numpy()  # one work row per replay: its launch call
     launch = work.iloc[first_row[inst_replay]]
@@ -194,6 +191,26 @@ def replay_instances(ranges: pd.DataFrame, work: pd.DataFrame, inner: np.ndarray
     for col in ranges.columns[[isinstance(t, pd.CategoricalDtype) for t in ranges.dtypes]]:
         out[col] = pd.Categorical(out[col].astype(object))  # the instances' pids and tids may be new categories
     return out, inner
+
+
+def _instance_parents(ranges: pd.DataFrame, ids: np.ndarray, inst_replay: np.ndarray, inst_row: np.ndarray,
+                     pair_keys: np.ndarray, levels: list, replayable: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per replay instance (``pair_keys``: replay × ``len(ranges)`` + row, sorted), where its parent instance is
+    in ``pair_keys`` and whether it has one."""
+    n_ranges = len(ranges)
+    # an instance's parent: the instance, in the same replay, of its range's nearest replayable ancestor
+    parent_of = positions(ids, ranges["parent_range_id"].to_numpy(np.int64))
+    parent_row = parent_of[inst_row]
+    if replayable is not None:
+        for _ in range(len(levels)):
+            skip = (parent_row >= 0) & ~replayable[np.maximum(parent_row, 0)]
+            if not skip.any():
+                break
+            parent_row = np.where(skip, parent_of[np.maximum(parent_row, 0)], parent_row)
+    parent_key = inst_replay * n_ranges + np.maximum(parent_row, 0)
+    parent_at = np.minimum(np.searchsorted(pair_keys, parent_key), len(pair_keys) - 1)
+    has_parent = (parent_row >= 0) & (pair_keys[parent_at] == parent_key)
+    return parent_at, has_parent
 
 
 def _like(template: pd.Series, values: pd.Series) -> np.ndarray:

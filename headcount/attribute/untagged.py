@@ -39,27 +39,29 @@ names the recording gives it (``found_as``).
   (head dims). Packed variable-length inputs ``(tokens, heads, head_dim)``
   (vLLM, SGLang, FlashInfer) give heads and head dims but no batch or
   lengths: FLOPs and analytic bytes stay null, with a notice. Nothing is guessed.
+
+The shapes are read by :mod:`headcount.attribute.untagged_shapes`, the calls
+found by kernel names by :mod:`headcount.attribute.untagged_kernels`; an nsys
+export becomes the events table here through
+:mod:`headcount.attribute.untagged_nsys`.
 """
 
 from __future__ import annotations
 
 import bisect
-import json
-import math
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from headcount.attribute.untagged_calls import CALL_ORDER, MODULE_RANGES, _Call, _Spans
+from headcount.attribute.untagged_kernels import _kernel_calls, _Replays
+from headcount.attribute.untagged_shapes import eager_shape, operator_shape
 from headcount.common import signals
-from headcount.common.call_log import CallLog, CallShape
+from headcount.common.call_log import CallLog
 from headcount.common.naming import DOMAIN, MODULE
 
-_DTYPES = {"c10::BFloat16": ("bfloat16", 2), "c10::Half": ("float16", 2), "float": ("float32", 4), "double": ("float64", 8),
-           "c10::Float8_e4m3fn": ("float8_e4m3fn", 1), "c10::Float8_e5m2": ("float8_e5m2", 1)}
-_KERNEL_NAME_CHARS = 80
-MODULE_RANGES, CALL_ORDER = "module ranges", "call order"
 REPLAY_LANE = " (graph replay)"
 """Suffix of the ``tid`` of a graph replay's call ranges: the launching thread's id, then this."""
 CALL_KEY = "call_key"
@@ -85,27 +87,6 @@ class Found:
     notices: list[str] = field(default_factory=list)
     assigned: dict[int, int] = field(default_factory=dict)
 
-
-@dataclass
-class _Call:
-    pid: object
-    tid: object
-    start: int
-    end: int
-    phase: str
-    signal: str
-    row: signals.Signal | None
-    found_as: str
-    shape: CallShape | None = None
-    layer: int | None = None
-    layer_name: str | None = None
-    numbered_by: str = CALL_ORDER
-    sequences: frozenset = frozenset()
-    forward: "_Call | None" = None   # a backward call: the forward call it belongs to
-    module: tuple[int, int] | None = None  # the attention module around a forward core call: its start and end
-    replayed: list[int] | None = None  # a call inside a graph replay: its kernels (events positions), theirs by name
-    model: str | None = None  # the model (outermost module instance, or compiled graph) that made the call
-    model_at: int | None = None  # the position of that model's module range on the call's thread (None: not a module)
 
 
 class _Thread:
@@ -165,25 +146,6 @@ def _around(threads: dict, calls: list["_Call"]) -> list[list[int]]:
     return out
 
 
-class _Spans:
-    """Disjoint intervals per thread, for "is this inside one of them / does it overlap one" queries."""
-
-    def __init__(self):
-        self._by_thread: dict = {}
-
-    def add(self, key, start: int, end: int) -> None:
-        bisect.insort(self._by_thread.setdefault(key, []), (start, end))
-
-    def _near(self, key, start: int) -> list:
-        spans = self._by_thread.get(key, [])
-        at = bisect.bisect_right(spans, (start, float("inf")))
-        return spans[max(at - 1, 0):at + 1]
-
-    def holds(self, key, start: int, end: int) -> bool:
-        return any(s <= start and end <= e for s, e in self._near(key, start))
-
-    def overlaps(self, key, start: int, end: int) -> bool:
-        return any(start <= e and s <= end for s, e in self._near(key, start))
 
 
 def _threads(frame: pd.DataFrame) -> dict:
@@ -202,78 +164,6 @@ def _outermost(frame: pd.DataFrame) -> pd.DataFrame:
                 reach = end
     return frame.loc[sorted(keep)] if keep else frame.iloc[:0]
 
-
-# ---------------------------------------------------------------- shapes
-def _dtype(types, i: int) -> tuple[str | None, int | None]:
-    name = types[i] if types and len(types) > i else None
-    if not name:
-        return None, None
-    known = _DTYPES.get(str(name))
-    return known if known else (str(name), None)
-
-
-def _is_dims(d, rank: int | None = None) -> bool:
-    return isinstance(d, list) and len(d) > 0 and all(isinstance(v, int) for v in d) and (rank is None or len(d) == rank)
-
-
-def operator_shape(args: dict | None, row: signals.Signal) -> CallShape | None:
-    """Shapes of a forward attention operator from its recorded inputs, by the
-    row's ``layout``; ``None`` where the inputs were not recorded or do not fit."""
-    dims = (args or {}).get("Input Dims") or []
-    if len(dims) < 3 or not all(_is_dims(d) for d in dims[:3]):
-        return None
-    q, k, v = dims[:3]
-    types = (args or {}).get("Input type") or []
-    concrete = (args or {}).get("Concrete Inputs") or []
-    dtype, size = _dtype(types, 0)
-    impl = row.implementation or "unknown"
-    if len(q) == 3 and len(k) == 3 and len(v) == 3:  # packed tokens: (tokens, heads, head dim)
-        return CallShape(impl, None, q[1], k[1], None, None, q[2], v[2], dtype, size, None)
-    if not (len(q) == len(k) == len(v) == 4):
-        return None
-    if row.layout == "bhsd":
-        (b, hq, sq, d), (_, hkv, sk, _), dv = q, k, v[3]
-    else:  # bshd
-        (b, sq, hq, d), (_, sk, hkv, _), dv = q, k, v[3]
-    causal = None
-    if row.causal_arg is not None and len(concrete) > row.causal_arg:
-        flag = str(concrete[row.causal_arg]).strip()
-        causal = True if flag == "True" else False if flag == "False" else None
-    mask = dims[3] if row.layout == "bhsd" and len(dims) > 3 and _is_dims(dims[3]) else []
-    return CallShape(impl, b, hq, hkv, sq, sk, d, dv, dtype, size, bool(causal and sq > 1) if causal is not None else None,
-                     mask_elements=math.prod(mask) if mask else 0, mask_dtype_bytes=1 if mask else 0)
-
-
-def eager_shape(ops: pd.DataFrame) -> CallShape | None:
-    """Shapes of eager attention from the operators inside one module call (in
-    time order): the first 4-D softmax input ``(b, h, q_len, kv_len)``, the
-    matmul ``(…, q_len, d) × (…, d, kv_len)`` before it and ``(…, q_len, kv_len)
-    × (…, kv_len, dv)`` after it; ``None`` unless all three are recorded and agree."""
-    names = [signals.operator_name(str(n)) for n in ops["name"]]
-    args = ops["args"].to_numpy(object)
-    soft = next((i for i, n in enumerate(names) if n in signals.SOFTMAX_OPS and args[i]
-                 and _is_dims((args[i].get("Input Dims") or [None])[0], 4)), None)
-    if soft is None:
-        return None
-    b, h, sq, sk = args[soft]["Input Dims"][0]
-
-    def matmul(rng, want):
-        for i in rng:
-            if names[i] in signals.MATMUL_OPS and args[i]:
-                dims = args[i].get("Input Dims") or []
-                if len(dims) >= 2 and _is_dims(dims[0]) and _is_dims(dims[1]) and len(dims[0]) >= 3 and len(dims[1]) >= 3:
-                    got = want(dims[0], dims[1])
-                    if got is not None and math.prod(dims[0][:-2]) == b * h:
-                        return got, i
-        return None, None
-
-    d, at = matmul(range(soft - 1, -1, -1), lambda a, c: a[-1] if a[-2] == sq and c[-1] == sk and c[-2] == a[-1] else None)
-    dv, _ = matmul(range(soft + 1, len(names)), lambda a, c: c[-1] if a[-2:] == [sq, sk] and c[-2] == sk else None)
-    if d is None or dv is None:
-        return None
-    dtype, size = _dtype(args[at].get("Input type") or [], 0)
-    # eager attention computes every (query, key) score whatever the mask: not causal for the work done
-    return CallShape("eager", b, h, h, sq, sk, d, dv, dtype, size, False)
 
 
 # ---------------------------------------------------------------- finding
@@ -549,161 +439,6 @@ def _module_backward(ops: pd.DataFrame, calls: list[_Call]) -> list[_Call]:
     return out
 
 
-_GRAPH_LAUNCH = re.compile(r"[Gg]raph_?Launch")
-"""A runtime call that replays a CUDA/HIP graph (``cudaGraphLaunch``, ``hipGraphLaunch``, ``cuGraphLaunch``)."""
-
-
-@dataclass
-class _Replays:
-    """What :func:`_kernel_calls` found inside graph replays."""
-
-    launches: int = 0          # graph launches holding attention kernels
-    calls: int = 0             # calls found in them
-    attention_kernels: int = 0  # their attention kernels (companions included)
-    kernels: int = 0           # every kernel of those replays
-    unlaunched: int = 0        # attention kernels with neither a launch nor a replay in the recording
-
-
-def _kernel_calls(events: pd.DataFrame, calls: list[_Call], replays: _Replays) -> list[_Call]:
-    """Calls found by kernel names, launched outside every call found so far.
-
-    Outside graphs, a run of attention kernels launched one after another on a
-    thread (no other kernel launched between them, one phase) is one call,
-    spanning its launch calls. Inside a graph replay (the kernels of one
-    ``…GraphLaunch``, or kernels with a ``graph node id``) every kernel shares
-    the one launch call, so the launch cannot be the call: each run of
-    attention kernels among the replay's kernels (in GPU order) is one call,
-    and those kernels are assigned to it by name (``_Call.replayed``), never
-    the replay's other kernels."""
-    kind = events["kind"].astype(object)
-    kernel_rows = np.flatnonzero((kind == "kernel").to_numpy())
-    if not len(kernel_rows):
-        return []
-    kernels = events.iloc[kernel_rows]
-    names = kernels["name"].astype(str).to_numpy(object)
-    distinct = pd.unique(names)
-    row_of = {n: signals.match("kernel", n) for n in distinct}
-    if not any(r is not None for r in row_of.values()):
-        return []
-    companion = {n for n in distinct if row_of[n] is None and signals.match("companion", n) is not None}
-    prologue_names = {n for n in distinct if row_of[n] is None and signals.match("prologue", n) is not None}
-    hit = np.array([row_of[n] is not None for n in names], dtype=bool)
-    prologue = np.array([n in prologue_names for n in names], dtype=bool)
-    joins = hit | prologue | np.array([n in companion for n in names], dtype=bool)
-    runtime = events[(kind == "runtime").to_numpy() & events["correlation_id"].notna().to_numpy()]
-    runtime = runtime.sort_values("start_ns", kind="stable").drop_duplicates("correlation_id")
-    by_corr = pd.DataFrame({"correlation_id": pd.array(kernels["correlation_id"], dtype="Int64")}).merge(
-        pd.DataFrame({"correlation_id": pd.array(runtime["correlation_id"], dtype="Int64"), "lpid": runtime["pid"].to_numpy(object),
-                      "ltid": runtime["tid"].to_numpy(object), "a_s": pd.array(runtime["start_ns"], dtype="Int64"),
-                      "a_e": pd.array(runtime["end_ns"], dtype="Int64"), "api": runtime["name"].astype(str).to_numpy(object)}),
-        on="correlation_id", how="left")
-    launched = by_corr["a_s"].notna().to_numpy()
-    replays.unlaunched += int((hit & ~launched).sum())
-    api = by_corr["api"].to_numpy(object)
-    graph_api = {a: bool(_GRAPH_LAUNCH.search(a)) for a in pd.unique(api[launched])}
-    node = (pd.array(kernels["graph_node_id"], dtype="Int64").to_numpy(np.int64, na_value=0)
-            if "graph_node_id" in kernels else np.zeros(len(kernels), np.int64))
-    in_graph = launched & ((node > 0) | np.array([graph_api.get(a, False) for a in api], dtype=bool))
-    starts = kernels["start_ns"].to_numpy(np.int64)
-    lpid, ltid = by_corr["lpid"].to_numpy(object), by_corr["ltid"].to_numpy(object)
-    a_s = pd.array(by_corr["a_s"], dtype="Int64").to_numpy(np.int64, na_value=0)
-    a_e = pd.array(by_corr["a_e"], dtype="Int64").to_numpy(np.int64, na_value=0)
-    corr = pd.array(kernels["correlation_id"], dtype="Int64").to_numpy(np.int64, na_value=-1)
-    spans = _Spans()
-    for c in calls:
-        spans.add((c.pid, c.tid), c.start, c.end)
-    held = np.zeros(len(kernels), dtype=bool)  # launched inside a call already found: that call's
-    for i in np.flatnonzero(joins & launched):
-        held[i] = spans.holds((lpid[i], ltid[i]), int(a_s[i]), int(a_e[i]))
-    out: list[_Call] = []
-
-    def runs(order):
-        """Runs of attention kernels of one phase among ``order`` (positions, in order; a companion
-        joins the run before it, any other kernel ends it)."""
-        run, phase, waiting, since = [], None, None, 0
-        for i in order:
-            if waiting is not None and (i < 0 or not joins[i] or held[i]) and since < signals.PROLOGUE_REACH:
-                since += 1  # between a prologue and its attention kernel: neither part of the call nor an end to it
-                continue
-            waiting = None
-            if i < 0:  # kernels skipped between (none of them attention): the run ends
-                if run:
-                    yield run, phase
-                run, phase = [], None
-            elif hit[i] and not held[i]:
-                this = "bwd" if signals.BACKWARD_KERNEL.search(names[i]) else "fwd"
-                if run and phase is not None and this != phase:  # the other phase: a call of its own
-                    yield run, phase
-                    run = []
-                run.append(i)  # to the run of its phase, or to the prologue waiting for it (phase None)
-                phase = this
-            elif prologue[i] and not held[i]:
-                if run:
-                    yield run, phase
-                run, phase, waiting, since = [i], None, i, 0
-            elif joins[i] and not held[i] and run and phase is not None:
-                run.append(i)
-            elif run:
-                if phase is not None:
-                    yield run, phase
-                run, phase = [], None
-        if run and phase is not None:
-            yield run, phase
-
-    # outside graphs: each thread's launches in order; only the neighbourhood of attention kernels matters
-    single = np.flatnonzero(launched & ~in_graph)
-    if len(single) and (joins[single]).any():
-        frame = pd.DataFrame({"pid": lpid[single], "tid": ltid[single], "a_s": a_s[single], "k": starts[single], "i": single})
-        frame = frame.sort_values(["a_s", "k"], kind="stable")
-        for (pid, tid), part in frame.groupby(["pid", "tid"], sort=False):
-            order = part["i"].to_numpy()
-            near = np.flatnonzero(joins[order])
-            reach = np.flatnonzero(prologue[order])  # a prologue's attention kernel may come a few kernels later
-            keep = np.unique(np.concatenate([near, np.minimum(near + 1, len(order) - 1),
-                                             *(np.minimum(reach + k, len(order) - 1) for k in range(1, signals.PROLOGUE_REACH + 2))]))
-            for run, phase in runs(order[keep] if len(keep) == len(order) else _with_breaks(order, keep)):
-                main = next(i for i in run if hit[i])
-                start, end = int(a_s[run[0]]), int(max(a_e[i] for i in run))
-                if spans.overlaps((pid, tid), start, end):  # a run across another call: its first attention launch alone
-                    run, start, end = [main], int(a_s[main]), int(a_e[main])
-                spans.add((pid, tid), start, end)
-                out.append(_Call(pid, tid, start, end, phase, "kernel", row_of[names[main]], names[main][:_KERNEL_NAME_CHARS]))
-
-    # graph replays holding attention: one launch call (pid, correlation) for all the replay's kernels
-    graph = np.flatnonzero(in_graph)
-    keys = pd.Series(list(zip(lpid[graph], corr[graph])), dtype=object) if len(graph) else pd.Series([], dtype=object)
-    with_attention = set(keys[joins[graph]]) if len(graph) else set()
-    for key, part in pd.Series(graph).groupby(keys.to_numpy(), sort=False) if with_attention else ():
-        if key not in with_attention:
-            continue
-        members = sorted(part.to_numpy().tolist(), key=lambda i: starts[i])
-        found = list(runs(members))
-        if not found:
-            continue
-        pid, tid, lo_ns, hi_ns = lpid[members[0]], ltid[members[0]], int(a_s[members[0]]), int(a_e[members[0]])
-        replays.launches += 1
-        replays.calls += len(found)
-        replays.attention_kernels += sum(len(run) for run, _ in found)
-        replays.kernels += len(members)
-        # each call a slice of the launch call's time on its thread: disjoint ranges that nest as tags do
-        width = max(3, (hi_ns - lo_ns) // len(found))
-        for n, (run, phase) in enumerate(found):
-            lo, main = lo_ns + n * width, next(i for i in run if hit[i])
-            out.append(_Call(pid, tid, lo + 1, lo + width - 2, phase, "kernel", row_of[names[main]],
-                             names[main][:_KERNEL_NAME_CHARS], replayed=[int(kernel_rows[i]) for i in run]))
-        spans.add((pid, tid), lo_ns, max(hi_ns, lo_ns + width * len(found)))
-    return out
-
-
-def _with_breaks(order: np.ndarray, keep: np.ndarray) -> list:
-    """``order`` at the positions ``keep``, with ``-1`` (no kernel: ends a run) where positions were skipped."""
-    out, last = [], -2
-    for k in keep.tolist():
-        if k != last + 1:
-            out.append(-1)
-        out.append(int(order[k]))
-        last = k
-    return out
 
 
 def _without_overlaps(calls: list[_Call], found: Found) -> list[_Call]:
@@ -849,86 +584,6 @@ def _summary(calls: list[_Call]) -> list[str]:
     return lines
 
 
-# ---------------------------------------------------------------- nsys exports
-_NVTX_SEQ = re.compile(r", (?:stashed seq = (\d+)|seq = (\d+))")
-_NVTX_SIZES = re.compile(r", sizes = (\[.*?\]\])")
-
-
-def _nvtx_name(name: str) -> tuple[str | None, int | None, dict | None]:
-    """An NVTX range name's kind (``op``, ``module`` or ``None``: an annotation), the
-    autograd sequence number and the input sizes ``emit_nvtx`` wrote into it."""
-    base = signals.operator_name(name)
-    if "::" in base:
-        m = _NVTX_SEQ.search(name)
-        seq = int(m.group(1) or m.group(2)) if m else None
-        args = None
-        if base in signals.SOFTMAX_OPS or base in signals.MATMUL_OPS or signals.match("operator", base):
-            sizes = _NVTX_SIZES.search(name)
-            if sizes:
-                try:
-                    args = {"Input Dims": json.loads(sizes.group(1))}
-                except ValueError:
-                    args = None
-        return "op", seq, args
-    if base.startswith("nn.Module: ") or (signals.MODULE_INSTANCE.match(base)
-                                         and (signals.LAYER_MODULE.search(base) or signals.match("module", base))):
-        return "module", None, None
-    if signals.BACKWARD.search(base) and (", seq = " in name or ", stashed seq = " in name):
-        m = _NVTX_SEQ.search(name)  # an autograd node's range (``SoftmaxBackward0, seq = 12, …``)
-        return "op", int(m.group(1) or m.group(2)) if m else None, None
-    return None, None, None
-
-
-def nvtx_events(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame | None:
-    """One process of an nsys export (:class:`~headcount.common.tables.Timeline`'s
-    ``ranges``, ``runtime``, ``gpu``) as the events table :func:`find_calls` reads:
-    NVTX ranges named after operators (PyTorch's ``emit_nvtx``: ``aten::x, seq = N,
-    op_id = M, sizes = […]``) are operators with their sequence number and input
-    sizes (no dtypes: analytic bytes stay null), ranges named like module classes
-    (``nn.Module: X_3``, ``CoreAttention``, ``…DecoderLayer_5``) are modules, other
-    ranges annotations; runtime calls and kernels as they are.
-
-    Returns:
-        The events, or ``None`` when no range or kernel name can be a signal (nothing to find).
-    """
-    names = ranges["name"] if isinstance(ranges["name"].dtype, pd.CategoricalDtype) else ranges["name"].astype("category")
-    distinct = [str(c) for c in names.cat.categories]
-    parsed = [_nvtx_name(n) for n in distinct]  # once per distinct name
-    kernel_names = gpu.loc[(gpu["kind"].astype(object) == "kernel").to_numpy(), "name"].astype(str).unique() if len(gpu) else []
-    named = any(p[0] == "module" or (p[0] == "op" and signals.match("operator", signals.operator_name(n)))
-                for n, p in zip(distinct, parsed))
-    if not named and not any(signals.match("kernel", k) for k in kernel_names):
-        return None
-    codes = names.cat.codes.to_numpy()
-    text = np.array(distinct + [""], dtype=object)[codes]  # code -1 (no name): ""
-    kinds = np.array([p[0] or "range" for p in parsed] + ["range"], dtype=object)[codes]
-    args = np.array([p[2] for p in parsed] + [None], dtype=object)[codes]
-    sequence = pd.array([p[1] for p in parsed] + [None], dtype="Int64")[codes]
-    out = pd.DataFrame({
-        "kind": kinds, "name": text,
-        "pid": ranges["pid"].astype(object).to_numpy(), "tid": ranges["tid"].astype(object).to_numpy(),
-        "start_ns": ranges["start_ns"].to_numpy(np.int64), "end_ns": ranges["end_ns"].to_numpy(np.int64),
-        "correlation_id": pd.array([pd.NA] * len(ranges), dtype="Int64"),
-        "args": args, "sequence": sequence,
-        "graph_node_id": pd.array([pd.NA] * len(ranges), dtype="Int64"),
-    })
-    calls = pd.DataFrame({"kind": "runtime", "name": runtime["name"].astype(object).to_numpy(),
-                          "pid": runtime["pid"].astype(object).to_numpy(), "tid": runtime["tid"].astype(object).to_numpy(),
-                          "start_ns": runtime["start_ns"].to_numpy(np.int64), "end_ns": runtime["end_ns"].to_numpy(np.int64),
-                          "correlation_id": pd.array(runtime["correlation_id"], dtype="Int64")})
-    kernels = gpu[(gpu["kind"].astype(object) == "kernel").to_numpy()]
-    work = pd.DataFrame({"kind": "kernel", "name": kernels["name"].astype(object).to_numpy(),
-                         GPU_ROW: np.flatnonzero((gpu["kind"].astype(object) == "kernel").to_numpy()),
-                         "pid": kernels["pid"].astype(object).to_numpy(), "tid": None,
-                         "start_ns": kernels["start_ns"].to_numpy(np.int64), "end_ns": kernels["end_ns"].to_numpy(np.int64),
-                         "correlation_id": pd.array(kernels["correlation_id"], dtype="Int64"),
-                         "graph_node_id": pd.array(kernels["graph_node_id"], dtype="Int64") if "graph_node_id" in kernels
-                         else pd.array([pd.NA] * len(kernels), dtype="Int64")})
-    return pd.concat([f for f in (out, calls, work) if len(f)] or [out], ignore_index=True)
-
-
-GPU_ROW = "gpu_row"
-"""Column of :func:`nvtx_events`' kernel rows: the row's position in the export's ``gpu`` table."""
 
 
 def assigned_keys(found: Found, rows: int, at: np.ndarray | None = None) -> np.ndarray | None:
@@ -936,8 +591,9 @@ def assigned_keys(found: Found, rows: int, at: np.ndarray | None = None) -> np.n
     (:attr:`Found.assigned`: a graph replay's attention kernels), -1 elsewhere; ``None`` where none is.
 
     Args:
-        at: each events position's row in that table (an nsys export's ``gpu``: :func:`nvtx_events`'
-            :data:`GPU_ROW`); ``None``: the table is the events table itself (a Kineto trace's).
+        at: each events position's row in that table (an nsys export's ``gpu``:
+            :func:`~headcount.attribute.untagged_nsys.nvtx_events`' :data:`~headcount.attribute.untagged_nsys.GPU_ROW`);
+            ``None``: the table is the events table itself (a Kineto trace's).
     """
     if not found.assigned:
         return None
@@ -946,21 +602,3 @@ def assigned_keys(found: Found, rows: int, at: np.ndarray | None = None) -> np.n
     keys[positions if at is None else np.asarray(at)[positions].astype(np.int64)] = np.fromiter(
         found.assigned.values(), np.int64, len(found.assigned))
     return keys
-
-
-def with_nvtx_ranges(ranges: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
-    """An nsys export's NVTX ranges (:class:`~headcount.common.tables.Timeline` ``ranges``) plus the
-    ranges of the calls :func:`find_calls` found there, as ranges of headcount's domain
-    (new ``range_id`` s after the export's own), with their :data:`CALL_KEY` where a graph replay's kernels
-    are assigned by name (null for the export's own ranges)."""
-    first = int(ranges["range_id"].max()) + 1 if len(ranges) else 1
-    ours = pd.DataFrame({"range_id": np.arange(first, first + len(found), dtype=np.int64), "pid": found["pid"].to_numpy(object),
-                         "tid": found["tid"].to_numpy(object), "domain": DOMAIN,
-                         "name": [n.split("@", 1)[1] for n in found["name"]], "style": "PushPop",
-                         "start_ns": found["start_ns"].to_numpy(np.int64), "end_missing": False,
-                         "end_ns": found["end_ns"].to_numpy(np.int64)})
-    if CALL_KEY in found and (found[CALL_KEY] >= 0).any():
-        ours[CALL_KEY] = pd.array(found[CALL_KEY].to_numpy(np.int64), dtype="Int64")
-    text = [c for c in ("pid", "tid", "domain", "name", "style") if c in ranges]
-    both = pd.concat([ranges.astype({c: object for c in text}), ours], ignore_index=True)
-    return both.astype({c: "category" for c in text})

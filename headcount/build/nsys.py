@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.attribute import attribution, graphs, labels, untagged
+from headcount.attribute import attribution, graphs, labels, untagged, untagged_nsys
 from headcount.build.shared import (
     Built,
     _gpu_rows,
@@ -172,12 +172,12 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
     """
     found = assigned = None
     if not calls and not (export.ranges["domain"] == DOMAIN).any():  # no tags: attention by operator, module and kernel names
-        events = untagged.nvtx_events(export.ranges, export.runtime, export.gpu)
+        events = untagged_nsys.nvtx_events(export.ranges, export.runtime, export.gpu)
         found = untagged.find_calls(events) if events is not None else None
         if found is not None and found.calls:
-            export.ranges, calls = untagged.with_nvtx_ranges(export.ranges, found.ranges), found.calls
+            export.ranges, calls = untagged_nsys.with_nvtx_ranges(export.ranges, found.ranges), found.calls
             if found.assigned:  # a replay's attention kernels: given to their call by name
-                assigned = untagged.assigned_keys(found, len(export.gpu), events[untagged.GPU_ROW].to_numpy())
+                assigned = untagged.assigned_keys(found, len(export.gpu), events[untagged_nsys.GPU_ROW].to_numpy())
         del events
     projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu, graph_nodes=export.graph_nodes,
                                               not_replayed=(STEP_DOMAIN,), assigned_keys=assigned)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from headcount.attribute import attribution, graphs, labels, nesting, untagged
+from headcount.attribute import attribution, graphs, labels, nesting, untagged, untagged_calls
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.common.device import Device
 from headcount.common.naming import DOMAIN, STEP_DOMAIN
@@ -382,7 +382,7 @@ def untagged_provenance(tables: dict, ranges: pd.DataFrame) -> None:
         table = tables.get(name)
         if table is None or not len(table):
             continue
-        how = [provenance.get((p, n), untagged.CALL_ORDER) for p, n in zip(table["phase"], table["layer_name"])]
+        how = [provenance.get((p, n), untagged_calls.CALL_ORDER) for p, n in zip(table["phase"], table["layer_name"])]
         table["provenance"] = np.where(table["provenance"] == "apportioned", "apportioned", how)
 
 
