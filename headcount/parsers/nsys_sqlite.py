@@ -1,6 +1,10 @@
 """Read an nsys SQLite or ``parquetdir`` export into events tables (ranges,
 runtime calls, GPU ops).
 
+Either format is read through one interface
+(:class:`~headcount.parsers.nsys_export.ExportSource`); this module holds
+the plan of a read (:func:`plan_export`) and the readers of each table.
+
 Columns and tables differ between nsys versions, so every query names only
 the columns the file has (``PRAGMA table_info``) and optional tables may be
 absent. Facts used (checked on the fixtures and nsys 2023.4.4's own
@@ -21,373 +25,33 @@ absent. Facts used (checked on the fixtures and nsys 2023.4.4's own
 
 from __future__ import annotations
 
-import sqlite3
-from abc import ABC, abstractmethod
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 from pandas.api.types import union_categoricals
 
 from headcount.common.arrays import unique_inverse
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError, NothingRecorded
 from headcount.common.tables import Timeline
-from headcount.parsers.files import head_bytes
+from headcount.parsers.nsys_export import GPU_TABLES, NULL_INT, ExportSource, open_export, query_columns, query_frame
 from headcount.parsers.options import ReadOptions
 from headcount.parsers.plausible import drop_implausible
 
 RANGE_EVENT_TYPES = {59: "PushPop", 60: "StartEnd", 70: "PushPop", 71: "StartEnd"}
 DOMAIN_CREATE = 75
-GPU_TABLES = {"CUPTI_ACTIVITY_KIND_KERNEL": "kernel", "CUPTI_ACTIVITY_KIND_MEMCPY": "memcpy", "CUPTI_ACTIVITY_KIND_MEMSET": "memset"}
 API_TABLES = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER")
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-
-NULL_INT = -1  # no timestamp, id, count or size in an nsys export is negative
-BATCH_ROWS = 262_144  # rows per Arrow batch from the database: what is held in Arrow form at a time
 SPLIT_ROWS = 100_000  # tables larger than this are read in parts, one per thread (ReadOptions.threads)
 STREAM_ROWS = 8_000_000  # NVTX rows above which an export is read one process at a time (~0.4 GB read at once below)
-
-
-class ExportSource(ABC):
-    """One open export, whatever its format: SQL in its dialect, and what could not be read as the schema says.
-
-    Attributes:
-        path: the export.
-        threads: threads its large tables are read with (:class:`~headcount.parsers.options.ReadOptions`).
-        bad_text: strings that were not UTF-8 (read with U+FFFD in their place).
-        odd_values: values where the schema has integers that were not integers (read as missing).
-        strings: ``StringIds`` (ids, strings), read once (:func:`_string_ids`).
-    """
-
-    errors: tuple[type[BaseException], ...] = ()  # what the engine raises for a query it cannot answer
-
-    def __init__(self, path: Path, threads: int):
-        self.path, self.threads = path, threads
-        self.bad_text = self.odd_values = 0
-        self.strings: tuple[np.ndarray, list[str]] | None = None
-
-    def rows(self, sql: str) -> list[tuple]:
-        """The query's rows; the one place an engine's error becomes headcount's (:func:`_damaged`)."""
-        try:
-            return self._execute(sql)
-        except self.errors as exc:
-            raise _damaged(self.path, exc) from exc
-
-    def notices(self) -> list[str]:
-        """What the reader should know of the values read so far."""
-        out = []
-        if self.bad_text:
-            out.append(f"{self.bad_text} strings were not UTF-8: shown with U+FFFD where their bytes were")
-        if self.odd_values:
-            out.append(f"{self.odd_values} values where the schema has integers were not integers (text, blobs, "
-                       "StringIds rows without an integer id): read as missing")
-        return out
-
-    @abstractmethod
-    def _execute(self, sql: str) -> list[tuple]:
-        """Run ``sql`` and fetch every row (the engine's own errors: :attr:`errors`)."""
-
-    @abstractmethod
-    def int_expr(self, col: str) -> str:
-        """``col`` as an integer, NULL as :data:`NULL_INT`."""
-
-    @abstractmethod
-    def least(self, expr: str, bound: int) -> str:
-        """The smaller of ``expr`` and ``bound`` (a row's value, not an aggregate)."""
-
-    @abstractmethod
-    def strict_int(self, col: str) -> str:
-        """``col`` where it holds an integer, else NULL."""
-
-    @abstractmethod
-    def tables(self) -> set[str]:
-        """The export's table names."""
-
-    @abstractmethod
-    def columns(self, table: str) -> set[str]:
-        """A table's column names."""
-
-    @abstractmethod
-    def batches(self, sql: str):
-        """The result as Arrow record batches, read as they are consumed."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Let the export go."""
-
-
-class _SqliteSource(ExportSource):
-    """An nsys SQLite export: metadata queries through sqlite3, bulk reads
-    through the ADBC SQLite driver (columnar, ~6× faster than sqlite3 + pandas
-    on millions of rows)."""
-
-    errors = (sqlite3.Error, UnicodeDecodeError)  # a damaged schema can make SQLite's own message undecodable
-
-    def __init__(self, path: Path, threads: int):
-        super().__init__(path, threads)
-        magic = head_bytes(path, 16)
-        if magic != _SQLITE_MAGIC:
-            raise HeadcountError(f"{path}: not an SQLite file", hint="export the report with `nsys export --type sqlite`")
-        # immutable: no lock, no -shm/-wal file beside an export (a WAL-mode file in a read-only directory reads too)
-        self.con = sqlite3.connect(_uri(path), uri=True)
-        self.con.text_factory = self._decode
-        try:
-            self.con.execute("PRAGMA schema_version").fetchone()
-            self.con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        except self.errors as exc:
-            self.con.close()
-            raise HeadcountError(f"{path}: damaged or truncated SQLite export ({exc})", hint="export the report again") from exc
-
-    def _decode(self, raw: bytes) -> str:
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            self.bad_text += 1
-            return raw.decode("utf-8", errors="replace")
-
-    def int_expr(self, col: str) -> str:
-        return f"IFNULL({col}, {NULL_INT})"  # a CAST would cost a third of the read
-
-    def least(self, expr: str, bound: int) -> str:
-        return f"MIN({expr}, {bound})"
-
-    def strict_int(self, col: str) -> str:
-        """``col`` where it holds an integer, else NULL: SQLite's CAST would read '12abc' as 12."""
-        return f"(CASE WHEN typeof({col}) = 'integer' THEN {col} END)"
-
-    def tables(self) -> set[str]:
-        return {r[0] for r in self.rows("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
-
-    def columns(self, table: str) -> set[str]:
-        return {r[1] for r in self.rows(f"PRAGMA table_info({table})")}
-
-    def _execute(self, sql: str) -> list[tuple]:
-        return self.con.execute(sql).fetchall()
-
-    def batches(self, sql: str):
-        import adbc_driver_sqlite.dbapi as adbc
-
-        with adbc.connect(_uri(self.path)) as con, con.cursor() as cur:
-            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})  # the driver's default: 1024
-            cur.execute(sql)
-            yield from cur.fetch_record_batch()
-
-    def close(self) -> None:
-        self.con.close()
-
-
-class _ParquetDirSource(ExportSource):
-    """An nsys ``parquetdir`` export (one ``<TABLE>.parquet`` per table), queried
-    with DuckDB through views named like the SQLite tables; ``rowid`` is the
-    row's position in its file, counted from 1 as SQLite counts rowids."""
-
-    def __init__(self, path: Path, threads: int):
-        import duckdb
-
-        super().__init__(path, threads)
-        self.errors = (duckdb.Error,)
-        files = sorted(path.glob("*.parquet"))
-        if not files:
-            raise HeadcountError(f"{path}: not an nsys parquetdir export (no .parquet files)",
-                                 hint="export with `nsys export --type parquetdir`, or pass a .sqlite export")
-        self.con = duckdb.connect()
-        self._tables = set()
-        for file in files:
-            name = file.stem
-            if not name.replace("_", "").isalnum():
-                continue
-            try:
-                self.con.execute(f"CREATE VIEW {name} AS SELECT *, file_row_number + 1 AS rowid "
-                                 f"FROM read_parquet('{file.as_posix()}', file_row_number = true)")
-                self.con.execute(f"SELECT * FROM {name} LIMIT 0")
-            except duckdb.Error as exc:
-                raise HeadcountError(f"{file}: unreadable Parquet ({str(exc).splitlines()[0]})", hint="export the report again") from exc
-            self._tables.add(name)
-        if not self._tables & {"NVTX_EVENTS", *GPU_TABLES}:
-            raise HeadcountError(f"{path}: not an nsys parquetdir export (no NVTX_EVENTS or CUPTI tables)",
-                                 hint="export with `nsys export --type parquetdir`")
-
-    def int_expr(self, col: str) -> str:
-        return f"IFNULL(CAST({col} AS BIGINT), {NULL_INT})"  # Parquet ids are unsigned
-
-    def least(self, expr: str, bound: int) -> str:  # MIN(a, b) is DuckDB's top-n aggregate
-        return f"LEAST(CAST({expr} AS BIGINT), {bound})"
-
-    def strict_int(self, col: str) -> str:  # Parquet columns are typed
-        return f"CAST({col} AS BIGINT)"
-
-    def tables(self) -> set[str]:
-        return set(self._tables)
-
-    def columns(self, table: str) -> set[str]:
-        return {r[0] for r in self.rows(f"SELECT column_name FROM (DESCRIBE {table})")}
-
-    def _execute(self, sql: str) -> list[tuple]:
-        return self.con.execute(sql).fetchall()
-
-    def batches(self, sql: str):
-        yield from self.con.cursor().sql(sql).to_arrow_reader(BATCH_ROWS)
-
-    def close(self) -> None:
-        self.con.close()
-
-
-def _uri(path: Path) -> str:
-    """The read-only, immutable SQLite URI of ``path`` (any character in its name quoted)."""
-    from urllib.parse import quote
-
-    return f"file:{quote(str(path.absolute()))}?mode=ro&immutable=1"
 
 
 def _is_int(value) -> bool:
     """A value an integer column may hold (SQLite lets any column hold text or blobs)."""
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _damaged(path: Path, exc: BaseException) -> HeadcountError:
-    """The one error for a file the database engine cannot read as asked: a
-    schema headcount does not know (a table or column missing or renamed), or damage."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if any(k in first.lower() for k in ("no such column", "no such table", "not found in from clause", "does not exist")):
-        return HeadcountError(f"{path}: an export schema headcount does not know ({first})",
-                              hint="export it with the nsys that recorded it; if it is that nsys's own schema, report it")
-    return HeadcountError(f"{path}: damaged or truncated export ({first})", hint="export the report again")
-
-
-def _query(src, sql: str | list[str], types: dict[str, str]) -> pd.DataFrame:
-    """:func:`_columns` as a DataFrame."""
-    return pd.DataFrame(_columns(src, sql, types))
-
-
-def _columns(src, sql: str | list[str], types: dict[str, str]) -> dict:
-    """Run ``sql`` and return the columns of ``types`` (a dict of arrays): ``int`` (NULL comes
-    back as ``<NA>``), ``int?`` (NULL comes back as -1, a plain int64 column),
-    ``int!`` (a column the schema declares NOT NULL, read as is) or ``text``
-    (NULL or empty comes back as ``None``; a Categorical).
-
-    SQLite columns have no fixed type and the ADBC driver infers one from the
-    first rows, so NULLs are replaced in SQL (integers by -1, which no nsys
-    value can be; text by '') and restored here. Several ``sql`` (parts of
-    one table) run on as many threads: the driver releases the GIL.
-    """
-    cols = []
-    for col, kind in types.items():
-        if kind == "int!":
-            cols.append(col)
-        elif kind in ("int", "int?"):
-            cols.append(f"{src.int_expr(col)} AS {col}")
-        else:
-            cols.append(f"CAST(IFNULL({col}, '') AS TEXT) AS {col}")
-    selects = [f"SELECT {', '.join(cols)} FROM ({part})" for part in ([sql] if isinstance(sql, str) else sql)]
-    try:
-        if len(selects) > 1:
-            with ThreadPoolExecutor(max_workers=len(selects)) as pool:
-                parts = list(pool.map(lambda one: _arrays_of(src.batches(one), types), selects))
-        else:
-            parts = [_arrays_of(src.batches(selects[0]), types)]
-    except Exception as exc:  # noqa: BLE001 - sqlite3, ADBC and DuckDB raise different types for a damaged file
-        if "utf-8" not in str(exc).lower() and "utf8" not in str(exc).lower():
-            raise _damaged(src.path, exc) from exc
-        parts = _text_as_bytes(src, sql, types)  # text that is not UTF-8: read as bytes, decoded with U+FFFD
-    src.odd_values += sum(part.pop("__odd__") for part in parts)
-    columns = {}
-    for col, kind in types.items():
-        if kind == "text":
-            # one dictionary for all parts: the first part's, extended by the others' new strings
-            words: dict[str, int] = {}
-            codes = []
-            for part in parts:
-                own, local = part[col]
-                remap = np.array([words.setdefault(w, len(words)) for w in local] + [-1], dtype=np.int64)
-                codes.append(remap[own])  # own == -1 picks the trailing -1
-            codes = np.concatenate(codes) if codes else np.zeros(0, np.int64)
-            empty = words.get("")  # '' stands for NULL (see above)
-            if empty is not None:
-                codes = np.where(codes == empty, -1, codes)
-            columns[col] = pd.Categorical.from_codes(codes, categories=pd.Index(list(words), dtype=object))
-            continue
-        pieces = [part.pop(col) for part in parts]  # each part's column is let go once joined
-        values = pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
-        del pieces
-        if kind == "int":
-            null = values == NULL_INT
-            if null.any():
-                columns[col] = pd.arrays.IntegerArray(np.where(null, 0, values), null)
-                continue
-        columns[col] = values
-    return columns
-
-
-def _text_as_bytes(src, sql: str | list[str], types: dict[str, str]) -> list[dict]:
-    """:func:`_arrays_of` of a query whose text is not all UTF-8: text columns read
-    as bytes and decoded with U+FFFD for what is not UTF-8 (counted in
-    ``src.bad_text``). The slow path, taken only for such files."""
-    cols = [f"{src.int_expr(col)} AS {col}" if kind != "text" else f"CAST(IFNULL({col}, '') AS BLOB) AS {col}"
-            for col, kind in types.items()]
-    parts = []
-    for part in [sql] if isinstance(sql, str) else sql:
-        try:
-            batches = list(src.batches(f"SELECT {', '.join(cols)} FROM ({part})"))
-        except Exception as exc:  # noqa: BLE001 - as in _columns
-            raise _damaged(src.path, exc) from exc
-        decoded = []
-        for batch in batches:
-            arrays = []
-            for name in batch.schema.names:
-                column = batch.column(name)
-                if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
-                    text = []
-                    for raw in column.to_pylist():
-                        try:
-                            text.append(None if raw is None else raw.decode("utf-8"))
-                        except UnicodeDecodeError:
-                            src.bad_text += 1
-                            text.append(raw.decode("utf-8", errors="replace"))
-                    column = pa.array(text, type=pa.string())
-                arrays.append(column)
-            decoded.append(pa.RecordBatch.from_arrays(arrays, names=batch.schema.names))
-        parts.append(_arrays_of(iter(decoded), types))
-    return parts
-
-
-def _arrays_of(batches, types: dict[str, str]) -> dict:
-    """Record batches → per column an int64 array (``int``), or ``(codes, words)``
-    (``text``: dictionary-encoded batch by batch; codes index ``words``, -1 for null)."""
-    ints = {col: [] for col, kind in types.items() if kind != "text"}
-    texts = {col: ([], {}) for col, kind in types.items() if kind == "text"}
-    odd = 0  # values of an integer column that are not integers (text, blobs): read as missing
-    for batch in batches:
-        for col in ints:
-            column = batch.column(col)
-            if not (pa.types.is_integer(column.type) or pa.types.is_null(column.type)):
-                if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):  # bytes: they may not be UTF-8
-                    column = column.cast(pa.binary())
-                values = pd.to_numeric(pd.Series([v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v
-                                                  for v in column.to_pylist()], dtype=object), errors="coerce")
-                bad = values.isna() & pd.Series(column.is_valid().to_pylist())
-                odd += int(bad.sum())
-                ints[col].append(values.fillna(NULL_INT).to_numpy(np.float64).astype(np.int64))
-                continue
-            ints[col].append(column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
-        for col, (codes, words) in texts.items():
-            encoded = pc.dictionary_encode(batch.column(col).cast(pa.string()))  # an empty batch can come typed as integers
-            remap = np.array([words.setdefault(w, len(words)) for w in encoded.dictionary.to_pylist()] + [-1], dtype=np.int64)
-            codes.append(remap[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)].astype(np.int32))
-    out = {"__odd__": odd}
-    for col in list(ints):  # column by column, each list let go once joined: never two copies of every column
-        parts = ints.pop(col)
-        out[col] = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        del parts
-    for col, (codes, words) in texts.items():
-        out[col] = (np.concatenate(codes) if codes else np.zeros(0, np.int32), list(words))
-    return out
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -435,10 +99,6 @@ def _split_tid(global_tid) -> tuple[np.ndarray, np.ndarray]:
     return (g >> 24) & 0xFFFFFF, g & 0xFFFFFF
 
 
-def _open(path: Path, options: ReadOptions = ReadOptions()) -> ExportSource:
-    return _ParquetDirSource(path, options.threads) if path.is_dir() else _SqliteSource(path, options.threads)
-
-
 def _pid_of(col: str) -> str:
     return f"(({col} >> 24) & 16777215)"
 
@@ -479,7 +139,7 @@ def plan_export(path: str | Path) -> ExportPlan:
         HeadcountError: as :func:`read_export`.
     """
     path = Path(path)
-    src = _open(path)
+    src = open_export(path)
     try:
         tables = src.tables()
         meta = _read_meta(src, tables)
@@ -559,7 +219,7 @@ def process_of(part: Timeline) -> str | None:
 
 def size_of(path: str | Path) -> int:
     """NVTX rows of an export (its largest rowid: no scan)."""
-    src = _open(Path(path))
+    src = open_export(Path(path))
     try:
         return _size(src, src.tables())
     finally:
@@ -583,7 +243,7 @@ def _read_meta(src, tables) -> dict:
 
 def last_nvtx(path: str | Path) -> int | None:
     """The export's last NVTX timestamp (ns), where ranges left open end (one scan)."""
-    src = _open(Path(path))
+    src = open_export(Path(path))
     try:
         if "NVTX_EVENTS" not in src.tables():
             return None
@@ -627,7 +287,7 @@ def read_export(path: str | Path, process: int | None = None, plan: ExportPlan |
             or (whole export) holding neither NVTX ranges nor GPU activity.
     """
     path = Path(path)
-    src = _open(path, options)
+    src = open_export(path, options)
     try:
         tables = src.tables()
         strings = "StringIds" in tables
@@ -734,7 +394,7 @@ def _read_ranges(src, tables, strings, only=None, last_ns: int | Callable[[], in
                e.text AS text
         FROM NVTX_EVENTS e
         WHERE e.eventType IN ({types}){f" AND (e.eventType = {DOMAIN_CREATE} OR {only('e.globalTid')})" if only else ""}"""
-    frame = _columns(src, [f"{sql} AND {half}" for half in _parts_by_rowid(src, "NVTX_EVENTS", "e.rowid")] or sql, {
+    frame = query_columns(src, [f"{sql} AND {half}" for half in _parts_by_rowid(src, "NVTX_EVENTS", "e.rowid")] or sql, {
         "range_id": "int!", "start_ns": "int!", "end_ns": "int?", "global_tid": "int?", "packed": "int!", "text": "text"})
     packed = frame.pop("packed")
     event_type = packed >> (1 + _TEXT_BITS + _DOMAIN_BITS)
@@ -838,7 +498,7 @@ def _read_runtime(src, tables, strings, only=None) -> pd.DataFrame:
             continue
         have = src.columns(table)
         name_id = "r.nameId" if strings and "nameId" in have else "NULL"
-        frame = _query(src, f"""
+        frame = query_frame(src, f"""
             SELECT r.globalTid AS global_tid, r.correlationId AS correlation_id, r.start AS start_ns, r.end AS end_ns,
                    {name_id} AS name_id
             FROM {table} r{f" WHERE {only('r.globalTid')}" if only else ""}""",
@@ -905,7 +565,7 @@ def _read_gpu(src, tables, strings, only=None) -> pd.DataFrame:
 
         shared = (plus_one(f"{src.strict_int('g.staticSharedMemory')} + {src.strict_int('g.dynamicSharedMemory')}")
                   if {"staticSharedMemory", "dynamicSharedMemory"} <= have else "0")
-        frame = _query(src, f"""
+        frame = query_frame(src, f"""
             SELECT {f"g.{name_col}" if name_col else "NULL"} AS name_id, g.globalPid AS global_pid,
                    {field('deviceId', 20)} * {1 << _STREAM_BITS} + {field('streamId', _STREAM_BITS)} AS device_stream,
                    g.correlationId AS correlation_id, g.start AS start_ns, g.end AS end_ns,
@@ -961,7 +621,7 @@ def _read_graph_nodes(src, tables, only=None) -> pd.DataFrame:
             continue
         original = "e.originalGraphNodeId" if "originalGraphNodeId" in have else "NULL"
         where = " AND ".join(["e.graphNodeId IS NOT NULL", "e.graphNodeId <> 0", *([only("e.globalTid")] if only else [])])
-        frame = _query(src, f"""
+        frame = query_frame(src, f"""
             SELECT e.graphNodeId AS node_id, {original} AS original_node_id, e.globalTid AS global_tid,
                    e.start AS start_ns, e."end" AS end_ns
             FROM {table} e WHERE {where}""", {
@@ -983,7 +643,7 @@ def _read_gpu_metrics(src, tables) -> pd.DataFrame:
     cols = ["device", "metric", "timestamp_ns", "value"]
     if not {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= tables:
         return pd.DataFrame(columns=cols)
-    frame = _query(src, """
+    frame = query_frame(src, """
         SELECT m.typeId AS type_id, m.metricId AS metric_id, m.timestamp AS timestamp_ns, m.value AS value
         FROM GPU_METRICS m""", {"type_id": "int!", "metric_id": "int!", "timestamp_ns": "int!", "value": "int"})
     names = pd.DataFrame(src.rows("SELECT DISTINCT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS"),

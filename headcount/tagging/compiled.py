@@ -131,6 +131,49 @@ def _is_view(node) -> bool:
     return node.target is operator.getitem or bool(getattr(node.target, "is_view", False))
 
 
+def _source(node):
+    """The node a chain of views starts from (``node`` itself when it is no view)."""
+    while node.op == "call_function" and _is_view(node) and node.args and isinstance(node.args[0], type(node)):
+        node = node.args[0]
+    return node
+
+
+def _marker_result(graph, node):
+    """The marker's returned (empty) tensor: what later nodes are made to wait for."""
+    import operator
+
+    found = next((u for u in node.users if u.target is operator.getitem and u.args[1] == 1), None)
+    if found is None:  # unused, so the graph dropped its getitem
+        with graph.inserting_after(node):
+            found = graph.call_function(operator.getitem, (node, 1))
+        found.meta["val"] = node.meta["val"][1]
+    return found
+
+
+def _computes(node) -> bool:
+    """A node that computes: a call that is neither a view nor an effect (a range marker)."""
+    return node.op == "call_function" and not _is_view(node) and _effect_target(node) is None
+
+
+def _sinks(segment: list) -> list:
+    """The segment's computing nodes that nothing else in the segment reads (through views)."""
+    inside = set(segment)
+    out = []
+    for node in segment:
+        if not _computes(node):
+            continue
+        frontier, read = list(node.users), False
+        while frontier and not read:
+            user = frontier.pop()
+            if user in inside and _computes(user):
+                read = True
+            elif user in inside and _is_view(user):
+                frontier.extend(user.users)
+        if not read:
+            out.append(node)
+    return out
+
+
 def order_ranges(graph) -> int:
     """Hold Inductor to the program order of headcount's ranges (a post-grad pass).
 
@@ -150,47 +193,11 @@ def order_ranges(graph) -> int:
         from torch.utils._ordered_set import OrderedSet
     except ImportError:  # torch without control_deps: ranges are ordered among themselves only
         return 0
-    import operator
 
     opening, closing = torch.ops.headcount.open_range.default, torch.ops.headcount.close_range.default
     position = {node: i for i, node in enumerate(graph.nodes)}
     stack: list[tuple[int, object]] = []  # (position of the opening, its token node)
     deps = {}
-
-    def source(node):
-        while node.op == "call_function" and _is_view(node) and node.args and isinstance(node.args[0], type(node)):
-            node = node.args[0]
-        return node
-
-    def result(node):
-        """The marker's returned (empty) tensor: what later nodes are made to wait for."""
-        found = next((u for u in node.users if u.target is operator.getitem and u.args[1] == 1), None)
-        if found is None:  # unused, so the graph dropped its getitem
-            with graph.inserting_after(node):
-                found = graph.call_function(operator.getitem, (node, 1))
-            found.meta["val"] = node.meta["val"][1]
-        return found
-
-    def computes(node) -> bool:
-        return node.op == "call_function" and not _is_view(node) and _effect_target(node) is None
-
-    def sinks(segment: list) -> list:
-        """The segment's computing nodes that nothing else in the segment reads (through views)."""
-        inside = set(segment)
-        out = []
-        for node in segment:
-            if not computes(node):
-                continue
-            frontier, read = list(node.users), False
-            while frontier and not read:
-                user = frontier.pop()
-                if user in inside and computes(user):
-                    read = True
-                elif user in inside and _is_view(user):
-                    frontier.extend(user.users)
-            if not read:
-                out.append(node)
-        return out
 
     previous = None  # the last marker's result: markers run in program order (the effect token alone does not hold in Inductor's scheduler)
     segment: list = []  # nodes since the last marker: they finish before the next one (nothing drifts into a range)
@@ -200,9 +207,9 @@ def order_ranges(graph) -> int:
             wait = deps.setdefault(node, OrderedSet())
             if previous is not None:
                 wait.add(previous)
-            wait.update(sinks(segment))
+            wait.update(_sinks(segment))
             segment = []
-            previous = result(node)
+            previous = _marker_result(graph, node)
             if target is opening:
                 stack.append((position[node], previous))
             elif stack:
@@ -212,7 +219,7 @@ def order_ranges(graph) -> int:
         if not stack or node.op != "call_function" or _is_view(node) or target is not None:
             continue
         start, token = stack[-1]
-        inputs = [source(a) for a in node.all_input_nodes]
+        inputs = [_source(a) for a in node.all_input_nodes]
         if all(position.get(a, -1) < start for a in inputs):
             deps[node] = OrderedSet([token])
     deps = {node: wait for node, wait in deps.items() if wait}

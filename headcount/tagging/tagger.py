@@ -17,7 +17,8 @@ at a time inside ``head.N`` ranges (head mode, :mod:`headcount.tagging.head_spli
 the output's gradient arrives and closes once q/k/v's are done, from gradient
 hooks in layer mode (they leave the backward graph, and so every gradient's
 bits, as they are) and from two identity autograd functions in head mode and
-where a key/value is shared with another call (:func:`_hook_backward`).
+where a key/value is shared with another call
+(:func:`~headcount.tagging.backward.hook_backward`).
 
 Each range opened is also logged with the call's metadata
 (:class:`~headcount.common.call_log.CallLog`, :class:`~headcount.common.call_log.CallMeta`),
@@ -27,7 +28,6 @@ which is how the analytic model later knows what each range computed.
 from __future__ import annotations
 
 import functools
-import inspect
 import random
 import threading
 from dataclasses import dataclass
@@ -41,9 +41,11 @@ from headcount.common.naming import head_name, sanitize
 from headcount.tagging import compiled as _compiled
 from headcount.tagging import shapes as _shapes
 from headcount.tagging import state
+from headcount.tagging.backward import BackwardRange, awaited, hook_backward
 from headcount.tagging.grad_marks import CloseOnGrad, OpenOnGrad, with_output
 from headcount.tagging.head_split import grouped_heads, head_slice, interface_call, join_transformers
 from headcount.tagging.layer_names import layer_names
+from headcount.tagging.module_hooks import bypassing_attention, calls_attention_interface, hook_module
 from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
 
 MODES = ("layer", "head")
@@ -57,41 +59,6 @@ class LayerInfo:
     index: int | None
     qualname: str
     model: str
-
-
-# --------------------------------------------------------------------------- backward ranges
-
-
-class _BackwardRange:
-    """Opens ranges when the output's gradient arrives and closes them after
-    the inputs' gradients are computed."""
-
-    __slots__ = ("tagger", "names", "log", "opened")
-
-    def __init__(self, tagger: "AttentionTagger", names: tuple[str, ...], log: CallLog):
-        self.tagger = tagger
-        self.names = names
-        self.log = log
-        self.opened: list[list] = []  # tokens of each open (retain_graph may run backward twice)
-
-    def open(self, *_grad) -> None:
-        """Open the ranges (from the output's gradient hook or :class:`~headcount.tagging.grad_marks.OpenOnGrad`)."""
-        tagger = self.tagger
-        tagger._record(self.log, threading.get_ident())
-        if len(self.names) == 2:  # phase and layer, opened together as the forward's are (one correlation id)
-            self.opened.append(tagger.emitter.push2(*self.names))
-        else:
-            self.opened.append([tagger.emitter.push(name) for name in self.names])
-
-    def close(self, *_grads) -> None:
-        """Close them once the inputs' gradients exist."""
-        if self.opened:  # the output may have received no gradient
-            tokens = self.opened.pop()
-            if len(self.names) == 2:
-                self.tagger.emitter.pop2(tokens)
-                return
-            for token in reversed(tokens):
-                self.tagger.emitter.pop(token)
 
 
 def _causal(module, kwargs: dict) -> bool:
@@ -140,46 +107,6 @@ def _traced_wrapper(fn: Callable, implementation: str, mode: str) -> Callable:
                              fused, one_head, join_transformers)
 
     return wrapper
-
-
-def _calls_attention_interface(module: torch.nn.Module) -> bool:
-    """True when the module's forward resolves an attention function through
-    transformers' interface (it names ``ALL_ATTENTION_FUNCTIONS``)."""
-    forward = inspect.unwrap(type(module).forward)
-    code = getattr(forward, "__code__", None)
-    return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
-
-
-def _bypassing_attention(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """The attention modules of a model none of whose modules goes through
-    transformers' interface (Bloom, MPT, DeBERTa…): the innermost modules whose
-    class is named ``…Attention…``. Empty when any module uses the interface
-    (the interface then tags the model)."""
-    modules = dict(model.named_modules())
-    if any(_calls_attention_interface(m) for m in modules.values()):
-        return {}
-    found = {}
-    for qualname, module in modules.items():
-        if "Attention" in type(module).__name__ and not any(
-                "Attention" in type(child).__name__ for child in module.modules() if child is not module):
-            found[qualname] = module
-    return found
-
-
-def _hooked_meta(hidden: torch.Tensor, config, causal: bool) -> CallMeta:
-    """Shape metadata of a module-hooked attention call, from its input
-    (batch, sequence) and the model config (heads, key/value heads, head
-    dimension): the attention function itself is not visible."""
-    heads = next((getattr(config, n) for n in ("num_attention_heads", "n_head", "n_heads") if getattr(config, n, None)), 1)
-    width = hidden.shape[-1]
-    kv = getattr(config, "num_kv_heads", None) or getattr(config, "num_key_value_heads", None) or heads
-    if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
-        kv = 1
-    batch, seq = (hidden.shape[0], hidden.shape[1]) if hidden.dim() == 3 else (1, hidden.shape[0])
-    q = torch.Size((batch, heads, seq, width // heads))
-    k = torch.Size((batch, kv, seq, width // heads))
-    implementation = getattr(config, "_attn_implementation", None) or "eager"
-    return CallMeta(implementation, q, k, k, hidden.dtype, None, causal, None, "bhsd")
 
 
 def current_tagger() -> "AttentionTagger | None":
@@ -255,9 +182,9 @@ class AttentionTagger:
         attention = {}
         for qualname, module in model.named_modules():
             self._qualnames.setdefault(id(module), (qualname, model_name))
-            if _calls_attention_interface(module):
+            if calls_attention_interface(module):
                 attention[qualname] = module
-        hooked = _bypassing_attention(model) if not attention else {}
+        hooked = bypassing_attention(model) if not attention else {}
         if hooked and self.mode == "head":
             raise HeadcountError(
                 f"{model_name}: its attention does not go through transformers' attention interface, so head mode "
@@ -275,46 +202,7 @@ class AttentionTagger:
         for module in hooked.values():
             self._hooked[id(module)] = (module, getattr(model, "config", None))
             if self.active:
-                self._hook_module(module, getattr(model, "config", None))
-
-    def _hook_module(self, module: torch.nn.Module, config) -> None:
-        """Tag an attention module that bypasses the interface by wrapping its
-        forward (an instance attribute, removed at :meth:`deactivate`): the
-        ranges and backward tags of :meth:`run`, around the whole module."""
-        if "forward" in vars(module):
-            return
-        original = module.forward
-        tagger = self
-
-        @functools.wraps(original)
-        def forward(*args, **kwargs):
-            hidden = args[0] if args else kwargs.get("hidden_states")
-            info = tagger._layers.get(id(module))
-            if info is None or not isinstance(hidden, torch.Tensor):
-                return original(*args, **kwargs)
-            causal = "CausalLM" in (info.model or "") or "LMHead" in (info.model or "")
-            return tagger._run_hooked(info, _hooked_meta(hidden, config, causal), hidden,
-                                      lambda: original(*args, **kwargs))
-
-        module.forward = forward
-
-    def _run_hooked(self, info: LayerInfo, meta: CallMeta, hidden: torch.Tensor, call: Callable):
-        """:meth:`run` for a module-hooked attention call: the backward range
-        opens and closes from gradient hooks on the module's output and input
-        (:func:`_hook_backward`; the module's input is usually also the
-        residual, whose gradients an identity function would sum in another
-        order)."""
-        phase = "recompute" if _graph_task_id() != -1 else "fwd"
-        log = logged(threading.get_ident(), phase, info.name, info.index, meta, info.model)
-        self._record(log, log.thread_id)
-        tokens = self.emitter.push2(phase, info.name)
-        try:
-            result = call()
-        finally:
-            self.emitter.pop2(tokens)
-        if torch.is_grad_enabled() and hidden.requires_grad:
-            _hook_backward(_BackwardRange(self, ("bwd", info.name), log.in_phase("bwd")), result, (hidden,), core=False)
-        return result
+                hook_module(self, module, getattr(model, "config", None))
 
     @staticmethod
     def _share(info: LayerInfo, module) -> None:
@@ -373,7 +261,7 @@ class AttentionTagger:
             self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._auto_register)
         self.active = True
         for module, config in self._hooked.values():
-            self._hook_module(module, config)
+            hook_module(self, module, config)
         return self
 
     def deactivate(self) -> None:
@@ -525,10 +413,10 @@ class AttentionTagger:
         # gradient hooks keep the backward graph as it is (bit-identical gradients), but
         # a tensor another call already waits on (Gemma3n's shared key/value) completes
         # only after that call's backward: this call then closes from an identity function
-        hooks = track and self.mode == "layer" and not _awaited(query, key, value)
+        hooks = track and self.mode == "layer" and not awaited(query, key, value)
         if track:
-            bwd = _BackwardRange(self, ("bwd", layer_name),
-                                 _new(CallLog, (tid, "bwd", layer_name, layer_index, None, None, meta, model_name, None, None, None)))
+            bwd = BackwardRange(self, ("bwd", layer_name),
+                                _new(CallLog, (tid, "bwd", layer_name, layer_index, None, None, meta, model_name, None, None, None)))
             if not hooks:
                 query, key, value = CloseOnGrad.apply(bwd.close, query, key, value)
         if self.log_calls:
@@ -542,7 +430,7 @@ class AttentionTagger:
         finally:
             emitter.pop2(tokens)
         if hooks:
-            _hook_backward(bwd, result, (query, key, value))
+            hook_backward(bwd, result, (query, key, value))
         elif track:
             result = with_output(result, lambda out: OpenOnGrad.apply(out, bwd.open))
         return result
@@ -573,8 +461,8 @@ class AttentionTagger:
             name = head_name(h)
             head_log = _new(CallLog, (tid, phase, layer_name, layer, h, g, head_meta, model, None, None, None))
             if track:
-                bwd = _BackwardRange(self, (name,), _new(CallLog, (tid, "bwd", layer_name, layer, h, g, head_meta, model, None, None,
-                                                                    None)))
+                bwd = BackwardRange(self, (name,), _new(CallLog, (tid, "bwd", layer_name, layer, h, g, head_meta, model, None, None,
+                                                                   None)))
                 q_h, k_h, v_h = CloseOnGrad.apply(bwd.close, q_h, k_h, v_h)
             if record is not None:
                 record(head_log)
@@ -606,99 +494,6 @@ def head_order(layer_name: str, call: int, heads: int) -> list[int]:
     draw = random.Random(f"{layer_name}/{block}")
     relabel, rows = draw.sample(range(heads), heads), draw.sample(range(heads), heads)
     return [relabel[(rows[row] + i) % heads] for i in range(heads)]
-
-
-_AWAITED = "_headcount_awaited"  # set on a tensor whose gradient hook closes a backward range
-
-
-def _awaited(*tensors) -> bool:
-    return any(getattr(t, _AWAITED, False) for t in tensors)
-
-
-def _hook_backward(bwd: _BackwardRange, result, inputs: tuple, core: bool = True) -> None:
-    """Open ``bwd`` when the output's gradient arrives and close it once the
-    call's own backward has computed every input's gradient, from hooks: unlike
-    identity functions they leave the backward graph as it is, so the order in
-    which PyTorch runs its nodes and sums shared gradients is unchanged (an
-    identity on q, k and v changed Inkling2's gradients in the last bits: its
-    attention also reads the hidden states for position bias, sinks and an
-    output gate, and the sum of their gradients was taken in another order).
-
-    With ``core`` (an attention call: ``inputs`` are q, k, v) the range closes
-    from post-hooks on the call's own backward nodes that hand q, k and v their
-    gradients (:func:`_core_frontier`): a hook on q/k/v themselves runs only
-    when autograd reaches their node, and autograd, which runs the ready node
-    created last first, runs v's and k's projection backward before it reaches
-    q (on an H100, 8 of the 11 kernels of each bwd range of bert-base). Without
-    ``core`` (a module-hooked call: the range is the whole module, ``inputs``
-    its hidden states) the hooks are on the inputs.
-    """
-    out = result if isinstance(result, torch.Tensor) else (result[0] if isinstance(result, tuple) and result else None)
-    needing = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not isinstance(out, torch.Tensor) or not out.requires_grad or not needing:
-        return
-    for tensor in needing:
-        setattr(tensor, _AWAITED, True)
-    frontier = _core_frontier(out, needing) if core else None
-    waits = len(frontier) if frontier else len(needing)
-    remaining = [waits]
-
-    def done(*_):
-        remaining[0] -= 1
-        if remaining[0] == 0:
-            remaining[0] = waits  # retain_graph: a second backward closes it again
-            bwd.close()
-
-    out.register_hook(lambda grad: bwd.open())
-    if frontier:
-        for node in frontier:
-            node.register_hook(done)
-    else:
-        for tensor in needing:
-            tensor.register_hook(done)
-
-
-_FRONTIER_WALK_LIMIT = 10_000  # backward nodes: past that, the inputs' own hooks close the range
-
-
-def _core_frontier(out: torch.Tensor, inputs: list) -> list | None:
-    """The backward nodes of one attention call that hand its inputs (q, k, v)
-    their gradients: the nodes reached from the output's node, without passing
-    through an input, that have an edge into an input's gradient edge.
-
-    The walk stays within the nodes made since the latest input was made
-    (autograd numbers the nodes of a thread in the order it makes them), so
-    it never leaves the call through a mask or a position bias into the rest
-    of the model. ``None`` where no such node is found (then the caller hooks
-    the inputs themselves)."""
-    get_edge = torch.autograd.graph.get_gradient_edge
-    edges = set()
-    floor = -1
-    for tensor in inputs:
-        edge = get_edge(tensor)
-        edges.add((edge.node, edge.output_nr))
-        if tensor.grad_fn is not None:
-            floor = max(floor, edge.node._sequence_nr())
-    start = out.grad_fn
-    if start is None:
-        return None
-    frontier, seen, stack = [], {start}, [start]
-    while stack:
-        node = stack.pop()
-        feeds = False
-        for nxt, nr in node.next_functions:
-            if nxt is None:
-                continue
-            if (nxt, nr) in edges:
-                feeds = True
-            elif nxt not in seen and nxt.next_functions and nxt._sequence_nr() > floor:
-                seen.add(nxt)
-                stack.append(nxt)
-        if feeds:
-            frontier.append(node)
-        if len(seen) > _FRONTIER_WALK_LIMIT:
-            return None
-    return frontier or None
 
 
 # --------------------------------------------------------------------------- public helpers
