@@ -1,5 +1,5 @@
 """The cupti source's Python-side cost per range (issue 49): open and close one of headcount's ranges
-(``headcount.collector.cupti_source.RangeLog``: two timestamps, the external correlation id pushed and
+(``headcount.collector.cupti_logs.RangeLog``: two timestamps, the external correlation id pushed and
 popped — for a phase range opened with its layer range, only the layer's —, the range kept), without a GPU
 (the copy of each CUPTI record: ``benchmarks/cupti_records.py``).
 
@@ -19,7 +19,7 @@ import threading
 import time
 from types import SimpleNamespace
 
-from headcount.collector.cupti_source import RangeLog
+from headcount.collector.cupti_logs import RangeLog
 
 
 def _stand_in() -> SimpleNamespace:

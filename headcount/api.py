@@ -17,7 +17,7 @@ import pandas as pd
 from headcount.build.in_process import Recording, tables_from_recording
 from headcount.build.shared import NO_ATTENTION, implementation_of
 from headcount.build.sources import RECORDERS
-from headcount.collector import Recorder, cupti_source
+from headcount.collector import Recorder, cupti_load, cupti_source, pm_sampler
 from headcount.collector.compile_watch import CompileWatch
 from headcount.collector.torch_source import TorchRecorder
 from headcount.common import env
@@ -45,7 +45,7 @@ def resolve_backend(backend: str) -> tuple[str, str | None]:
         raise HeadcountError(f"unknown or unavailable backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
     if backend != "auto":
         return backend, None
-    usable, why = cupti_source.probe()
+    usable, why = cupti_load.probe()
     if usable:
         return "cupti", f"backend auto: cupti ({why})"
     return "torch", f"backend auto: torch (cupti unavailable: {why})"
@@ -59,13 +59,13 @@ def require_backend(backend: str) -> None:
         HeadcountError: it cannot (exit code 3: the environment).
     """
     if backend == "cupti":
-        cupti_source.require()
+        cupti_load.require()
 
 
 def prepare_process(backend: str) -> str | None:
     """What a backend needs done before the process's first NVTX call (``cupti``:
     NVTX ranges also become CUPTI marker records); returns what was injected, or ``None``."""
-    return cupti_source.enable_nvtx_injection() if backend == "cupti" else None
+    return cupti_load.enable_nvtx_injection() if backend == "cupti" else None
 
 
 class AttentionProfiler:
@@ -133,7 +133,7 @@ class AttentionProfiler:
 
     def __init__(self, model=None, mode: str = "layer", backend: str = "auto", run_id: str | None = None,
                  trace_dir: str | Path | None = None, metadata: dict | None = None, strict: bool = False,
-                 pm_sampling: bool = True, pm_interval_ns: int = cupti_source.DEFAULT_PM_INTERVAL_NS, recorder=None,
+                 pm_sampling: bool = True, pm_interval_ns: int = pm_sampler.DEFAULT_PM_INTERVAL_NS, recorder=None,
                  attention_stats: bool | dict = False, schedule=None, on_ready=None):
         if mode not in MODES:
             raise HeadcountError(f"unknown mode {mode!r}", hint="use mode='layer' or mode='head'")

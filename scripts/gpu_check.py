@@ -55,12 +55,12 @@ def probe_cupti(out: Path, nvtx_markers: bool) -> int:
     """Record a few matmuls with the cupti source; keep the raw records."""
     import torch
 
-    from headcount.collector import cupti_source
+    from headcount.collector import cupti_load, cupti_source
     from headcount.parsers import cupti_records
 
-    doc = {"cupti_python": cupti_source.cupti_version(), "nvtx_injection": os.environ.get("NVTX_INJECTION64_PATH")}
+    doc = {"cupti_python": cupti_load.cupti_version(), "nvtx_injection": os.environ.get("NVTX_INJECTION64_PATH")}
     try:
-        cupti_source.require()
+        cupti_load.require()
         rec = cupti_source.CuptiRecorder(pm_sampling=True, record_dir=out.with_suffix(""))
         a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
         _sync()

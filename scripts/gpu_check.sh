@@ -161,7 +161,7 @@ elif [ "$chosen" != none ]; then
 fi
 if [ -n "$CUPTI_SITE" ] && [ "$CUPTI_SITE" != none ]; then export PYTHONPATH="$CUPTI_SITE:$PYTHONPATH"; fi
 if [ -n "$CUPTI_SITE" ]; then
-  LIBCUPTI=$($PY -c "from headcount.collector.cupti_source import injection_library; print(injection_library() or '')")
+  LIBCUPTI=$($PY -c "from headcount.collector.cupti_load import injection_library; print(injection_library() or '')")
   log "NVTX injection library: ${LIBCUPTI:-none found}"
   if [ -n "$LIBCUPTI" ]; then
     # the profile injects NVTX into libcupti only if this probe shows that it works

@@ -20,7 +20,7 @@ from headcount.api import resolve_backend
 from headcount.attribute import attribution, graphs
 from headcount.cli.main import main as cli_main
 from headcount.cli.models import load_model, make_inputs
-from headcount.collector import cupti_source
+from headcount.collector import cupti_load, cupti_source, pm_sampler
 from headcount.collector.cupti_errors import classify
 from headcount.collector.cupti_source import CuptiRecorder, record_of
 from headcount.common.errors import HeadcountError
@@ -169,14 +169,14 @@ def test_the_loaded_libcupti_exports_what_pm_sampling_calls():
     environment's torch pins) exports every function PM sampling calls on headcount's path and is as new as the
     bindings declare, so no notice; a library lacking them (the C library itself, a real one) gets a notice naming
     each and saying where DRAM comes from instead."""
-    library = cupti_source.libcupti_path()
+    library = cupti_load.libcupti_path()
     assert library and "libcupti.so" in library
-    assert cupti_source.missing_functions(library) == [] and cupti_source.pm_sampling_gap(library) is None
+    assert pm_sampler.missing_functions(library) == [] and pm_sampler.pm_sampling_gap(library) is None
     libc = next(p for p in open("/proc/self/maps").read().split() if "/libc.so" in p or "/libc-" in p)  # this process's
-    gap = cupti_source.pm_sampling_gap(libc)
+    gap = pm_sampler.pm_sampling_gap(libc)
     assert gap.startswith("PM sampling needs cuptiProfilerInitialize, ") and "cuptiPmSamplingCounterDataGetSampleInfo" in gap
     assert "--backend nsys --gpu-metrics on, or --backend ncu" in gap
-    assert cupti_source.missing_functions("/nonexistent/libcupti.so") == list(cupti_source.PM_SAMPLING_FUNCTIONS)
+    assert pm_sampler.missing_functions("/nonexistent/libcupti.so") == list(pm_sampler.PM_SAMPLING_FUNCTIONS)
 
 
 def test_pm_sampling_loads_and_fails_only_at_the_driver():
@@ -186,7 +186,7 @@ def test_pm_sampling_loads_and_fails_only_at_the_driver():
     try:
         from cupti import pm_sampling
     except ImportError as exc:
-        pytest.skip(f"cupti-python {cupti_source.cupti_version()} has no pm_sampling ({exc})")
+        pytest.skip(f"cupti-python {cupti_load.cupti_version()} has no pm_sampling ({exc})")
     from headcount.common import env
 
     if env.driver_present():
@@ -262,7 +262,7 @@ def test_pm_samples_are_apportioned_with_their_provenance(llama):
     assert (heads["dram_bytes_provenance"] == "apportioned").all()
     info = prof.run_metadata()["collector"]["pm_sampling"]
     # no interval asked: the finest CUPTI accepts (the stand-in accepts all)
-    assert info["enabled"] and info["interval_ns"] == cupti_source.PM_INTERVALS_NS[0] and info["completed_samples"] > 0
+    assert info["enabled"] and info["interval_ns"] == pm_sampler.PM_INTERVALS_NS[0] and info["completed_samples"] > 0
     assert info["interval_choice"] == "auto" and info["refused_intervals_ns"] == []
 
 
@@ -297,7 +297,7 @@ def test_a_recording_longer_than_the_decode_budget_says_so_and_its_late_ranges_g
     """PM samples are decoded up to a budget (host memory); a longer recording keeps its first samples, says so,
     and a range after the last sample (or partly after it) gets no sampled figure, never the part covered."""
     model, inputs = llama
-    monkeypatch.setattr(cupti_source, "PM_MAX_DECODED_SAMPLES", 40)
+    monkeypatch.setattr(pm_sampler, "PM_MAX_DECODED_SAMPLES", 40)
     prof, _ = profile_replayed(model, inputs, steps=2, pm=ReplayPm())
     stats = prof.get_stats()
     assert "outlasted 40 samples at 5 µs (the decode budget)" in capsys.readouterr().err
@@ -365,7 +365,7 @@ def test_without_a_gpu_the_real_cupti_python_says_so():
     err = classify(info.value)
     assert err.one_line().startswith("no NVIDIA driver on this machine")
     assert "--backend torch" in err.hint
-    ok, why = cupti_source.probe()
+    ok, why = cupti_load.probe()
     assert not ok and "no NVIDIA driver" in why
 
 
@@ -444,13 +444,13 @@ def test_nvtx_injection_is_set_only_when_asked_and_possible(monkeypatch, tmp_pat
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("NVTX_INJECTION64_PATH", raising=False)
     monkeypatch.setenv("HEADCOUNT_NVTX_INJECTION", "0")
-    assert cupti_source.enable_nvtx_injection() is None
+    assert cupti_load.enable_nvtx_injection() is None
     monkeypatch.delenv("HEADCOUNT_NVTX_INJECTION")
-    assert cupti_source.enable_nvtx_injection() == str(lib_dir / "libcupti.so.13")
+    assert cupti_load.enable_nvtx_injection() == str(lib_dir / "libcupti.so.13")
     import os
 
     assert os.environ["NVTX_INJECTION64_PATH"] == str(lib_dir / "libcupti.so.13")
-    assert cupti_source.enable_nvtx_injection() is None  # already set: left alone
+    assert cupti_load.enable_nvtx_injection() is None  # already set: left alone
 
 
 def test_injection_set_too_late_is_detected(llama, monkeypatch, capsys):

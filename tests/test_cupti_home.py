@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from headcount.collector import cupti_home, cupti_source
+from headcount.collector import cupti_home, cupti_load, pm_sampler
 from headcount.common.errors import HeadcountError
 
 pytestmark = pytest.mark.skipif(cupti_home.activate() is None,
@@ -37,17 +37,17 @@ def test_a_fresh_process_records_with_the_folders_bindings_and_library():
         import json
         import headcount
         import torch
-        from headcount.collector import cupti_home, cupti_source
-        cupti = cupti_source.load_cupti()
+        from headcount.collector import cupti_home, cupti_load, pm_sampler
+        cupti = cupti_load.load_cupti()
         from cupti import pm_sampling
-        lib = cupti_source.libcupti_path()
+        lib = cupti_load.libcupti_path()
         try:
-            cupti_source.require()
+            cupti_load.require()
             error = None
         except Exception as exc:
             error = str(exc)
         print(json.dumps({"module": cupti.__file__, "lib": lib, "loaded": cupti_home.loaded_libraries(),
-                          "release": cupti_home.library_release(lib), "gap": cupti_source.pm_sampling_gap(lib), "error": error}))
+                          "release": cupti_home.library_release(lib), "gap": pm_sampler.pm_sampling_gap(lib), "error": error}))
     """)
     home = str(cupti_home.home())
     assert doc["module"].startswith(home) and doc["lib"].startswith(home) and doc["loaded"] == [doc["lib"]]
@@ -67,8 +67,8 @@ def test_torch_imported_first_keeps_its_own_libcupti_and_the_notice_says_what_to
         folder = cupti_home.activate()
         gap = None
         if before:
-            from headcount.collector import cupti_source
-            gap = cupti_source.pm_sampling_gap(before[0])
+            from headcount.collector import pm_sampler
+            gap = pm_sampler.pm_sampling_gap(before[0])
         print(json.dumps({"torch_loaded": before, "folder": str(folder), "note": cupti_home.note(),
                           "after": cupti_home.loaded_libraries(), "gap": gap}))
     """)
@@ -105,7 +105,7 @@ def test_an_older_libcupti_gets_a_notice_naming_release_and_remedy(tmp_path):
     sys.path.append(str(site))
     try:
         assert cupti_home.library_release(str(lib)) == "13.0.85"
-        gap = cupti_source.pm_sampling_gap(str(lib))
+        gap = pm_sampler.pm_sampling_gap(str(lib))
     finally:
         sys.path.remove(str(site))
     assert gap.startswith(f"libcupti 13.0.85 ({lib}) is older than cupti-python 13.4")
@@ -130,7 +130,7 @@ def test_a_libcupti_loaded_first_keeps_the_folder_unused(tmp_path):
 
 def test_nvtx_injection_names_the_folders_library():
     """NVTX markers must reach the libcupti that records, so the launcher injects the folder's."""
-    assert cupti_source.injection_library() == str(cupti_home.library())
+    assert cupti_load.injection_library() == str(cupti_home.library())
 
 
 def test_a_failed_install_is_one_error_naming_the_folder(tmp_path):

@@ -21,7 +21,7 @@ def cuda_usable() -> bool:
     """torch sees a CUDA GPU here: the one probe the rest of headcount asks
     (``--device auto``, the torch source's CUDA activity, the occupancy limits,
     calibration). CUPTI's own usability (driver version, cupti-python) is
-    :func:`headcount.collector.cupti_source.probe`; a driver node for
+    :func:`headcount.collector.cupti_load.probe`; a driver node for
     wrapped tools is :func:`driver_present`."""
     import torch
 

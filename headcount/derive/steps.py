@@ -299,31 +299,18 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
     Returns:
         The steps table's rows (:data:`COLUMNS`, no ``run_id``), ``basis`` ``gpu_window``.
     """
-    kind_codes, kinds = _codes(work["kind"])
-    kind_of = np.append(np.array([str(k) for k in kinds], dtype=object), None)[np.where(kind_codes >= 0, kind_codes, len(kinds))]
-    device_codes, devices = _codes(work["device"])
-    keep = np.isin(kind_of, GPU_KINDS) & (device_codes >= 0)
-    if not keep.any():
+    picked = _gpu_rows(work)
+    if picked is None:
         return pd.DataFrame(columns=COLUMNS)
-    if not keep.all():  # CPU operators beside the GPU work (torch source): the GPU rows of the columns read, one copy
-        rows = np.flatnonzero(keep)
-        work = work.iloc[rows, [work.columns.get_loc(c) for c in WORK_COLUMNS if c in work]]
-        kind_of, device_codes = kind_of[rows], device_codes[rows]
+    work, kind_of, device_codes, devices = picked
     # times relative to the first operation: float64 is exact to the nanosecond for 104 days from it, while
     # CUPTI's absolute timestamps (~1.7e18 ns) are not (their float64 spacing is 256 ns)
     start_int = work["start_ns"].to_numpy(np.int64)
     end_int = np.maximum(work["end_ns"].to_numpy(np.int64), start_int)
     origin = int(start_int.min())
-
-    def rel(values) -> np.ndarray:
-        numbers = pd.to_numeric(values, errors="coerce")
-        if pd.api.types.is_integer_dtype(numbers.dtype):  # subtracted as integers: float64 would round to 256 ns first
-            return (pd.array(numbers, dtype="Int64") - origin).to_numpy(np.float64, na_value=np.nan)
-        return (numbers.astype("Float64") - origin).to_numpy(np.float64, na_value=np.nan)
-
     start, end = (start_int - origin).astype(np.float64), (end_int - origin).astype(np.float64)
-    s = rel(work["api_start_ns"]) if "api_start_ns" in work else np.full(len(work), np.nan)
-    e = rel(work["api_end_ns"]) if "api_end_ns" in work else np.full(len(work), np.nan)
+    s = _relative(work["api_start_ns"], origin) if "api_start_ns" in work else np.full(len(work), np.nan)
+    e = _relative(work["api_end_ns"], origin) if "api_end_ns" in work else np.full(len(work), np.nan)
     correlation = (pd.to_numeric(work["correlation_id"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
                    if "correlation_id" in work else np.full(len(work), np.nan))
     impl_codes, impls = _codes(work["implementation"]) if "implementation" in work else (np.zeros(len(work), np.int64), np.array(["unknown"], dtype=object))
@@ -335,6 +322,46 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
 
     # the launching thread of each op, as one integer (-1: unknown)
     thread = np.where((pid_codes >= 0) & (tid_codes >= 0), _combine((pid_codes, len(pids)), (tid_codes, len(tids))), -1)
+    g, n, first_row, out = _step_groups(impl_codes, impls, pid_codes, pids, device_codes, devices, step_codes, step_values)
+    allowance, idle, queued = _travel_allowance(work, start, s, e, g)
+    busy, first, last, gaps, gap_group = _busy_and_gaps(g, n, start, end, start_int, end_int, origin, s, e, thread, allowance)
+    del impl_codes, step_codes  # a large process's copies: freed before the rest
+    one, calls = _launch_calls(s, e, thread, correlation, pid_codes, pids, tid_codes, tids, syncs, origin)
+    for name, values in _classify(gaps, calls).items():
+        out[name] = np.bincount(gap_group, weights=values, minlength=n)
+    _work_columns(out, work, kind_of, name_codes, names, g, n, start, end, first, last, busy, attention_found)
+    _launch_columns(out, work, syncs, g, n, one, s, e, idle, queued, allowance, first_row)
+    return out.reindex(columns=COLUMNS)
+
+
+def _gpu_rows(work: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`gpu_steps`'s GPU rows of ``work`` (only the columns read), each row's kind, its device's code and the
+    distinct devices; ``None`` where there are none."""
+    kind_codes, kinds = _codes(work["kind"])
+    kind_of = np.append(np.array([str(k) for k in kinds], dtype=object), None)[np.where(kind_codes >= 0, kind_codes, len(kinds))]
+    device_codes, devices = _codes(work["device"])
+    keep = np.isin(kind_of, GPU_KINDS) & (device_codes >= 0)
+    if not keep.any():
+        return None
+    if not keep.all():  # CPU operators beside the GPU work (torch source): the GPU rows of the columns read, one copy
+        rows = np.flatnonzero(keep)
+        work = work.iloc[rows, [work.columns.get_loc(c) for c in WORK_COLUMNS if c in work]]
+        kind_of, device_codes = kind_of[rows], device_codes[rows]
+    return work, kind_of, device_codes, devices
+
+
+def _relative(values, origin: int) -> np.ndarray:
+    """A time column less ``origin`` (float64 ns, NaN for null)."""
+    numbers = pd.to_numeric(values, errors="coerce")
+    if pd.api.types.is_integer_dtype(numbers.dtype):  # subtracted as integers: float64 would round to 256 ns first
+        return (pd.array(numbers, dtype="Int64") - origin).to_numpy(np.float64, na_value=np.nan)
+    return (numbers.astype("Float64") - origin).to_numpy(np.float64, na_value=np.nan)
+
+
+def _step_groups(impl_codes, impls, pid_codes, pids, device_codes, devices, step_codes,
+                 step_values) -> tuple[np.ndarray, int, np.ndarray, pd.DataFrame]:
+    """Each op's row of the steps table (``g``: one per implementation × process × device × step, 0..n-1), the
+    number of rows, each row's first op, and the rows' keys (``implementation``, ``pid``, ``device``, ``step``)."""
     group_key = _combine((impl_codes, len(impls)), (pid_codes, len(pids)), (device_codes, len(devices)), (step_codes, len(step_values)))
     g, _ = pd.factorize(group_key)
     g = g.astype(np.int64)
@@ -347,7 +374,12 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
     out = pd.DataFrame({"implementation": value(impls, impl_codes), "pid": [None if v is None else str(v) for v in value(pids, pid_codes)],
                         "device": value(devices, device_codes),
                         "step": pd.array([None if v is None or pd.isna(v) else int(v) for v in value(step_values, step_codes)], dtype="Int64")})
+    return g, n, first_row, out
 
+
+def _busy_and_gaps(g, n, start, end, start_int, end_int, origin, s, e, thread, allowance):
+    """Per row: busy time (the union of its ops), window start and end (absolute ns); the gaps between the union's
+    pieces (``a``, ``b``, and the launch call, thread and travel allowance of the op that ends each) and each gap's row."""
     order = np.lexsort((np.nan_to_num(s, nan=np.inf), start, g))
     g_o, start_o, end_o = g[order], start[order], end[order]
     prev_end = previous_end(g_o, end_int[order] - origin)
@@ -360,11 +392,13 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
     del piece
     gap = np.flatnonzero(~np.isnan(prev_end) & (start_o > prev_end))
     at = order[gap]
-    allowance, idle, queued = _travel_allowance(work, start, s, e, g)
     gaps = {"a": prev_end[gap], "b": start_o[gap], "s": s[at], "e": e[at], "thread": thread[at], "travel": allowance[at]}
-    gap_group = g_o[gap]
-    del prev_end, start_o, end_o, g_o, gap, at, group_key, impl_codes, step_codes  # a large process's copies: freed before the rest
-    # what each launching thread did: its launch calls (one per thread and correlation id) and its synchronizing calls
+    return busy, first, last, gaps, g_o[gap]
+
+
+def _launch_calls(s, e, thread, correlation, pid_codes, pids, tid_codes, tids, syncs, origin) -> tuple[np.ndarray, dict]:
+    """What each launching thread did: one op per launch call (``one``), and the calls :func:`_classify` reads, its
+    launch calls (one per thread and correlation id) and its synchronizing calls."""
     launched = np.flatnonzero(~np.isnan(s) & ~np.isnan(e) & (thread >= 0))
     by_call = launched[np.lexsort((s[launched], np.nan_to_num(correlation[launched], nan=-1.0), thread[launched]))]
     distinct = np.r_[True, (thread[by_call][1:] != thread[by_call][:-1]) | (correlation[by_call][1:] != correlation[by_call][:-1])
@@ -376,11 +410,14 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
         thread_of = {(str(pids[p]), str(tids[t])): k for p, t, k in pairs.itertuples(index=False)}
         sync_thread = np.array([thread_of.get((str(p), str(t)), -1) for p, t in zip(syncs["pid"], syncs["tid"])], dtype=np.int64)
         mine = sync_thread >= 0  # a synchronizing thread that launched nothing here explains no gap
-        calls = {"thread": np.r_[calls["thread"], sync_thread[mine]], "end": np.r_[calls["end"], rel(syncs["end_ns"])[mine]],
+        calls = {"thread": np.r_[calls["thread"], sync_thread[mine]], "end": np.r_[calls["end"], _relative(syncs["end_ns"], origin)[mine]],
                  "sync": np.r_[calls["sync"], np.ones(int(mine.sum()), dtype=bool)],
                  "blocked": np.r_[calls["blocked"], (syncs["end_ns"] - syncs["start_ns"]).to_numpy(np.float64)[mine]]}
-    for name, values in _classify(gaps, calls).items():
-        out[name] = np.bincount(gap_group, weights=values, minlength=n)
+    return one, calls
+
+
+def _work_columns(out, work, kind_of, name_codes, names, g, n, start, end, first, last, busy, attention_found) -> None:
+    """Fill ``out``'s window, busy, kernel, copy, attention and communication columns."""
     out["basis"] = "gpu_window"
     out["window_start_ns"] = pd.array(first, dtype="Int64")
     out["window_end_ns"] = pd.array(last, dtype="Int64")
@@ -405,6 +442,10 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
     comm = (kernel & _matches(names, COMMUNICATION.pattern, case=False)[name_at]) | \
         ((kind_of == "memcpy") & _matches(names, "PtoP|peer", case=False)[name_at])
     out["communication_ns"] = union_length(g[comm], start[comm], end[comm], n)
+
+
+def _launch_columns(out, work, syncs, g, n, one, s, e, idle, queued, allowance, first_row) -> None:
+    """Fill ``out``'s launch, sync-call, queueing, latency and travel columns, provenance and note."""
     out["launches"] = np.bincount(g[one], minlength=n).astype(np.int64)
     out["cpu_launch_cost_p50_ns"] = pd.Series(e[one] - s[one]).groupby(g[one]).median().reindex(range(n)).to_numpy(np.float64)
     out["sync_calls"] = _sync_counts(out, syncs)
@@ -418,7 +459,6 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
     out["launch_travel_ns"] = allowance[first_row]
     out["provenance"] = "measured"
     out["note"] = np.where(out["launches"] == 0, "no launch call recorded for this work: idle time cannot be split by cause", None)
-    return out.reindex(columns=COLUMNS)
 
 
 def _travel_allowance(work: pd.DataFrame, start: np.ndarray, s: np.ndarray, e: np.ndarray,

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from headcount.collector import cupti_home, cupti_source
+from headcount.collector import cupti_home, cupti_load, pm_sampler
 from headcount.collector.cupti_errors import HOLDER_HINT, PERMISSION_HINT, classify
 from headcount.common import nsight
 from headcount.common.env import package_version as _version
@@ -106,9 +106,9 @@ def check_cupti() -> list[Check]:
                          "pip install 'headcount[cupti]' && headcount cupti install (needs a CUDA 13.0+ driver)"))
         return out
     out.append(Check("cupti-python", "ok", f"{cp} ({'headcount folder' if folder else 'environment'})"))
-    library = cupti_source.libcupti_path()
+    library = cupti_load.libcupti_path()
     release = cupti_home.library_release(library)
-    gap = cupti_source.pm_sampling_gap(library)
+    gap = pm_sampler.pm_sampling_gap(library)
     if library is None:
         out.append(Check("libcupti", "warn", "none found: cupti-python looks for libcupti elsewhere (a CUDA toolkit)",
                          "headcount cupti install"))
@@ -246,10 +246,10 @@ CUPTI_PACKAGES = cupti_home.PACKAGES
 _CUPTI_STATE = """
 import json
 import headcount
-from headcount.collector import cupti_home, cupti_source
+from headcount.collector import cupti_home, cupti_load, pm_sampler
 doc = {"note": None}
 try:
-    cupti = cupti_source.load_cupti()
+    cupti = cupti_load.load_cupti()
     import cupti.pm_sampling  # noqa: F401
     doc["bindings"] = cupti_home.bindings_need()[0]
     doc["pm_sampling_module"] = True
@@ -257,10 +257,10 @@ except Exception as exc:
     doc["error"] = f"{type(exc).__name__}: {exc}"
 doc["active"] = str(cupti_home.activate() or "")
 doc["note"] = cupti_home.note()
-lib = cupti_source.libcupti_path()
-doc.update(libcupti=lib, libcupti_release=cupti_home.library_release(lib), gap=cupti_source.pm_sampling_gap(lib))
+lib = cupti_load.libcupti_path()
+doc.update(libcupti=lib, libcupti_release=cupti_home.library_release(lib), gap=pm_sampler.pm_sampling_gap(lib))
 try:
-    cupti_source.require()
+    cupti_load.require()
     doc["cupti_answers"] = True
 except Exception as exc:
     doc["cupti_answers"] = False

@@ -88,7 +88,7 @@ def read_records(path: str | Path) -> tuple[dict, list[dict]]:
 def graph_nodes(records: list[dict]) -> tuple[dict[int, int | None], dict[int, int]]:
     """What the records say of CUDA graph nodes: ``(made, origin)``, node id →
     ``id`` of the headcount range open when the node was made
-    (:class:`~headcount.collector.cupti_source.GraphNodeLog`; ``None``: made
+    (:class:`~headcount.collector.cupti_logs.GraphNodeLog`; ``None``: made
     outside every range), and clone node id → the node it was cloned from.
     :func:`headcount.attribute.graphs.follow_clones` resolves clones to the
     range that made their original."""

@@ -140,7 +140,7 @@ class RangeEmitter:
 
 class CorrelatedEmitter(RangeEmitter):
     """A :class:`RangeEmitter` that also logs each range in the cupti source's
-    :class:`~headcount.collector.cupti_source.RangeLog`, which pushes the
+    :class:`~headcount.collector.cupti_logs.RangeLog`, which pushes the
     range's id as CUPTI external correlation id while it is open.
 
     Tokens carry both the record_function handle and the log id.

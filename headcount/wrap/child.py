@@ -120,7 +120,7 @@ class ChildSession:
             self._wrap_sdpa(torch)
 
     def _start_cupti(self):
-        from headcount.collector import cupti_source
+        from headcount.collector import cupti_source, pm_sampler
 
         try:
             kwargs = {}
@@ -131,7 +131,7 @@ class ChildSession:
 
                 kwargs.update(zip(("cupti", "pm_module", "cuda_ready"), getattr(importlib.import_module(module), name)()))
             self.recorder = cupti_source.CuptiRecorder(
-                pm_sampling=_env("PM", "1") == "1", pm_interval_ns=int(_env("PM_INTERVAL_NS", str(cupti_source.DEFAULT_PM_INTERVAL_NS))),
+                pm_sampling=_env("PM", "1") == "1", pm_interval_ns=int(_env("PM_INTERVAL_NS", str(pm_sampler.DEFAULT_PM_INTERVAL_NS))),
                 record_dir=os.path.join(self.raw, f"cupti-{self.pid}"), **kwargs)
             self.recorder.start()
         except HeadcountError as err:

@@ -47,7 +47,7 @@ def child_env(raw_dir: Path, backend: str, mode: str, steps: str = "", tag_sdpa:
     if pm_interval_ns:
         env[ENV_PREFIX + "PM_INTERVAL_NS"] = str(int(pm_interval_ns))
     if backend == "cupti" and not env.get("NVTX_INJECTION64_PATH") and env.get("HEADCOUNT_NVTX_INJECTION") != "0":
-        from headcount.collector.cupti_source import injection_library
+        from headcount.collector.cupti_load import injection_library
 
         lib = injection_library()  # set before the program's first NVTX call: its NVTX ranges become marker records
         if lib:

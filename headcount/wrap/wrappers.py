@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from headcount.build import run_folder
-from headcount.collector import cupti_source
+from headcount.collector import cupti_load
 from headcount.common import env, nsight
 from headcount.common.errors import HeadcountError, NothingRecorded
 from headcount.wrap import nvidia_tools
@@ -37,13 +37,13 @@ class Wrapper:
         cannot record on this machine."""
         try:
             if not os.environ.get("HEADCOUNT_CUPTI_FACTORY"):  # the tests' stand-in for the GPU (wrap/child.py) needs none
-                cupti_source.require()  # no driver, no GPU, no cupti-python: said before the program runs, not after
+                cupti_load.require()  # no driver, no GPU, no cupti-python: said before the program runs, not after
         except HeadcountError as exc:
             hint = exc.hint
             if hint and "--backend torch" in hint:  # headcount run has no torch backend
                 hint = "run it on a machine with an NVIDIA GPU; --backend nsys records NVTX ranges anywhere"
             raise HeadcountError(f"--backend cupti cannot run here: {exc.message}", hint=hint, exit_code=3) from exc
-        return cupti_source.cupti_version()
+        return cupti_load.cupti_version()
 
     def stdout_route(self):
         """How the program's stdout is passed on (:func:`headcount.wrap.launcher.run`'s ``route``): as it is."""
