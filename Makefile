@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 PROFILE_ARGS ?= --force
 PYTEST_ARGS ?=
 
-.PHONY: setup profile test lint bench clean gpu-wheels gpu-check-dry test-cupti-pins
+.PHONY: setup profile test lint bench clean gpu-wheels gpu-check-dry test-cupti-pins readme-picture
 
 setup: $(VENV)/.installed
 
@@ -39,6 +39,10 @@ lint: setup
 bench: setup
 	$(PY) benchmarks/tagging_overhead.py
 	$(PY) benchmarks/profile_default.py
+
+# the README's picture of the HTML report, painted anew by the report test's headless Chromium
+readme-picture: setup
+	HEADCOUNT_README_PICTURE=1 $(PY) -m pytest -q tests/test_html_report.py -k readme_picture
 
 # wheels the GPU machine lacks (cupti-python, nvtx, rich, ...) into .whl/ for scripts/gpu_check.sh
 gpu-wheels: setup

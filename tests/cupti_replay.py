@@ -318,7 +318,7 @@ def schedule_from_trace(path, sync_after_every_launch: bool = False) -> list[dic
     and Python included), the call's own duration and the operation's
     recorded duration. ``sync_after_every_launch``: a synchronize after each launch, as
     ``CUDA_LAUNCH_BLOCKING=1`` makes every launch wait for its kernel."""
-    from headcount.parsers.kineto import load_trace
+    from headcount.parsers.kineto_json import load_trace
 
     events = load_trace(path)
     kernels = events[events["kind"].isin(["kernel", "memcpy"])].dropna(subset=["correlation_id"])

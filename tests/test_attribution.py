@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from headcount.attribute import attribution, nesting
 from headcount.common.errors import HeadcountError
-from headcount.parsers.kineto import load_trace
+from headcount.parsers.kineto_json import load_trace
 
 
 @st.composite

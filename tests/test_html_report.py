@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -256,3 +257,35 @@ def test_top_kernels_of_an_export_of_two_processes_are_counted_per_process(tmp_p
         name, count = rows[1][2], rows[1][3]
         assert name.startswith("sm80_xmma_gemm") and count == "124", rows[:2]  # not 248 = 2 × 124
     assert "pid111" in page and "pid112" in page
+
+
+README_PICTURE = Path(__file__).resolve().parents[1] / "docs" / "images" / "report.png"
+README_CROP = (0, 0, 1400, 2060)  # the page down to the roofline's caption, before the kernel tables
+
+
+def test_the_readme_picture_is_this_report_in_a_real_browser(tmp_path):
+    """The README's picture (docs/images/report.png) is the report of the BERT-small H100 trace as headless
+    Chromium paints it. ``make readme-picture`` (HEADCOUNT_README_PICTURE=1) writes it anew from this test;
+    otherwise the committed one must match the page painted now (same size, nearly the same pixels)."""
+    import numpy as np
+    from PIL import Image
+
+    browser = _chromium()
+    trace = Path(__file__).parent / "fixtures" / "kineto" / "h100_bert-small_sdpa_kineto.json.gz"
+    out = tmp_path / "r"
+    assert cli_main(["parse", str(trace), "-o", str(out)]) == 0
+    assert cli_main(["report", str(out)]) == 0
+    shot = tmp_path / "page.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+                    "--window-size=1400,2400", f"--screenshot={shot}", (out / "report.html").as_uri()],
+                   capture_output=True, text=True, timeout=180)
+    page = Image.open(shot).convert("RGB").crop(README_CROP)
+    picture = page.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    if os.environ.get("HEADCOUNT_README_PICTURE") == "1":
+        picture.save(README_PICTURE, optimize=True)
+    committed = Image.open(README_PICTURE).convert("RGB")
+    assert committed.size == page.size
+    fresh = np.asarray(picture.convert("RGB")).astype(int)
+    assert (fresh != 255).any(axis=2).mean() > 0.05  # a painted page, not a blank one
+    assert np.abs(fresh - np.asarray(committed).astype(int)).mean() < 8  # the same page (fonts may hint differently)

@@ -1,4 +1,5 @@
-"""The package's shape (docs/architecture.md §1): which stage may import which, no circle of files, no torch where it is not needed.
+"""The package's shape (docs/architecture.md §1): which room may import which, no import up a floor, no circle of
+files, no torch where it is not needed, a root with five files, nothing too long to read, no two modules of one name.
 
 The import graph is read from the source (``ast``), every import counted,
 also those inside functions (a lazy import is still a dependency) but not
@@ -14,15 +15,33 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "headcount"
 
-# folder → folders it may not import (a stage never reaches into a later one or into the recorders)
-FORBIDDEN = {
-    "parsers": {"collector", "tagging", "attribute"},
-    "collector": {"parsers", "tagging"},
-    "cli": {"collector", "tagging"},
-    "derive": {"attribute"},
+# The house (docs/architecture.md §1): a room is a folder of headcount/, or one of the modules the root may hold.
+# room → the rooms it may import (its own always). The ground, common/, imports nothing else; _version is ground.
+MAY_IMPORT = {
+    "common": set(),
+    "tagging": {"common"},
+    "collector": {"common"},
+    "parsers": {"common"},
+    "attribute": {"common"},
+    "derive": {"common"},
+    "store": {"common"},
+    "build": {"common", "parsers", "attribute", "derive", "store"},
+    "reports": {"common", "derive", "store"},
+    "machine": {"common", "collector"},
+    "wrap": {"common", "tagging", "collector", "parsers", "build"},
+    "api": {"common", "tagging", "collector", "build", "store"},
+    "training": {"common", "tagging", "collector", "build", "store", "api"},
+    "cli": {"common", "parsers", "attribute", "derive", "store", "build", "reports", "machine", "wrap", "api", "training", "face"},
+    "face": {"common", "collector", "tagging", "api", "cli"},  # headcount/__init__.py (lazy names) and __main__.py
 }
-# importing any module of these (or build.py) must not import torch: they run on any laptop
-TORCH_FREE = ("parsers", "attribute", "derive", "reports")
+# floors, ground first: an import never runs up a floor, and within a floor only inside its own room
+FLOORS = (("common",), ("tagging", "collector", "parsers", "attribute", "derive", "store"), ("build", "reports", "machine"),
+          ("wrap", "api"), ("training",), ("cli",), ("face",))
+ROOT_FILES = {"__init__.py", "__main__.py", "_version.py", "api.py", "training.py"}
+# importing any module of these must not import torch: everything after "record" runs on any laptop
+TORCH_FREE = ("common", "parsers", "attribute", "derive", "store", "build", "reports")
+MAX_MODULE_LINES = 700
+MAX_FUNCTION_LINES = 80
 
 
 def _module_name(path: Path) -> str:
@@ -74,9 +93,18 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
-def _folder(module: str) -> str | None:
+def _room(module: str) -> str:
+    """The room a module lives in: its folder under headcount/, or what a root module is."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 else None
+    if len(parts) > 2:
+        return parts[1]
+    if module in ("headcount", "headcount.__main__"):
+        return "face"
+    return "common" if module == "headcount._version" else parts[1]
+
+
+def _floor(room: str) -> int:
+    return next(i for i, rooms in enumerate(FLOORS) if room in rooms)
 
 
 def test_the_graph_is_read():
@@ -122,16 +150,61 @@ def test_no_circle_of_files():
     assert not circles, "files that import each other: " + "; ".join(" ↔ ".join(c) for c in circles)
 
 
-def test_stages_import_only_what_they_may():
+def test_every_room_is_in_the_table():
+    rooms = {_room(m) for m in _files()}
+    assert rooms == set(MAY_IMPORT), f"rooms without rules: {sorted(rooms - set(MAY_IMPORT))}; rules without rooms: {sorted(set(MAY_IMPORT) - rooms)}"
+    assert set(MAY_IMPORT) == {room for floor in FLOORS for room in floor}
+
+
+def test_each_room_imports_only_what_it_may():
     graph = _graph()
     wrong = [f"{module} imports {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
-             if _folder(target) in FORBIDDEN.get(_folder(module), ())]
+             if _room(target) != _room(module) and _room(target) not in MAY_IMPORT[_room(module)]]
     assert not wrong, "; ".join(wrong)
 
 
-def test_parsing_attributing_deriving_and_reporting_do_not_import_torch():
-    modules = sorted(m for m in _files() if _folder(m) in TORCH_FREE) + ["headcount.build.shared"]
-    assert len(modules) > 30
+def test_no_import_runs_up_a_floor():
+    graph = _graph()
+    wrong = [f"{module} (floor {_floor(_room(module))}) imports {target} (floor {_floor(_room(target))})"
+             for module, targets in sorted(graph.items()) for target in sorted(targets)
+             if _floor(_room(target)) > _floor(_room(module))
+             or (_floor(_room(target)) == _floor(_room(module)) and _room(target) != _room(module))]
+    assert not wrong, "; ".join(wrong)
+
+
+def test_the_root_holds_only_the_package_face_the_api_and_training():
+    loose = sorted(p.name for p in PACKAGE.iterdir() if p.is_file() and p.suffix == ".py")
+    assert set(loose) == ROOT_FILES, f"loose modules at the root: {sorted(set(loose) - ROOT_FILES)}"
+
+
+def test_no_module_or_function_is_too_long_to_read():
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            long.append(f"{path.relative_to(PACKAGE.parent)}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+                if node.end_lineno - first + 1 > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}: {node.end_lineno - first + 1} lines")
+    assert not long, "; ".join(long)
+
+
+def test_no_two_modules_share_a_name():
+    """Two modules of one name in two rooms would say the same thing for different jobs (``options``, ``tools``)."""
+    names: dict[str, list[str]] = {}
+    for module in _files():
+        if not module.endswith(("__init__", "__main__")) and module.count(".") >= 1:
+            names.setdefault(module.rsplit(".", 1)[1], []).append(module)
+    shared = {name: sorted(mods) for name, mods in names.items() if len(mods) > 1}
+    assert not shared, shared
+
+
+def test_every_room_after_record_is_torch_free():
+    modules = sorted(m for m in _files() if _room(m) in TORCH_FREE)
+    assert len(modules) > 40
     script = (
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"

@@ -92,7 +92,7 @@ def test_real_h100_traces_without_tags_get_layers_from_module_ranges(tmp_path, c
 def test_module_range_figures_by_hand():
     """Qwen1.5-0.5B layer 0 (causal SDPA, B 16, H 16, S 559, D 64, bf16), worked by hand."""
     from headcount.build.kineto import tables_from_kineto
-    from headcount.parsers.kineto import read_trace
+    from headcount.parsers.kineto_json import read_trace
 
     tables = tables_from_kineto(read_trace(KINETO / "h100_qwen1.5-0.5b_kineto.json.gz"), "x").tables
     row = tables["layers"].set_index("layer_name").loc["layer.0"]
@@ -202,7 +202,7 @@ def test_events_read_in_pieces_give_the_tables_of_the_whole_file(monkeypatch, na
     """The reader reads, decodes and tabulates a piece of the file at a time (memory follows a piece, not
     the file): every table of each real trace is what reading the whole file at once gives."""
     from headcount.build import parse_file
-    from headcount.parsers import kineto
+    from headcount.parsers import kineto_json as kineto
 
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 10**12)
     whole = parse_file.from_torch_trace(KINETO / name, "r", ReadOptions())
@@ -217,7 +217,7 @@ def test_events_read_in_pieces_give_the_tables_of_the_whole_file(monkeypatch, na
 
 
 def test_a_damaged_event_is_named_by_its_place_in_the_file(tmp_path, monkeypatch):
-    from headcount.parsers import kineto
+    from headcount.parsers import kineto_json as kineto
 
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 100)  # about two events a piece
     bad = tmp_path / "bad.json"
@@ -236,7 +236,7 @@ def test_pieces_end_only_between_events_whatever_the_text_holds(tmp_path, monkey
     import gzip
     import json
 
-    from headcount.parsers import kineto
+    from headcount.parsers import kineto_json as kineto
 
     events = []
     for i in range(60):
@@ -263,7 +263,7 @@ def test_pieces_end_only_between_events_whatever_the_text_holds(tmp_path, monkey
 @pytest.mark.parametrize("cut", [0.3, 0.999])
 def test_a_trace_cut_short_is_refused_in_one_line(tmp_path, monkeypatch, cut):
     """A file that ends inside its events (a copy interrupted) is refused, naming the file, however it is read."""
-    from headcount.parsers import kineto
+    from headcount.parsers import kineto_json as kineto
 
     source = gzip_text(KINETO / "h100_bert-small_sdpa_kineto.json.gz")
     path = tmp_path / "cut.json"
@@ -309,7 +309,7 @@ def test_a_trace_attributed_a_group_of_steps_at_a_time_gives_the_whole_traces_ta
     every table (ranges, kernels, steps, layers, heads, findings) and every notice is what
     attributing the whole trace at once gives; nothing is left on disk."""
     from headcount.build.kineto import kineto_pieces, tables_from_kineto
-    from headcount.parsers import kineto
+    from headcount.parsers import kineto_json as kineto
     from headcount.parsers.kineto_steps import Pieces
 
     path = _replicated(tmp_path, 3)
@@ -377,7 +377,8 @@ def test_a_large_trace_read_in_spans_by_two_workers_gives_one_workers_report(tmp
     import tempfile
 
     from headcount.cli.main import main
-    from headcount.parsers import kineto, kineto_steps
+    from headcount.parsers import kineto_json as kineto
+    from headcount.parsers import kineto_steps
 
     one, two, scratch = tmp_path / "one", tmp_path / "two", tmp_path / "scratch"
     scratch.mkdir()
@@ -407,7 +408,7 @@ def test_a_span_that_does_not_end_between_two_events_reads_the_file_whole(tmp_pa
     from dataclasses import replace
 
     from headcount.cli.main import main
-    from headcount.parsers import kineto
+    from headcount.parsers import kineto_json as kineto
 
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(["parse", str(three_steps), "-o", str(one), "--jobs", "1"]) == 0
@@ -453,7 +454,7 @@ def test_a_damaged_trace_read_in_spans_is_refused_as_when_read_whole(tmp_path, m
     error is the one-line error of a whole read; nothing is written and no temporary piece is left."""
     import tempfile
 
-    from headcount.parsers import kineto
+    from headcount.parsers import kineto_json as kineto
 
     scratch = tmp_path / "scratch"
     scratch.mkdir()

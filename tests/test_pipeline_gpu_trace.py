@@ -13,7 +13,7 @@ import pandas as pd
 
 from headcount.build.shared import tables_from_events
 from headcount.common.call_log import CallLog, CallShape
-from headcount.parsers.kineto import events_frame
+from headcount.parsers.kineto_json import events_frame
 
 
 def _x(cat, name, ts, dur, tid=1, pid=4242, **args):

@@ -28,7 +28,8 @@ from headcount.build.shared import NO_ATTENTION
 from headcount.cli.main import main as cli_main
 from headcount.common import signals
 from headcount.common.naming import DOMAIN
-from headcount.parsers import kineto, nsys_sqlite
+from headcount.parsers import kineto_json as kineto
+from headcount.parsers import nsys_sqlite
 from headcount.parsers.cupti_records import events_frame, read_records
 
 KINETO = Path(__file__).parent / "fixtures" / "kineto"

@@ -26,7 +26,7 @@ from headcount.attribute import untagged
 from headcount.build.kineto import tables_from_kineto
 from headcount.cli.main import main
 from headcount.common import signals
-from headcount.parsers import kineto
+from headcount.parsers import kineto_json as kineto
 from headcount.reports import findings
 from tests.nsight import nsight_bin
 

@@ -171,7 +171,7 @@ def find_calls(events: pd.DataFrame) -> Found:
     """The attention calls of an untagged recording.
 
     Args:
-        events: the events table (:func:`headcount.parsers.kineto.events_frame`
+        events: the events table (:func:`headcount.parsers.kineto_json.events_frame`
             layout: ``kind`` ``op`` / ``module`` / ``range`` / ``kernel`` /
             ``runtime``, ``name``, ``pid``, ``tid``, ``start_ns``, ``end_ns``,
             ``correlation_id``, ``args``, ``sequence``, ``graph_node_id``).

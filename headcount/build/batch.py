@@ -197,9 +197,10 @@ def _shards(path: str, jobs: int):
     """``(shards, plan)``: the worker processes one file is split across and its plan: ``jobs``
     for a large nsys export (its processes never span two shards; the plan an
     :class:`~headcount.parsers.nsys_sqlite.ExportPlan`) or a large plain torch.profiler trace
-    (read in spans; the plan a list of :class:`~headcount.parsers.kineto.Span`), else 1."""
+    (read in spans; the plan a list of :class:`~headcount.parsers.kineto_json.Span`), else 1."""
     from headcount.build import sources  # noqa: F401
-    from headcount.parsers import kineto, nsys_sqlite
+    from headcount.parsers import kineto_json as kineto
+    from headcount.parsers import nsys_sqlite
 
     if jobs <= 1:
         return 1, None
@@ -219,7 +220,7 @@ def _shards(path: str, jobs: int):
 
 
 def read_span(path: str, span, directory: str):
-    """Read one span of a large torch.profiler trace (:class:`~headcount.parsers.kineto.Span`), every
+    """Read one span of a large torch.profiler trace (:class:`~headcount.parsers.kineto_json.Span`), every
     piece written to ``directory``, for the parent to gather (:meth:`~headcount.parsers.kineto_steps.Pieces.add`).
     ``None`` where the span cannot be read (misaligned bounds, a damaged file): the parent then reads the
     file whole, which names the problem."""
@@ -249,7 +250,7 @@ def stage_groups(path: str, out: str, run_id: str, meta: dict, pieces, which: li
     as the pieces ``part-g<worker>`` of run ``run_id``; the parent finishes the run."""
     from headcount.build.kineto import kineto_group_pieces
     from headcount.common import env
-    from headcount.parsers import kineto
+    from headcount.parsers import kineto_json as kineto
     from headcount.store import dataset
 
     env.release_freed_memory()
@@ -280,7 +281,7 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
     from headcount.build import parse_file
     from headcount.build.kineto import kineto_aggregates
     from headcount.build.shared import run_facts
-    from headcount.parsers import kineto
+    from headcount.parsers import kineto_json as kineto
     from headcount.parsers.kineto_steps import Pieces
     from headcount.store import dataset
     from headcount.store.metadata import runs_row
@@ -458,26 +459,9 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
             results.append(stage_file(path, out, run_id, options))
             done(results[-1])
         return results
-    import multiprocessing as mp
-    import threading
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    # imported once here, inherited by forked workers (each would otherwise import them on its first file)
-    import adbc_driver_sqlite.dbapi  # noqa: F401 - the nsys reader's driver (0.1 s: it imports polars)
-
-    import headcount.build.kineto  # noqa: F401
-    import headcount.build.nsys  # noqa: F401
-    from headcount.build import sources  # noqa: F401
-    from headcount.parsers import kineto_steps  # noqa: F401
-    from headcount.store import dataset, metadata  # noqa: F401
-
-    if threading.active_count() == 1:  # no thread whose locks a fork could inherit held: fork (starts in ms)
-        context = mp.get_context("fork")
-    else:  # a fresh single-threaded server forks the workers, with the heavy imports done once
-        context = mp.get_context("forkserver")
-        context.set_forkserver_preload(["headcount.build.batch", "headcount.build.sources", "headcount.build.kineto",
-                                        "headcount.build.nsys", "headcount.store.dataset",
-                                        "adbc_driver_sqlite.dbapi"])
+    context = _pool_context()
     from headcount.parsers import nsys_sqlite
 
     results: list[FileResult | None] = [None] * len(files)
@@ -510,6 +494,31 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
                 results[i] = _finish(files[i][0], files[i][1], out, metas[i], parts[i], shards[i][1])
             done(results[i])
     return results
+
+
+def _pool_context():
+    """The multiprocessing context the workers start from: ``fork`` where no thread could hold a lock the
+    fork would inherit, else a ``forkserver`` preloaded with the heavy imports."""
+    import multiprocessing as mp
+    import threading
+
+    # imported once here, inherited by forked workers (each would otherwise import them on its first file)
+    import adbc_driver_sqlite.dbapi  # noqa: F401 - the nsys reader's driver (0.1 s: it imports polars)
+
+    import headcount.build.kineto  # noqa: F401
+    import headcount.build.nsys  # noqa: F401
+    from headcount.build import sources  # noqa: F401
+    from headcount.parsers import kineto_steps  # noqa: F401
+    from headcount.store import dataset, metadata  # noqa: F401
+
+    if threading.active_count() == 1:  # no thread whose locks a fork could inherit held: fork (starts in ms)
+        context = mp.get_context("fork")
+    else:  # a fresh single-threaded server forks the workers, with the heavy imports done once
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(["headcount.build.batch", "headcount.build.sources", "headcount.build.kineto",
+                                        "headcount.build.nsys", "headcount.store.dataset",
+                                        "adbc_driver_sqlite.dbapi"])
+    return context
 
 
 def _on_ray(files, out, options, done) -> list[FileResult]:

@@ -117,7 +117,7 @@ def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None
                       device: Device | None = None, exclude_steps=(), void_steps=()) -> Built:
     """The torch source's trace (written by :class:`~headcount.collector.torch_source.TorchRecorder`)
     → headcount's tables, with ``roofline_class`` for ``device``."""
-    from headcount.parsers.kineto import load_trace
+    from headcount.parsers.kineto_json import load_trace
 
     tables = tables_from_events(load_trace(path), calls, implementation, limits=limits, exclude_steps=exclude_steps,
                                 void_steps=void_steps, sm_count=device.sm_count if device else None)

@@ -35,10 +35,10 @@ from headcount.parsers.plausible import drop_implausible
 
 def tables_from_kineto(trace: dict, run_id: str) -> Built:
     """Build headcount's tables from a torch.profiler trace held in memory
-    (:func:`headcount.parsers.kineto.read_trace`): :func:`kineto_pieces` of its
+    (:func:`headcount.parsers.kineto_json.read_trace`): :func:`kineto_pieces` of its
     events as one group, gathered into whole tables. ``trace["events"]`` is
     taken out of ``trace`` (freed as soon as the build is done with it)."""
-    from headcount.parsers import kineto
+    from headcount.parsers import kineto_json as kineto
 
     notices: list[str] = []
     events = trace.pop("events")
@@ -100,7 +100,7 @@ def kineto_pieces(groups, devices: list[dict], notices: list[str], launched: boo
         ``ranges``, ``kernels`` and ``steps`` of each group (:func:`kineto_group_pieces`), then
         ``layers``, ``heads`` and ``findings`` of the whole trace (:func:`kineto_aggregates`).
     """
-    from headcount.parsers import kineto
+    from headcount.parsers import kineto_json as kineto
 
     device = kineto.run_device(devices)
     parts: list[GroupFigures] = []

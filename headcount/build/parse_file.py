@@ -214,7 +214,7 @@ def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     """A torch.profiler trace: read a piece at a time (:class:`~headcount.parsers.kineto_steps.Pieces`),
     then built a group of whole steps at a time (:func:`headcount.build.kineto.kineto_pieces`) as the pieces
     are consumed."""
-    from headcount.parsers import kineto
+    from headcount.parsers import kineto_json as kineto
     from headcount.parsers.kineto_steps import Pieces
 
     pieces = Pieces(path)

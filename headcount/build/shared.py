@@ -99,7 +99,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
     """Build the tables of one profiled session.
 
     Args:
-        events: Kineto events (:func:`headcount.parsers.kineto.events_frame`) or
+        events: Kineto events (:func:`headcount.parsers.kineto_json.events_frame`) or
             CUPTI events (:func:`headcount.parsers.cupti_records.events_frame`).
             With an ``external_id`` column (CUPTI), GPU work belongs to the
             range whose id its launch carried (exact, any thread); without
@@ -151,6 +151,48 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
     main = ranges[ranges["domain"] == DOMAIN]
     steps = ranges[ranges["domain"] == STEP_DOMAIN]
 
+    projected, gpu, cpu_inner = _attributed(main, cpu, gpu, runtime, correlated, keyed, graph_nodes)
+    gpu_inner = gpu["range_id"].to_numpy()
+    gpu = gpu.reset_index(drop=True)
+    gpu["theoretical_occupancy_pct"] = occupancy.kernel_occupancy(gpu, limits)
+    gpu["waves_per_sm"] = occupancy.kernel_waves(gpu, limits, sm_count)
+    is_gpu = len(gpu) > 0
+    if is_gpu:
+        projected = _with_gpu_figures(projected, gpu, gpu_inner, pm_samples)
+    ranges_table = _with_shapes(_labelled(projected, steps, is_gpu), calls, implementation)
+    frames = [cpu.assign(device="cpu", range_id=cpu_inner)]
+    if is_gpu:
+        gpu_rows = _gpu_rows(gpu, gpu_inner)
+        if pm_samples is not None and len(pm_samples):
+            per_kernel = sampling.window_totals(pm_samples, gpu_rows["start_ns"].to_numpy(np.float64), gpu_rows["end_ns"].to_numpy(np.float64))
+            gpu_rows = pd.concat([gpu_rows, per_kernel], axis=1)
+        frames.append(gpu_rows)
+    kernels = launch.kernel_columns(_kernels_table(frames, projected, steps, source, implementation, launched))
+
+    return _tables(kernels, ranges_table, steps, runtime, implementation, exclude_steps, found=len(main) > 0, with_figures=with_figures)
+
+
+def _tables(kernels: pd.DataFrame, ranges_table: pd.DataFrame, steps: pd.DataFrame, runtime: pd.DataFrame, implementation: str,
+            exclude_steps, found: bool, with_figures: bool) -> dict[str, pd.DataFrame]:
+    """:func:`tables_from_events`'s tables from its kernels and labelled ranges: the attention tables over the
+    ranges whose figures count (excluded steps and graph captures aside), the steps view, plain strings."""
+    figures = ranges_table[~ranges_table["step"].isin(list(exclude_steps)).to_numpy() & ~graphs.capture_only(ranges_table)]
+    tables = {"kernels": kernels, "ranges": ranges_table, **attention_tables(figures, kernels)}
+    syncs = timeline.sync_calls(runtime)
+    step_rows = steps_of(kernels, syncs, steps, ranges_table, implementation, found=found)
+    tables["steps"] = step_rows[~step_rows["step"].isin(list(exclude_steps)).to_numpy(dtype=bool)].reset_index(drop=True)
+    for table in tables.values():
+        labels.plain(table)  # in-process recordings are small: users get plain strings
+    if with_figures:
+        tables["figures"] = figures[figures["level"].isin(["layer", "head", "module"]).to_numpy(dtype=bool)]
+        tables["syncs"] = syncs.assign(step=labels.step_of(syncs["start_ns"].to_numpy(np.int64), steps))
+    return tables
+
+
+def _attributed(main: pd.DataFrame, cpu: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, correlated: bool, keyed: bool,
+                graph_nodes: dict[int, int] | None):
+    """headcount's ranges with their projected work, the GPU work with its range, the CPU operators' ranges
+    (:func:`headcount.attribute.attribution.attribute`); without GPU work the GPU columns are unknown, not zero."""
     # CPU operators belong to the ranges that wholly contain them on their own thread; GPU work to
     # those around its launch call (Kineto puts GPU activity in lanes pid=<device>, tid=<stream>, so
     # the launching process and thread come from the runtime call), or, where the launch carried
@@ -160,22 +202,28 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
         if keyed else None
     projected, gpu, cpu_inner = attribution.attribute(main, gpu.assign(pid=None), runtime, cpu=cpu,
                                                       match_external=correlated, captured=captured, assigned=assigned)
-    gpu_inner = gpu["range_id"].to_numpy()
     if not len(gpu):  # no GPU recorded: unknown, not zero
         for column in ("gpu_op_count", "gpu_start_ns", "gpu_end_ns"):
             projected[column] = pd.array([pd.NA] * len(projected), dtype="Int64")
+    return projected, gpu, cpu_inner
 
-    gpu = gpu.reset_index(drop=True)
-    gpu["theoretical_occupancy_pct"] = occupancy.kernel_occupancy(gpu, limits)
-    gpu["waves_per_sm"] = occupancy.kernel_waves(gpu, limits, sm_count)
-    if is_gpu := len(gpu) > 0:
-        launch_figures = launch.per_range(projected, gpu, nesting.ancestor_rows(projected, gpu_inner), gpu["theoretical_occupancy_pct"])
-        projected = projected.merge(launch_figures, on="range_id", how="left")
-        projected["kernel_count"] = projected["gpu_op_count"]
-        if pm_samples is not None and len(pm_samples):
-            sampled = sampling.window_totals(pm_samples, pd.to_numeric(projected["gpu_start_ns"]).to_numpy(np.float64, na_value=np.nan),
-                                             pd.to_numeric(projected["gpu_end_ns"]).to_numpy(np.float64, na_value=np.nan))
-            projected = pd.concat([projected.reset_index(drop=True), sampled], axis=1)
+
+def _with_gpu_figures(projected: pd.DataFrame, gpu: pd.DataFrame, gpu_inner: np.ndarray, pm_samples: pd.DataFrame | None) -> pd.DataFrame:
+    """The ranges' launch figures (:func:`headcount.derive.launch.per_range`), kernel counts and, where PM
+    samples were taken, their sampled totals over each range's GPU window."""
+    launch_figures = launch.per_range(projected, gpu, nesting.ancestor_rows(projected, gpu_inner), gpu["theoretical_occupancy_pct"])
+    projected = projected.merge(launch_figures, on="range_id", how="left")
+    projected["kernel_count"] = projected["gpu_op_count"]
+    if pm_samples is not None and len(pm_samples):
+        sampled = sampling.window_totals(pm_samples, pd.to_numeric(projected["gpu_start_ns"]).to_numpy(np.float64, na_value=np.nan),
+                                         pd.to_numeric(projected["gpu_end_ns"]).to_numpy(np.float64, na_value=np.nan))
+        projected = pd.concat([projected.reset_index(drop=True), sampled], axis=1)
+    return projected
+
+
+def _labelled(projected: pd.DataFrame, steps: pd.DataFrame, is_gpu: bool) -> pd.DataFrame:
+    """The ranges table: labels (:func:`headcount.attribute.labels.label_ranges`), and each range's duration,
+    its GPU-projected span where GPU work was recorded, else its CPU span (``duration_basis`` says which)."""
     ranges_table = labels.label_ranges(projected, steps)
     ranges_table["duration_ns"] = (
         (ranges_table["gpu_end_ns"] - ranges_table["gpu_start_ns"]).astype("float64")
@@ -184,29 +232,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
     ranges_table["duration_basis"] = "gpu_projected" if is_gpu else "cpu_range"
     if "sm_warps_active_sampled_pct" in ranges_table:
         ranges_table["sm_warps_active_x_duration"] = ranges_table["sm_warps_active_sampled_pct"] * ranges_table["duration_ns"]
-
-    ranges_table = _with_shapes(ranges_table, calls, implementation)
-
-    frames = [cpu.assign(device="cpu", range_id=cpu_inner)]
-    if len(gpu):
-        gpu_rows = _gpu_rows(gpu, gpu_inner)
-        if pm_samples is not None and len(pm_samples):
-            per_kernel = sampling.window_totals(pm_samples, gpu_rows["start_ns"].to_numpy(np.float64), gpu_rows["end_ns"].to_numpy(np.float64))
-            gpu_rows = pd.concat([gpu_rows, per_kernel], axis=1)
-        frames.append(gpu_rows)
-    kernels = launch.kernel_columns(_kernels_table(frames, projected, steps, source, implementation, launched))
-
-    figures = ranges_table[~ranges_table["step"].isin(list(exclude_steps)).to_numpy() & ~graphs.capture_only(ranges_table)]
-    tables = {"kernels": kernels, "ranges": ranges_table, **attention_tables(figures, kernels)}
-    syncs = timeline.sync_calls(runtime)
-    step_rows = steps_of(kernels, syncs, steps, ranges_table, implementation, found=len(main) > 0)
-    tables["steps"] = step_rows[~step_rows["step"].isin(list(exclude_steps)).to_numpy(dtype=bool)].reset_index(drop=True)
-    for table in tables.values():
-        labels.plain(table)  # in-process recordings are small: users get plain strings
-    if with_figures:
-        tables["figures"] = figures[figures["level"].isin(["layer", "head", "module"]).to_numpy(dtype=bool)]
-        tables["syncs"] = syncs.assign(step=labels.step_of(syncs["start_ns"].to_numpy(np.int64), steps))
-    return tables
+    return ranges_table
 
 
 def attention_tables(figures: pd.DataFrame, kernels: pd.DataFrame) -> dict[str, pd.DataFrame]:

@@ -64,7 +64,7 @@ from headcount.store.dataset import listed_runs, recover, write_stats
 
 WRITE_WINDOW = "headcount.build.window_writer:write_window"
 # what the build imports on first use, imported before the worker says it is ready (not during the training loop)
-WARM_UP = ("headcount.parsers.kineto", "headcount.parsers.cupti_records", "pyarrow.pandas_compat")
+WARM_UP = ("headcount.parsers.kineto_json", "headcount.parsers.cupti_records", "pyarrow.pandas_compat")
 STARVED_CHECK_S = 0.5  # at close(): how often the progress of the workers at lowered priority is checked
 STARVED_SHARE = 0.25  # of a core, below which one is deemed starved (its window then goes to one at normal priority)
 LOW_NICE = 19  # the low-priority worker's nice value: the lowest share an ordinary process gets

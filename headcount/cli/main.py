@@ -38,7 +38,7 @@ examples:
 Read the report:
   headcount query headcount-report "SELECT layer_name, head, duration_ns FROM heads ORDER BY duration_ns DESC LIMIT 5"
   python -c "import pandas as pd; print(pd.read_parquet('headcount-report/layers'))"
-  python -c "import duckdb; duckdb.sql(\"SELECT * FROM read_parquet('headcount-report/heads/**/*.parquet', hive_partitioning=true)\").show()"
+  python -c "import duckdb; duckdb.sql(\\"SELECT * FROM read_parquet('headcount-report/heads/**/*.parquet', hive_partitioning=true)\\").show()"
   (the DuckDB CLI, `curl https://install.duckdb.org | sh`, reads the same paths: read only what headcount.json lists while a writer runs)
 """
 

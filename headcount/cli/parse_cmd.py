@@ -37,7 +37,7 @@ examples:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "parse", help="turn existing profiles (nsys, ncu) into the Parquet report",
+        "parse", help="turn existing profiles (nsys, ncu, torch.profiler) into the Parquet report",
         description=f"Read existing profiles into headcount's tables, attributing each GPU operation to the NVTX ranges "
         f"that launched it (the rule of nsys's nvtx_gpu_proj_trace). Each file becomes one run; all are written "
         f"together, or none. Supported: {sources.supported()}.",

@@ -16,6 +16,7 @@ import pandas as pd
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from headcount.build import sources
+from headcount.cli.flags import add_pm_interval
 from headcount.cli.models import (
     DTYPES,
     IMPLEMENTATIONS,
@@ -26,7 +27,6 @@ from headcount.cli.models import (
     make_inputs,
     set_implementation,
 )
-from headcount.cli.options import add_pm_interval
 from headcount.common import env
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError
@@ -211,7 +211,7 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
     if compile_mode:
         import torch
 
-        from headcount import AttentionTagger
+        from headcount.api import AttentionTagger  # the tagger, through the API (cli never imports tagging)
 
         runner = torch.compile(model, mode=compile_mode)
         console.print(f"torch.compile(mode={compile_mode!r}): each implementation's warm-up step compiles, unmeasured")
@@ -293,7 +293,7 @@ def _paired_layer_mode(args, model, runner, inputs, backward: bool, backend: str
     """Head mode's reference: the same steps of the same model and inputs in layer mode (fused), profiled
     the same way but kept out of the report; returns its ``layers`` table, which
     :func:`headcount.derive.aggregate.with_split_cost` sets the head-mode layers against."""
-    from headcount import AttentionTagger
+    from headcount.api import AttentionTagger  # the tagger, through the API (cli never imports tagging)
 
     _warm_up(runner, inputs, backward, impl, AttentionTagger([model], mode="layer") if compile_mode else None)
     prof = _profiler(args, model, backend, "layer", metadata=extra)

@@ -8,11 +8,12 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from rich.table import Table
 
+from headcount.common.tables import TABLES
 from headcount.reports import terminal
 from headcount.store.query import run_query
 
-EXAMPLES = """\
-views: kernels, ranges, layers, heads, runs (all runs; run_id is a column)
+EXAMPLES = f"""\
+views: {", ".join(TABLES)} (all runs; run_id is a column; a view is there when a run of the report has that table)
 
 examples:
   headcount query out/ "SELECT implementation, layer, head, excess_traffic FROM heads ORDER BY excess_traffic DESC LIMIT 10"

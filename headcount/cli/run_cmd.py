@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from headcount.build import run_folder, sources
-from headcount.cli.options import add_pm_interval
+from headcount.cli.flags import add_pm_interval
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError, NothingRecorded
 from headcount.common.tables import WRITTEN

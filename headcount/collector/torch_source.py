@@ -1,7 +1,7 @@
 """The ``torch`` source: record with torch.profiler (Kineto), keep its trace.
 
 Recording only: start and stop the profiler, write the Chrome trace. Turning
-the trace into tables is :mod:`headcount.parsers.kineto`'s job.
+the trace into tables is :mod:`headcount.parsers.kineto_json`'s job.
 """
 
 from __future__ import annotations

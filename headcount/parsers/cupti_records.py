@@ -8,7 +8,7 @@ correlations, NVTX markers and PM samples. Timestamps are CUPTI's
 nanoseconds.
 
 :func:`events_frame` gives the same columns as the Kineto events table
-(:mod:`headcount.parsers.kineto`) plus what CUPTI adds, so the shared
+(:mod:`headcount.parsers.kineto_json`) plus what CUPTI adds, so the shared
 attribution runs on it unchanged:
 
 =================================  ============================================
@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.common.errors import HeadcountError
-from headcount.parsers.kineto import COLUMNS
+from headcount.parsers.kineto_json import COLUMNS
 
 FORMAT = "headcount-cupti-records"
 READ_CHUNK_BYTES = 64 << 20  # of decompressed JSON lines, decoded at once (msgspec: 3× faster than the json module)

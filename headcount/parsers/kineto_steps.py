@@ -1,6 +1,6 @@
 """A torch.profiler trace's events, held a piece at a time and cut into groups of whole steps.
 
-The events table of a trace (:func:`headcount.parsers.kineto.frames`) is built as the
+The events table of a trace (:func:`headcount.parsers.kineto_json.frames`) is built as the
 file is read, a piece at a time. :class:`Pieces` keeps those pieces — in memory while
 they are small, in a temporary directory once they pass :data:`HELD_BYTES` — with a
 compact index of every row: its kind, times and launch correlation. From the index the
@@ -27,7 +27,7 @@ import pandas as pd
 
 from headcount.common.errors import HeadcountError
 from headcount.common.naming import STEP_DOMAIN
-from headcount.parsers import kineto
+from headcount.parsers import kineto_json as kineto
 from headcount.parsers.plausible import drop_implausible
 
 GROUP_ROWS = 200_000  # events attributed together (a group of whole steps): ~0.3 GB at the build's peak
@@ -44,14 +44,14 @@ class Pieces:
     written to a temporary directory it made are removed on exit, a Ctrl-C included).
 
     Read whole (:meth:`read`), or in spans by several workers (:meth:`read` of a
-    :class:`~headcount.parsers.kineto.Span` each, writing into one ``directory``) whose parts one
+    :class:`~headcount.parsers.kineto_json.Span` each, writing into one ``directory``) whose parts one
     :meth:`add` gathers in order before :meth:`cut`. Pickled (to a worker) it carries the files of
     its pieces, not the directory's ownership.
 
     Attributes:
         path: the trace file.
         notices: what the reader should know about its events (implausible rows dropped).
-        described: ``devices`` and ``distributed`` of the trace (:func:`headcount.parsers.kineto.read_trace`).
+        described: ``devices`` and ``distributed`` of the trace (:func:`headcount.parsers.kineto_json.read_trace`).
         launched: some GPU work of the trace has its launch call in it (see :func:`headcount.build.shared.tables_from_events`).
         count: the groups, once cut.
     """
@@ -96,7 +96,7 @@ class Pieces:
         return any(isinstance(held, Path) for held in self._held)
 
     def read(self, span=None) -> "Pieces":
-        """Read the trace (or its ``span``, :class:`~headcount.parsers.kineto.Span`), a piece at a time;
+        """Read the trace (or its ``span``, :class:`~headcount.parsers.kineto_json.Span`), a piece at a time;
         the whole trace is then cut into groups (:attr:`count` of them).
 
         Raises:

@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import headcount
 from headcount.common.errors import notice
 from headcount.wrap.child import ENV_PREFIX
 
@@ -34,7 +33,7 @@ def child_env(raw_dir: Path, backend: str, mode: str, steps: str = "", tag_sdpa:
     ``PYTHONPATH`` (and headcount itself, should the program's Python not
     have it installed), the session's options in ``HEADCOUNT_RUN_*``."""
     env = dict(os.environ if base is None else base)
-    package_root = str(Path(headcount.__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder that holds the headcount package
     paths = [str(AUTOTAG_DIR), package_root]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
