@@ -40,14 +40,16 @@ CUPTI_BUILD = """
 import sys
 from pathlib import Path
 import pyarrow as pa, pyarrow.parquet as pq
-try:
-    from headcount.build.shared.in_process import tables_from_cupti
-except ImportError:  # before the build package
-    from headcount.build.shared import tables_from_cupti
-try:
-    from headcount.common.device import limits_for
-except ImportError:
-    from headcount.common.device import limits_for
+import importlib
+def first(names, attr):  # the module path of either version (module names spelled out here on purpose)
+    for name in names:
+        try:
+            return getattr(importlib.import_module(name), attr)
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError(attr)
+tables_from_cupti = first(["headcount." + "build.in_process", "headcount." + "build"], "tables_from_cupti")
+limits_for = first(["headcount." + "common.device", "headcount." + "device"], "limits_for")
 path, impl, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 built = tables_from_cupti(path, [], "h100", impl, limits_for("9.0"))
 out.mkdir(parents=True)

@@ -108,7 +108,7 @@ def test_a_late_launch_is_launch_bound_for_the_travel_this_recording_measured():
     """30 kernels launched onto an idle stream, each starting 2 µs after its 4-µs launch call returned (p90 2 µs); then
     one that started 20 µs after its call returned: 4 µs in the call + 2 µs travel are launch-bound, the other 18 µs
     the GPU had the work and did not run it ("other"). A fixed 50-µs allowance called all 24 µs launch-bound."""
-    from headcount.derive import steps as timeline
+    from headcount.derive import steps as step_view
 
     us = 1_000
     rows = []
@@ -117,7 +117,7 @@ def test_a_late_launch_is_launch_bound_for_the_travel_this_recording_measured():
         rows.append((t + 6 * us, t + 16 * us, t, t + 4 * us))
     t = 30 * 100 * us
     rows.append((t + 24 * us, t + 30 * us, t, t + 4 * us))
-    step = timeline.gpu_steps(_work(rows)).iloc[0]
+    step = step_view.gpu_steps(_work(rows)).iloc[0]
     assert step["launch_travel_ns"] == 2 * us
     assert step["queued_kernels_pct"] == 0.0 and step["launch_latency_p50_ns"] == 6 * us
     # the last gap (2,916 → 3,024 µs): 2,916 → 3,000 within the pace of the launch before, 3,000 → 3,006 the call and travel
@@ -128,31 +128,31 @@ def test_a_late_launch_is_launch_bound_for_the_travel_this_recording_measured():
 
 
 def test_too_few_idle_launches_keep_the_ceiling():
-    from headcount.derive import steps as timeline
+    from headcount.derive import steps as step_view
 
     us = 1_000
     rows = [(i * 100 * us + 6 * us, i * 100 * us + 16 * us, i * 100 * us, i * 100 * us + 4 * us) for i in range(5)]
-    step = timeline.gpu_steps(_work(rows)).iloc[0]
-    assert step["launch_travel_ns"] == timeline.LAUNCH_TRAVEL_NS
+    step = step_view.gpu_steps(_work(rows)).iloc[0]
+    assert step["launch_travel_ns"] == step_view.LAUNCH_TRAVEL_NS
 
 
 def test_short_kernels_that_queued_are_no_launch_problem():
     """300 kernels of 3 µs, each launch call 5 µs: shorter than their launch. Launched while a 2-ms kernel ran, all
     queued behind it (the CPU was ahead): no "many small kernels" finding. The same kernels launched one by one onto
     an idle stream (the GPU waited for each launch) get it."""
-    from headcount.derive import steps as timeline
+    from headcount.derive import steps as step_view
     from headcount.derive import triage
 
     us = 1_000
     ahead = [(0, 2_000 * us, -10 * us, -5 * us)]
     ahead += [(2_000 * us + 3 * i * us, 2_000 * us + 3 * (i + 1) * us, 5 * i * us, 5 * (i + 1) * us) for i in range(300)]
-    steps = timeline.gpu_steps(_work(ahead))
+    steps = step_view.gpu_steps(_work(ahead))
     assert steps["queued_kernels_pct"].iloc[0] == pytest.approx(100 * 300 / 301)
     assert steps["kernel_p50_ns"].iloc[0] < steps["cpu_launch_cost_p50_ns"].iloc[0]
     assert "many_small_kernels" not in set(triage.findings(steps, None, None)["kind"])
 
     behind = [(7 * i * us + 6 * us, 7 * i * us + 9 * us, 7 * i * us, 7 * i * us + 5 * us) for i in range(300)]
-    steps = timeline.gpu_steps(_work(behind))
+    steps = step_view.gpu_steps(_work(behind))
     assert steps["queued_kernels_pct"].iloc[0] == 0.0
     found = triage.findings(steps, None, None)
     small = found[found["kind"] == "many_small_kernels"]

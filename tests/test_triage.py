@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from headcount.cli.main import main
-from headcount.derive import steps as timeline
+from headcount.derive import steps as step_view
 from headcount.derive import triage
 
 FIX = Path(__file__).parent / "fixtures"
@@ -237,7 +237,7 @@ def test_each_gap_is_split_by_what_the_launching_thread_did():
     ]
     syncs = pd.DataFrame({"pid": ["1"], "tid": ["T"], "name": ["cudaStreamSynchronize"], "start_ns": [650 * us],
                           "end_ns": [950 * us], "step": [0]})
-    step = timeline.gpu_steps(_ops(rows), syncs).iloc[0]
+    step = step_view.gpu_steps(_ops(rows), syncs).iloc[0]
     assert step["window_ns"] == 2_020 * us
     assert step["gpu_busy_ns"] == (10 + 8 + 10 + 10 + 10 + 20) * us
     assert step["idle_other_ns"] == 2 * us
@@ -257,7 +257,7 @@ def test_sync_call_names():
     runtime = pd.DataFrame({"pid": "1", "tid": "1", "start_ns": 0, "end_ns": 1, "name": [
         "cudaStreamSynchronize", "cudaDeviceSynchronize_v3020", "cuCtxSynchronize", "cudaMemcpy", "cuMemcpyDtoH_v2",
         "hipMemcpyWithStream", "cudaFree", "cudaMemcpyAsync", "cudaLaunchKernel", "cudaEventRecord", "cudaFreeAsync"]})
-    assert list(timeline.sync_calls(runtime)["name"]) == ["cudaStreamSynchronize", "cudaDeviceSynchronize_v3020", "cuCtxSynchronize",
+    assert list(step_view.sync_calls(runtime)["name"]) == ["cudaStreamSynchronize", "cudaDeviceSynchronize_v3020", "cuCtxSynchronize",
                                                          "cudaMemcpy", "cuMemcpyDtoH_v2", "hipMemcpyWithStream", "cudaFree"]
 
 

@@ -17,7 +17,7 @@ from headcount.attribute import graphs
 from headcount.build.shared import Built, finished, tables_from_events
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError
-from headcount.derive import peaks as devices
+from headcount.derive import peaks as device_peaks
 from headcount.derive import sampling
 
 
@@ -101,8 +101,8 @@ def _pm_resolution(tables: dict, pm: pd.DataFrame, device: Device | None, info: 
     said = sampling.unresolved_notice(len(gpu), short["kernels"], len(attention), short["ranges"], interval)
     if said:
         notices.append(said)
-    peaks = devices.peaks_for(device.name) if device is not None and device.is_gpu else None
-    reported = devices.ceiling_gbps(device)  # the recording's own figure for its device, else the datasheet's
+    peaks = device_peaks.peaks_for(device.name) if device is not None and device.is_gpu else None
+    reported = device_peaks.ceiling_gbps(device)  # the recording's own figure for its device, else the datasheet's
     ceiling = reported or (peaks.dram_gbps if peaks else None)
     above = sampling.above_ceiling(pm, ceiling)
     facts["above_ceiling"] = {**above, "ceiling_basis": "device" if reported else ("datasheet" if peaks else None)}

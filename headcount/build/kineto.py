@@ -29,7 +29,7 @@ from headcount.common.device import Device
 from headcount.common.errors import HeadcountError
 from headcount.common.naming import DOMAIN, STEP_DOMAIN
 from headcount.derive import aggregate
-from headcount.derive import steps as timeline
+from headcount.derive import steps as step_view
 from headcount.parsers.plausible import drop_implausible
 
 
@@ -131,13 +131,13 @@ def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None,
         attention_kernels = kernels.loc[kernels["layer_name"].notna().to_numpy(dtype=bool),
                               [*aggregate.GROUP_LAYER, "head", "name", "duration_ns", "launch_latency_ns", "waves_per_sm"]]
     steps, outside, syncs, launching = tables["steps"], None, tables.pop("syncs"), set()
-    gpu = kernels["kind"].isin(timeline.GPU_KINDS).to_numpy(dtype=bool)
+    gpu = kernels["kind"].isin(step_view.GPU_KINDS).to_numpy(dtype=bool)
     if gpu.any():
         known = gpu & kernels["pid"].notna().to_numpy(dtype=bool) & kernels["device"].notna().to_numpy(dtype=bool)
         launching = set(zip(kernels.loc[known, "device"], kernels.loc[known, "pid"]))
         # the work outside every step is one row of the trace's, whichever groups it fell in: built at the end
         unstepped = kernels["step"].isna().to_numpy(dtype=bool)
-        outside = (kernels.loc[gpu & unstepped, [c for c in timeline.WORK_COLUMNS if c in kernels]],
+        outside = (kernels.loc[gpu & unstepped, [c for c in step_view.WORK_COLUMNS if c in kernels]],
                    syncs[syncs["step"].isna().to_numpy(dtype=bool)])
         steps = steps[steps["step"].notna().to_numpy(dtype=bool)].reset_index(drop=True)
     parts.append(GroupFigures(group, figures, attention_kernels, steps, outside, launching, calls, notices, tagged))
@@ -185,7 +185,7 @@ def _unstepped(parts: list[GroupFigures], attention_found: bool) -> pd.DataFrame
     missing = work["pid"].isna().to_numpy(dtype=bool)
     if missing.any() and sole:
         work = work.assign(pid=work["pid"].astype(object).where(~missing, work["device"].map(sole)))
-    return timeline.gpu_steps(work, _concat([s for _, s in outside]), attention_found=attention_found)
+    return step_view.gpu_steps(work, _concat([s for _, s in outside]), attention_found=attention_found)
 
 
 def _concat_categories(frames: list[pd.DataFrame]) -> pd.DataFrame:

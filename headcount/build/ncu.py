@@ -13,7 +13,7 @@ from headcount.build.shared import NO_ATTENTION, Built, finished, implementation
 from headcount.common.device import Device
 from headcount.common.naming import DOMAIN, parse_path
 from headcount.derive import aggregate, bound
-from headcount.derive import steps as timeline
+from headcount.derive import steps as step_view
 from headcount.parsers import ncu_metrics
 
 
@@ -48,7 +48,7 @@ def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: Devi
         layers = aggregate.with_call_totals(layers, calls_frame(calls), impl, heads=False)
         heads = aggregate.with_call_totals(heads, calls_frame(calls), impl, heads=True)
     tables = {"kernels": k, "ranges": pd.DataFrame(), "layers": layers, "heads": heads,
-              "steps": timeline.kernel_sum_steps(k, implementation_of(calls) if calls else "unknown")}
+              "steps": step_view.kernel_sum_steps(k, implementation_of(calls) if calls else "unknown")}
     notices = list(kernels.attrs.get("notices", []))
     if not len(layers):
         notices.append(f"{NO_ATTENTION} (no kernel in headcount's ranges)")

@@ -30,7 +30,7 @@ from headcount.common.device import Device
 from headcount.common.naming import DOMAIN, STEP_DOMAIN
 from headcount.common.tables import Timeline
 from headcount.derive import aggregate, occupancy, sampling
-from headcount.derive import steps as timeline
+from headcount.derive import steps as step_view
 from headcount.parsers import nsys_sqlite
 from headcount.parsers.options import ReadOptions
 
@@ -181,7 +181,7 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
         del events
     projected, work = attribution.project_gpu(export.ranges, export.runtime, export.gpu, graph_nodes=export.graph_nodes,
                                               not_replayed=(STEP_DOMAIN,), assigned_keys=assigned)
-    syncs = timeline.sync_calls(export.runtime)
+    syncs = step_view.sync_calls(export.runtime)
     if release:
         export.ranges, export.runtime, export.gpu = export.ranges.iloc[:0], export.runtime.iloc[:0], export.gpu.iloc[:0]
         export.graph_nodes = export.graph_nodes.iloc[:0]

@@ -29,8 +29,8 @@ from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.common.device import Device
 from headcount.common.naming import DOMAIN, STEP_DOMAIN
 from headcount.derive import aggregate, analytic, launch, occupancy, sampling, triage
-from headcount.derive import peaks as devices
-from headcount.derive import steps as timeline
+from headcount.derive import peaks as device_peaks
+from headcount.derive import steps as step_view
 
 
 @dataclass
@@ -178,7 +178,7 @@ def _tables(kernels: pd.DataFrame, ranges_table: pd.DataFrame, steps: pd.DataFra
     ranges whose figures count (excluded steps and graph captures aside), the steps view, plain strings."""
     figures = ranges_table[~ranges_table["step"].isin(list(exclude_steps)).to_numpy() & ~graphs.capture_only(ranges_table)]
     tables = {"kernels": kernels, "ranges": ranges_table, **attention_tables(figures, kernels)}
-    syncs = timeline.sync_calls(runtime)
+    syncs = step_view.sync_calls(runtime)
     step_rows = steps_of(kernels, syncs, steps, ranges_table, implementation, found=found)
     tables["steps"] = step_rows[~step_rows["step"].isin(list(exclude_steps)).to_numpy(dtype=bool)].reset_index(drop=True)
     for table in tables.values():
@@ -259,13 +259,13 @@ def steps_of(kernels: pd.DataFrame, syncs: pd.DataFrame, steps: pd.DataFrame, ra
         found: the recording has attention calls (else attention figures are null, not 0).
     """
     syncs = syncs.assign(step=labels.step_of(syncs["start_ns"].to_numpy(np.int64), steps))
-    if "kind" in kernels and kernels["kind"].isin(timeline.GPU_KINDS).any():
-        return timeline.gpu_steps(kernels, syncs, attention_found=found)
+    if "kind" in kernels and kernels["kind"].isin(step_view.GPU_KINDS).any():
+        return step_view.gpu_steps(kernels, syncs, attention_found=found)
     layer_ranges = ranges_table[(ranges_table["level"] == "layer").to_numpy(dtype=bool, na_value=False)] if len(ranges_table) else ranges_table
     ops = kernels[kernels["kind"].astype(object) == "op"] if "kind" in kernels else None
     steps = steps.assign(step=labels.step_of(steps["start_ns"].to_numpy(np.int64), steps) if steps["name"].notna().all()
                          else pd.array([pd.NA] * len(steps), dtype="Int64"))
-    return timeline.cpu_steps(steps, layer_ranges, implementation, attention_found=found, ops=ops)
+    return step_view.cpu_steps(steps, layer_ranges, implementation, attention_found=found, ops=ops)
 
 
 def with_findings(tables: dict) -> dict:
@@ -340,7 +340,7 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
     if "api_start_ns" in k:
         launch.latency_columns(k)
         step_time = k["api_start_ns"].fillna(k["start_ns"])
-    gpu = k["kind"].isin(timeline.GPU_KINDS).to_numpy(dtype=bool)
+    gpu = k["kind"].isin(step_view.GPU_KINDS).to_numpy(dtype=bool)
     k["runs_on"] = runs_on(gpu)
     unlaunched = gpu & (k["api_start_ns"].isna().to_numpy() if "api_start_ns" in k else np.ones(len(k), dtype=bool))
     if unlaunched.any() and ((gpu & ~unlaunched).any() if launched is None else launched):
@@ -417,7 +417,7 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     full = [f for f in frames if len(f)]
     if full:
         return pd.concat(full, ignore_index=True) if len(full) > 1 else full[0]
-    return frames[0] if frames and len(frames[0].columns) else pd.DataFrame(columns=timeline.COLUMNS)
+    return frames[0] if frames and len(frames[0].columns) else pd.DataFrame(columns=step_view.COLUMNS)
 
 
 def run_findings(steps: list[pd.DataFrame], layers: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
@@ -437,13 +437,13 @@ def add_roofline(tables: dict, device: Device | None, calls=None, measured_gbps:
     """
     dtypes = {c.shape.dtype for c in (calls or []) if c.shape is not None}
     dtype = dtypes.pop() if len(dtypes) == 1 else None
-    name = devices.gpu_name(device)
-    ceiling = devices.ceiling_gbps(device, measured_gbps)
+    name = device_peaks.gpu_name(device)
+    ceiling = device_peaks.ceiling_gbps(device, measured_gbps)
     for table_name in ("layers", "heads"):
         if table_name in tables and len(tables[table_name]):
             table = tables[table_name]
-            table["peak_bandwidth_pct"], table["peak_flop_pct"] = devices.achieved_pct(table, name, dtype, ceiling)
-            table["roofline_class"] = devices.roofline_class(table, name, dtype, ceiling)
+            table["peak_bandwidth_pct"], table["peak_flop_pct"] = device_peaks.achieved_pct(table, name, dtype, ceiling)
+            table["roofline_class"] = device_peaks.roofline_class(table, name, dtype, ceiling)
     return tables
 
 def collected(pieces) -> dict[str, pd.DataFrame]:

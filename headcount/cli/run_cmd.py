@@ -24,8 +24,7 @@ from headcount.reports import terminal
 from headcount.store import dataset
 from headcount.store.metadata import new_run_id, run_metadata, runs_row
 from headcount.wrap import child as child_mod
-from headcount.wrap import launcher
-from headcount.wrap import wrappers as tools
+from headcount.wrap import launcher, wrappers
 
 EXAMPLES = """\
 examples:
@@ -109,7 +108,7 @@ def run(args) -> int:
     raw = out / "raw" / run_id
     tool_info: dict = {"backend": args.backend, "command": command}
 
-    wrapper = tools.WRAPPERS[args.backend]()
+    wrapper = wrappers.WRAPPERS[args.backend]()
     tool_info["tool_version"] = wrapper.version()
     raw.mkdir(parents=True, exist_ok=True)
     env = launcher.child_env(raw, args.backend, args.mode, args.steps, args.tag_sdpa, args.capture_range,

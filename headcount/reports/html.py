@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.common.numbers import missing, number
-from headcount.derive import peaks as devices
+from headcount.derive import peaks as device_peaks
 from headcount.reports import findings, names
 from headcount.reports.compare import comparison
 from headcount.store.query import connect, range_summary
@@ -143,7 +143,7 @@ def roofline(points: pd.DataFrame, device_name: str | None, dtype: str | None, m
     point per layer row, with the device's bandwidth and compute ceilings."""
     pts = points.dropna(subset=["intensity_flop_per_byte", "flop", "duration_ns"])
     pts = pts[(pts["intensity_flop_per_byte"] > 0) & (pts["duration_ns"] > 0) & (pts["flop"] > 0)]
-    peaks = devices.peaks_for(device_name)
+    peaks = device_peaks.peaks_for(device_name)
     bw = (measured_gbps or (peaks.dram_gbps if peaks else None))
     peak = peaks.tflops.get(dtype) * 1e12 if peaks and dtype in peaks.tflops else None
     xs = pts["intensity_flop_per_byte"].to_numpy(float)
@@ -172,7 +172,7 @@ def roofline(points: pd.DataFrame, device_name: str | None, dtype: str | None, m
     parts.append(f'<text x="{w / 2}" y="{h - 14}" font-size="11" text-anchor="middle">intensity, FLOP/byte (analytic FLOPs ÷ DRAM bytes)</text>')
     parts.append(f'<text x="14" y="{h / 2}" font-size="11" text-anchor="middle" transform="rotate(-90 14 {h / 2})">FLOP/s achieved</text>')
     if bw:
-        x_knee = devices.ridge(peaks, dtype, bw) if peak else x_hi  # FLOP/byte where the two ceilings meet
+        x_knee = device_peaks.ridge(peaks, dtype, bw) if peak else x_hi  # FLOP/byte where the two ceilings meet
         x0, x1 = x_lo, min(x_knee, x_hi)
         parts.append(f'<line x1="{px(x0)}" y1="{py(max(bw * 1e9 * x0, y_lo))}" x2="{px(x1)}" y2="{py(min(bw * 1e9 * x1, y_hi))}" '
                      f'stroke="#c0392b" stroke-width="2"><title>DRAM ceiling {bw:,.0f} GB/s</title></line>')
@@ -409,7 +409,7 @@ def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, 
         dtype = str(info["dtype"]) if not missing(info.get("dtype")) else None
         reported = info.get("device_memory_bandwidth_gbps")
         ceiling = measured_gbps or (float(reported) if not missing(reported) else None)
-        peaks = devices.peaks_for(device)
+        peaks = device_peaks.peaks_for(device)
         if peaks:
             basis = ("measured copy ceiling" if measured_gbps else
                      "the memory bandwidth the recording reports for this GPU" if ceiling else peaks.source)
