@@ -3,7 +3,7 @@
 It wires the stages together and holds no logic of its own: tag
 (:mod:`headcount.tagging.tagger`), record (a source from
 :mod:`headcount.collector`), parse, attribute and derive
-(:mod:`headcount.build.shared`), report (:mod:`headcount.reports`).
+(:mod:`headcount.build`), report (:mod:`headcount.reports`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Composition: one module per route from a recording to headcount's tables (in_process, kineto, nsys, ncu over shared), then one file of ``headcount parse``, many files, training windows and ``headcount run``'s raw folder."""

@@ -1,7 +1,7 @@
 """Many recordings into one report: one run per file, each read, built and
 staged on its own (:class:`headcount.store.dataset.StagedRun`), here, in
 parallel processes (``--jobs``) or as Ray tasks (``--executor ray``); the
-caller commits the staged runs together (:func:`headcount.store.dataset.commit`).
+staged runs are committed together through the store's one write (:func:`parse_into` → :func:`headcount.store.dataset.write_runs`).
 
 A large export of a source that can be split by process (nsys SQLite and
 parquetdir) is split into shards across the worker processes

@@ -1,4 +1,4 @@
-"""One file of ``headcount parse``: read, built (:mod:`headcount.build.shared`), and said.
+"""One file of ``headcount parse``: read, built (:mod:`headcount.build`), and said.
 
 The functions :data:`headcount.build.sources.FILE_SOURCES` names, one per kind of
 file: each reads the file with its parser, builds its tables with the one

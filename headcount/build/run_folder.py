@@ -6,7 +6,7 @@ and the ``child-<pid>.json`` every tagged process wrote (rank, call log,
 status; see :mod:`headcount.parsers.child_report`). Each tagged process becomes
 one run, ``<run id>-rank<r>`` when there are several, so ranks live in their
 own partitions of one dataset and are never mixed up. Parse → attribute →
-derive are the shared ones of :mod:`headcount.build.shared`.
+derive are the shared ones of :mod:`headcount.build`.
 """
 
 from __future__ import annotations

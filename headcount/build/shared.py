@@ -1,20 +1,17 @@
-"""The one composition of the stages: a recording or a file → headcount's tables
-(docs/architecture.md §1, §4). The API, ``headcount profile``, ``run`` and
-``parse`` all build their tables here; no other module composes stages.
+"""What every route of the composition shares (docs/architecture.md §1, § The house): a recording or a
+file → headcount's tables goes through one route module of this folder (:mod:`~headcount.build.in_process`,
+:mod:`~headcount.build.kineto`, :mod:`~headcount.build.nsys`, :mod:`~headcount.build.ncu`), each built on
+what is here; this module imports none of them. The API, ``headcount profile``, ``run`` and ``parse`` all
+build their tables through these routes; no other folder composes stages.
 
 - :func:`tables_from_events`: an events table (torch.profiler, CUPTI) and the
   tagger's call log → ``kernels`` (CPU operators on a CPU run, plus GPU
   kernels where the recording has them), ``ranges``, ``layers``, ``heads``
   and the ``attention_breakdown`` view;
-- :func:`tables_from_cupti`, :func:`tables_from_torch`, :func:`tables_from_kineto`,
-  :func:`tables_from_nsys`, :func:`tables_from_ncu`: one per kind of
-  recording, each through the shared attribution and derivations, each
-  returning a :class:`Built` and ending in :func:`finished` (run ids, roofline
-  class, launch summary, findings: one way for all);
-- :func:`nsys_pieces`: an nsys export's tables process by process (``parse``
-  and ``run --backend nsys`` read exports only this way);
-- one file of ``headcount parse`` (read, built, and the lines the user sees)
-  is :mod:`headcount.build.parse_file`.
+- :class:`Built` and :func:`finished`: what every ``tables_from_*`` returns, and how each ends (run ids,
+  roofline class, launch summary, findings: one way for all);
+- the attention and steps tables, the findings over a run (:func:`with_findings`), the roofline
+  (:func:`add_roofline`), the facts a run's metadata takes from its calls.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 The CLI's ``--backend`` choices, the API's backend names and the parse
 dispatch all read this module; adding a file format is one parser module,
-one build function in :mod:`headcount.build.shared` and one :class:`FileSource`
+one route module of :mod:`headcount.build` and one :class:`FileSource`
 entry here (see ``docs/adding-a-source.md``).
 """
 

@@ -140,7 +140,7 @@ WRITTEN = ("kernels", "ranges", "layers", "heads", "steps", "findings")
 # ---------------------------------------------------------------- in-memory contracts (not saved)
 @dataclass
 class Timeline:
-    """A recording's events as a parser hands them to :mod:`headcount.build.shared`
+    """A recording's events as a parser hands them to :mod:`headcount.build`
     (nsys SQLite and parquetdir exports, ``.nsys-rep`` after export).
 
     Attributes:

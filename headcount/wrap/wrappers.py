@@ -4,7 +4,7 @@ A wrapper finds and checks its tool (:meth:`version`), builds the command
 line around the program (:meth:`argv`), reads the tool's verdict on the run
 (:meth:`check`) and turns the raw folder into one set of tables per rank
 (:meth:`assemble`, through :mod:`headcount.build.run_folder` and
-:mod:`headcount.build.shared`). ``headcount run`` itself holds no per-tool branch;
+:mod:`headcount.build`). ``headcount run`` itself holds no per-tool branch;
 :data:`WRAPPERS` is keyed like :data:`headcount.build.sources.WRAPPERS`.
 """
 
