@@ -214,3 +214,20 @@ def test_every_room_after_record_is_torch_free():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.stdout
+
+
+def test_only_the_store_claims_commits_and_discards():
+    """One write of a report (``store.dataset.write_runs``): no command, route or facade repeats the store's
+    claim, commit or discard (they stage runs; the store's one function does the rest)."""
+    transaction = {"Claim", "commit", "discard"}
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "store":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "headcount.store.dataset":
+                wrong += [f"{path.relative_to(PACKAGE.parent)} imports {a.name}" for a in node.names if a.name in transaction]
+            if isinstance(node, ast.Attribute) and node.attr in transaction and isinstance(node.value, ast.Name) \
+                    and node.value.id == "dataset":
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} calls dataset.{node.attr}")
+    assert not wrong, "; ".join(wrong)
