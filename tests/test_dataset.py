@@ -272,3 +272,26 @@ def test_the_runs_of_one_file_are_committed_together_at_any_kill(tmp_path, two_p
         assert len(marker) in (1, 3), (k, marker)
         assert all(runs == set(marker) for runs in held.values()), (k, held)
         assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".headcount.lock"], k
+
+
+def test_a_write_refused_by_a_first_writer_that_won_leaves_its_report_and_lock(tmp_path):
+    """Two first writers of a new directory: the one whose commit is refused (the other committed while it
+    staged) removes only what it staged, never the winner's report or the lock file the writers share."""
+    from headcount.store.dataset import LOCK, MARKER, Staged, StagedRun, write_run, write_runs
+    from headcount.store.metadata import new_run_id
+
+    out = tmp_path / "new"
+    mine, theirs = new_run_id(), new_run_id()
+    frame = pd.DataFrame({"name": ["k"], "duration_ns": [1.0]})
+
+    def stage() -> Staged:
+        with StagedRun(out, mine, {"run_id": mine}) as staged:
+            staged.write("kernels", frame)
+        write_run(out, theirs, {"kernels": frame}, {"run_id": theirs})  # the other writer wins meanwhile
+        return Staged([mine])
+
+    with pytest.raises(HeadcountError, match="already holds a headcount report"):
+        write_runs(out, [mine], stage)
+    assert (out / MARKER).exists() and (out / LOCK).exists()
+    assert json.loads((out / MARKER).read_text())["runs"] == [theirs]
+    assert not list(out.glob(".staging-*"))

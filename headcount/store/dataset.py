@@ -575,12 +575,19 @@ def write_runs(out: str | Path, claimed: list[str], stage: Callable[[], Staged |
                 committed = done
     finally:
         if committed is None and created:
-            (out / LOCK).unlink(missing_ok=True)
-            try:
-                out.rmdir()  # only when empty: another writer's files are never removed
-            except OSError:
-                pass
+            _remove_if_unused(out)
     return committed
+
+
+def _remove_if_unused(out: Path) -> None:
+    """Remove ``out`` (and its lock file) where it holds nothing else: a directory another writer uses (its
+    staging, its committed report, its lock held while it commits beside them) is left as it is."""
+    try:
+        if {p.name for p in out.iterdir()} <= {LOCK}:
+            (out / LOCK).unlink(missing_ok=True)
+            out.rmdir()
+    except OSError:
+        pass
 
 
 def write_run(
