@@ -124,7 +124,7 @@ def _report_of(path: str, stack: ExitStack) -> Path:
         HeadcountError: no such path; neither a report nor a recording headcount reads; the recording does not parse.
     """
     from headcount.build import batch, sources
-    from headcount.common.errors import notice
+    from headcount.cli.parse_cmd import progress
     from headcount.parsers.options import ReadOptions
     from headcount.store.dataset import MARKER
     from headcount.store.metadata import new_run_id
@@ -142,13 +142,6 @@ def _report_of(path: str, stack: ExitStack) -> Path:
         raise HeadcountError(f"{path}: neither a headcount report (no {MARKER}) nor a recording headcount reads",
                              hint=exc.hint or "pass a report directory or a recording") from exc
     out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="headcount-diff-"))) / "report"
-    console = terminal.console(stderr=True)
-
-    def done(result) -> None:
-        for line in result.notices:
-            notice(f"{result.path}: {line}")
-        for line in result.lines:
-            console.print(line, soft_wrap=True)
-
-    batch.parse_into(out, [(name, new_run_id()) for name in names], ReadOptions(), jobs=1, done=done)
+    files = [(name, new_run_id()) for name in names]
+    batch.parse_into(out, files, ReadOptions(), jobs=1, done=progress(terminal.console(stderr=True), len(files)))
     return out

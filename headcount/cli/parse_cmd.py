@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from contextlib import nullcontext
+from typing import Callable
 
 from headcount.build import batch, sources
 from headcount.common.errors import HeadcountError, notice
@@ -66,17 +67,7 @@ def run(args) -> int:
     names = sources.inputs(args.files)  # every input is checked before any work starts
     files = [(name, new_run_id()) for name in names]
     jobs = args.jobs or batch.default_jobs()
-    finished = []
-
-    def done(result: batch.FileResult) -> None:
-        finished.append(result)
-        for line in result.notices:
-            notice(f"{result.path}: {line}")
-        for line in result.lines:
-            console.print(line, soft_wrap=True)
-        if len(files) > 1:
-            state = "failed" if result.error else "staged"
-            console.print(f"[{len(finished)}/{len(files)}] {result.path}: {state}", soft_wrap=True, highlight=False)
+    done = progress(console, len(files))
 
     plan = batch.split(files, jobs) if args.executor == "local" else None
     what = files[0][0] if len(files) == 1 else f"{len(files)} files"
@@ -99,3 +90,21 @@ def run(args) -> int:
                                    f"{'the others were written' if runs else 'nothing was written'}", highlight=False)
         return 1
     return 0
+
+
+def progress(console, total: int) -> Callable[[batch.FileResult], None]:
+    """What the user sees as each of ``total`` files is staged: its notices, its lines, and (of several files) a count.
+    ``headcount parse`` and the recordings ``headcount diff`` parses say the same."""
+    finished = []
+
+    def done(result: batch.FileResult) -> None:
+        finished.append(result)
+        for line in result.notices:
+            notice(f"{result.path}: {line}")
+        for line in result.lines:
+            console.print(line, soft_wrap=True)
+        if total > 1:
+            state = "failed" if result.error else "staged"
+            console.print(f"[{len(finished)}/{total}] {result.path}: {state}", soft_wrap=True, highlight=False)
+
+    return done

@@ -19,6 +19,10 @@ import torch
 
 from headcount.common.call_log import CallLog
 
+# the autograd graph task running on this thread: -1 outside a backward pass (a forward inside one is
+# activation checkpointing's recompute)
+graph_task_id = torch._C._current_graph_task_id
+
 
 class BackwardRange:
     """Opens ranges when the output's gradient arrives and closes them after

@@ -21,9 +21,7 @@ from typing import Callable
 import torch
 
 from headcount.common.call_log import CallMeta, logged
-from headcount.tagging.backward import BackwardRange, hook_backward
-
-_graph_task_id = torch._C._current_graph_task_id
+from headcount.tagging.backward import BackwardRange, graph_task_id, hook_backward
 
 
 def calls_attention_interface(module: torch.nn.Module) -> bool:
@@ -98,7 +96,7 @@ def _run_hooked(tagger, info, meta: CallMeta, hidden: torch.Tensor, call: Callab
     (:func:`~headcount.tagging.backward.hook_backward`; the module's input is usually also the
     residual, whose gradients an identity function would sum in another
     order)."""
-    phase = "recompute" if _graph_task_id() != -1 else "fwd"
+    phase = "recompute" if graph_task_id() != -1 else "fwd"
     log = logged(threading.get_ident(), phase, info.name, info.index, meta, info.model)
     tagger._record(log, log.thread_id)
     tokens = tagger.emitter.push2(phase, info.name)

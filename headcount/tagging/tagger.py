@@ -41,7 +41,7 @@ from headcount.common.naming import head_name, sanitize
 from headcount.tagging import compiled as _compiled
 from headcount.tagging import shapes as _shapes
 from headcount.tagging import state
-from headcount.tagging.backward import BackwardRange, awaited, hook_backward
+from headcount.tagging.backward import BackwardRange, awaited, graph_task_id, hook_backward
 from headcount.tagging.grad_marks import CloseOnGrad, OpenOnGrad, with_output
 from headcount.tagging.head_split import grouped_heads, head_slice, interface_call, join_transformers
 from headcount.tagging.layer_names import layer_names
@@ -49,8 +49,6 @@ from headcount.tagging.module_hooks import bypassing_attention, calls_attention_
 from headcount.tagging.ranges import CorrelatedEmitter, RangeEmitter
 
 MODES = ("layer", "head")
-
-_graph_task_id = torch._C._current_graph_task_id
 
 
 @dataclass(frozen=True)
@@ -313,7 +311,7 @@ class AttentionTagger:
         if parsed is None:
             parsed = self._sites[site] = _compiled.parse_site(site)
         layer_name, layer, model, fixed = parsed
-        if phase == "fwd" and _graph_task_id() != -1:
+        if phase == "fwd" and graph_task_id() != -1:
             phase = "recompute"
         meta = _compiled.metadata(fixed, dims)
         tid = threading.get_ident()
@@ -347,12 +345,12 @@ class AttentionTagger:
                 info = layers.get(id(module)) or self._layer_of(module)
                 if info is None:
                     return fn(module, query, key, value, attention_mask, *args, **kwargs)
-                if self.observer is not None and _graph_task_id() == -1:
+                if self.observer is not None and graph_task_id() == -1:
                     self.observer(info, module, query, key, attention_mask, kwargs)  # outside the ranges
                 fused_only = layer_mode and not (grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))
                 if fused_only and not log_calls:
                     # tags only (no tool reads the log): two ranges and nothing else
-                    tokens = emitter.push2("recompute" if _graph_task_id() != -1 else "fwd", info.name)
+                    tokens = emitter.push2("recompute" if graph_task_id() != -1 else "fwd", info.name)
                     try:
                         return fn(module, query, key, value, attention_mask, *args, **kwargs)
                     finally:
@@ -367,7 +365,7 @@ class AttentionTagger:
                         causal, kwargs.get("sliding_window"), "bhsd")
                 if fused_only:
                     # inference in layer mode: no closures, no autograd nodes
-                    phase = "recompute" if _graph_task_id() != -1 else "fwd"
+                    phase = "recompute" if graph_task_id() != -1 else "fwd"
                     log.append((get_ident(), phase, info.name, info.index, None, None, meta, info.model))
                     tokens = emitter.push2(phase, info.name)
                     try:
@@ -403,7 +401,7 @@ class AttentionTagger:
             join: ``join(results)`` assembles the per-head results into the fused result.
             head_dim: the head dimension of q, k and v.
         """
-        phase = "recompute" if _graph_task_id() != -1 else "fwd"
+        phase = "recompute" if graph_task_id() != -1 else "fwd"
         tid = threading.get_ident()
         log = _new(CallLog, (tid, phase, layer_name, layer_index, None, None, meta, model_name, None, None, None))
         track = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
@@ -597,7 +595,7 @@ class attention_range:
     def __enter__(self):
         self._tagger = current_tagger()
         if self._tagger is not None:
-            phase = "recompute" if _graph_task_id() != -1 else "fwd"
+            phase = "recompute" if graph_task_id() != -1 else "fwd"
             tid = threading.get_ident()
             self._tagger._record(logged(tid, phase, self.name, self.index, None, None), tid)
             self._tokens = self._tagger.emitter.push2(phase, self.name)
