@@ -17,7 +17,7 @@ def _ranges(heads_bytes=(100.0, 100.0)) -> pd.DataFrame:
     """One fwd layer call on a GPU: the layer's kernels run 0–100 µs (busy 70 µs, the two heads' 20 µs each,
     so 30 µs of glue kernels in the layer outside both heads); heads at 10–30 and 40–60 µs."""
     base = {"implementation": "sdpa", "phase": "fwd", "layer_name": "layer.0", "layer": 0, "pid": "1", "step": 0,
-            "duration_basis": "gpu_projected", "flop": np.nan, "analytic_min_bytes": np.nan, "kernel_gap_ns": 0.0,
+            "duration_basis": "gpu_busy", "flop": np.nan, "analytic_min_bytes": np.nan, "kernel_gap_ns": 0.0,
             "cpu_launch_cost_ns": 0.0, "theoretical_occupancy_x_busy": np.nan, "op_count": 0, "cpu_ops_ns": 0.0}
     rows = [dict(base, range_id=1, parent_range_id=0, level="layer", head=None, kv_head=None, start_ns=0, duration_ns=100e3,
                  kernel_busy_ns=70e3, kernel_count=5, dram_read_sampled_bytes=200.0, dram_write_sampled_bytes=50.0)]

@@ -136,7 +136,7 @@ def test_an_ncu_report_shows_its_measured_kernel_counters(tmp_path):
 
     import pandas as pd
 
-    from headcount.reports.names import shown
+    from headcount.common.shown_names import shown
 
     fixture = Path(__file__).parent / "fixtures" / "ncu" / "h800_flash_fwd_raw.C.csv"
     out = tmp_path / "r"
@@ -198,7 +198,7 @@ def test_the_roofline_legend_and_human_ticks_are_painted(report, tmp_path):
 
 
 def test_kernel_names_are_shown_folded_and_cut_but_kept_whole_in_the_tables():
-    from headcount.reports.names import shown
+    from headcount.common.shown_names import shown
 
     flash = "void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 64, 4, false, false, cutlass::half_t>, true>(Flash_fwd_params)"
     assert shown(flash) == "flash_fwd_kernel<…>(…)"

@@ -33,7 +33,7 @@ def test_parse_two_exports_into_one_report(tmp_path, capsys):
     reference = pd.read_csv(FIX / "h100x2_pytorch_nsys2026.2.nvtx_gpu_proj_trace.csv")
     with_ops = ranges[ranges["gpu_op_count"] > 0]
     assert len(with_ops) == len(reference) == 3242
-    assert set(with_ops["duration_basis"]) == {"gpu_projected"}
+    assert set(with_ops["duration_basis"]) == {"gpu_busy"}
     # no NVTX naming of ours in that capture: the ranges stay ranges, never posed as layers
     assert not (out / "layers").exists() or len(pd.read_parquet(out / "layers")) == 0
     assert set(ranges["level"]) == {"other"} and ranges["layer_name"].isna().all()

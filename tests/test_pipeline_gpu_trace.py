@@ -45,6 +45,6 @@ def test_kernels_follow_their_launch_not_their_execution():
     assert pd.isna(kernels[kernels.name == "other_kernel"].iloc[0].nvtx_path)
     layer = tables["ranges"].query("level == 'layer'").iloc[0]
     assert (layer.gpu_start_ns, layer.gpu_end_ns, layer.gpu_op_count) == (400_000, 460_000, 1)
-    assert layer.duration_basis == "gpu_projected" and layer.duration_ns == 60_000
+    assert layer.duration_basis == "gpu_busy" and layer.duration_ns == 60_000
     bd = tables["attention_breakdown"].iloc[0]
     assert bd.duration_ns == 60_000 and bd.dram_bytes_provenance == "analytic"

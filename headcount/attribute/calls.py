@@ -28,6 +28,8 @@ def calls_frame(calls) -> pd.DataFrame:
         shape = log.shape
         for col in SHAPE_COLUMNS:
             row[col] = getattr(shape, col) if shape is not None else None
+        if shape is None:
+            row["implementation"] = getattr(log, "implementation", None)
         rows.append(row)
     frame = pd.DataFrame(rows, columns=["phase", "layer_name", "head", "kv_head", "model", "signal", "found_as", "numbered_by", *SHAPE_COLUMNS])
     frame["head"] = frame["head"].astype("Int64")

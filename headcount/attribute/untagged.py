@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from headcount.attribute import untagged_modules
 from headcount.attribute.untagged_calls import CALL_ORDER, MODULE_RANGES, _Call, _Spans
 from headcount.attribute.untagged_kernels import _kernel_calls, _Replays
 from headcount.attribute.untagged_shapes import eager_shape, operator_shape
@@ -187,7 +188,9 @@ def find_calls(events: pd.DataFrame) -> Found:
     found = Found(pd.DataFrame(columns=events.columns))
 
     calls = _operator_calls(ops)
-    calls += _module_calls(modules, op_threads, calls)
+    left_out: dict[str, int] = {}
+    calls += _module_calls(modules, op_threads, calls, untagged_modules.ModuleLaunches(events) if len(modules) else None, left_out)
+    found.notices += untagged_modules.notices(left_out)
     _number_by_modules(calls, module_threads)
     calls += _module_backward(ops, calls)
     calls = _without_overlaps(calls, found)  # disjoint on each thread from here on
@@ -229,13 +232,14 @@ def find_calls(events: pd.DataFrame) -> Found:
         if replay:
             found.assigned.update((k, n) for k in c.replayed)
         found.calls.append(CallLog(thread_id=0, phase=c.phase, layer_name=c.layer_name, layer=c.layer, head=None, kv_head=None,
-                                   shape=c.shape, model=c.model, signal=c.signal, found_as=c.found_as, numbered_by=c.numbered_by))
+                                   shape=c.shape, model=c.model, signal=c.signal, found_as=c.found_as, numbered_by=c.numbered_by,
+                                   implementation=c.row.implementation if c.shape is None and c.row is not None else None))
     ranges = pd.DataFrame(rows, columns=[*events.columns, CALL_KEY])
     ranges["start_ns"] = ranges["start_ns"].astype("int64")
     ranges["end_ns"] = ranges["end_ns"].astype("int64")
     ranges[CALL_KEY] = ranges[CALL_KEY].astype("int64")
     found.ranges = ranges
-    found.notices[:0] = _summary(calls)
+    found.notices[:0] = _summary(calls, _shapes_recorded(ops))
     return found
 
 
@@ -364,8 +368,12 @@ def _operator_calls(ops: pd.DataFrame) -> list[_Call]:
     return calls
 
 
-def _module_calls(modules: pd.DataFrame, op_threads: dict, taken: list[_Call]) -> list[_Call]:
-    """One call per innermost attention module that holds no forward operator call."""
+def _module_calls(modules: pd.DataFrame, op_threads: dict, taken: list[_Call], launches=None,
+                  left_out: dict | None = None) -> list[_Call]:
+    """One call per innermost attention module that holds no forward operator call, and whose GPU launches make it
+    the attention (:func:`headcount.attribute.untagged_modules.verdict`: one that launched an attention kernel leaves
+    the call to the kernel signal; one whose attention ran elsewhere, or that launched nothing, is no call; counted in
+    ``left_out``)."""
     if not len(modules):
         return []
     names = modules["name"].astype(str)
@@ -386,8 +394,13 @@ def _module_calls(modules: pd.DataFrame, op_threads: dict, taken: list[_Call]) -
                 continue  # an operator inside is the call
             name = str(m.name).removeprefix("nn.Module: ")
             call = _Call(m.pid, m.tid, int(m.start_ns), int(m.end_ns), "fwd", "module", row_of[str(m.name)], name)
-            if op_thread is not None:
-                inside = op_thread.frame.iloc[op_thread.inside(m.start_ns, m.end_ns)]
+            inside = op_thread.frame.iloc[op_thread.inside(m.start_ns, m.end_ns)] if op_thread is not None else None
+            said = untagged_modules.verdict(launches, m.pid, m.tid, int(m.start_ns), int(m.end_ns), inside) if launches else None
+            if said is not None:
+                if left_out is not None:
+                    left_out[said] = left_out.get(said, 0) + 1
+                continue
+            if inside is not None:
                 call.shape = eager_shape(inside)
                 call.sequences = frozenset(int(s) for s in inside["sequence"].dropna()) if "sequence" in inside else frozenset()
             calls.append(call)
@@ -559,7 +572,15 @@ def _step_groups(calls: list[_Call], annotation_threads: dict) -> list:
     return out
 
 
-def _summary(calls: list[_Call]) -> list[str]:
+def _shapes_recorded(ops: pd.DataFrame) -> bool:
+    """Whether the recording kept operators' input dims (``record_shapes=True``): some softmax, matmul or attention
+    operator carries them (the only operators whose inputs are kept)."""
+    if "args" not in ops or not len(ops):
+        return False
+    return any(isinstance(a, dict) and bool(a.get("Input Dims")) for a in ops["args"].to_numpy(object))
+
+
+def _summary(calls: list[_Call], shapes_recorded: bool = False) -> list[str]:
     """Notices: which signals found how many calls, how layers were numbered, which shapes are missing."""
     lines = []
     by_signal: dict = {}
@@ -576,8 +597,12 @@ def _summary(calls: list[_Call]) -> list[str]:
     no_shape = sum(1 for c in calls if c.shape is None)
     packed = sum(1 for c in calls if c.shape is not None and c.shape.q_len is None)
     if no_shape:
-        lines.append(f"{no_shape} attention calls have no recorded shapes (record with record_shapes=True; kernel-only and "
-                     "unlinked backward calls never have them): their FLOPs and analytic bytes are null")
+        recorded = shapes_recorded or any(c.shape is not None for c in calls)  # some operator carried its input dims
+        lines.append(f"{no_shape} attention calls have no shapes: " + (
+            "the trace recorded shapes, but these calls were found by module or kernel names with no attention operator "
+            "carrying input dims (kernel-only and unlinked backward calls never have them)" if recorded else
+            "record with record_shapes=True (kernel-only and unlinked backward calls never have them)")
+            + ": their FLOPs and analytic bytes are null")
     if packed:
         lines.append(f"{packed} attention calls have packed variable-length inputs (tokens, heads, head dim): heads and head "
                      "dim are known, batch and sequence lengths are not recorded, so FLOPs and analytic bytes are null")

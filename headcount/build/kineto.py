@@ -28,7 +28,7 @@ from headcount.build.shared import (
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError
 from headcount.common.naming import DOMAIN, STEP_DOMAIN
-from headcount.derive import aggregate
+from headcount.derive import aggregate, collectives
 from headcount.derive import steps as step_view
 from headcount.parsers.plausible import drop_implausible
 
@@ -143,6 +143,7 @@ def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None,
     parts.append(GroupFigures(group, figures, attention_kernels, steps, outside, launching, calls, notices, tagged))
     yield "ranges", ranges
     yield "kernels", kernels
+    yield "collectives", collectives.collectives(kernels)
     yield "steps", steps
 
 

@@ -50,6 +50,10 @@ def tables_from_ncu(kernels: pd.DataFrame, run_id: str, calls=None, device: Devi
     tables = {"kernels": k, "ranges": pd.DataFrame(), "layers": layers, "heads": heads,
               "steps": step_view.kernel_sum_steps(k, implementation_of(calls) if calls else "unknown")}
     notices = list(kernels.attrs.get("notices", []))
+    if len(k) and ("dram_bytes" not in k or not pd.to_numeric(k["dram_bytes"], errors="coerce").notna().any()):
+        notices.append("the report has no DRAM byte counters (dram__bytes_read.sum, dram__bytes_write.sum): DRAM bytes and "
+                       "bandwidth are null; record them with ncu --section MemoryWorkloadAnalysis (or --set full, or "
+                       "--metrics dram__bytes_read.sum,dram__bytes_write.sum)")
     if not len(layers):
         notices.append(f"{NO_ATTENTION} (no kernel in headcount's ranges)")
     return finished(tables, run_id, ncu_metrics.run_device(kernels) or device, calls, notices)

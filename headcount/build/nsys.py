@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.attribute import attribution, graphs, labels, untagged, untagged_nsys
+from headcount.attribute import attribution, graphs, labels, nesting, untagged, untagged_nsys
 from headcount.build.shared import (
     Built,
     _gpu_rows,
     _kernels_table,
     _with_shapes,
     add_roofline,
+    busy_time,
     collected,
     finished,
     note_no_attention,
@@ -29,7 +30,7 @@ from headcount.build.shared import (
 from headcount.common.device import Device
 from headcount.common.naming import DOMAIN, STEP_DOMAIN
 from headcount.common.tables import Timeline
-from headcount.derive import aggregate, occupancy, sampling
+from headcount.derive import aggregate, collectives, launch, occupancy, sampling
 from headcount.derive import steps as step_view
 from headcount.parsers import nsys_sqlite
 from headcount.parsers.options import ReadOptions
@@ -110,6 +111,7 @@ def process_pieces(parts, calls, implementation, devices, gpu_metrics, attention
             steps.append(step_rows)
         yield "ranges", ranges_table
         yield "kernels", kernels
+        yield "collectives", collectives.collectives(kernels)
         yield "steps", step_rows
         del ranges_table, kernels, export  # written by now: freed before the next process is built
 
@@ -188,8 +190,12 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
     steps = projected[(projected["domain"] == STEP_DOMAIN).to_numpy(dtype=bool, na_value=False)]
     ranges_table = labels.label_ranges(projected, steps, ours=(projected["domain"] == DOMAIN).to_numpy(dtype=bool, na_value=False))
     if len(work):
-        ranges_table["duration_ns"] = (ranges_table["gpu_end_ns"] - ranges_table["gpu_start_ns"]).astype("float64")
-        basis = "gpu_projected"
+        levels = nesting.ancestor_rows(ranges_table, work["range_id"].to_numpy(np.int64))
+        figures = launch.per_range(ranges_table, work, levels)
+        ranges_table["kernel_busy_ns"] = figures["kernel_busy_ns"].to_numpy(np.float64)
+        ranges_table["kernel_gap_ns"] = figures["kernel_gap_ns"].to_numpy(np.float64)
+        busy_time(ranges_table)
+        basis = "gpu_busy"
     else:  # a capture with no GPU work at all (a CPU-only program): the ranges' own time
         ranges_table["duration_ns"] = (ranges_table["end_ns"] - ranges_table["start_ns"]).astype("float64")
         basis = "cpu_range"

@@ -23,9 +23,10 @@ import pandas as pd
 
 from headcount.attribute import attribution, graphs, labels, nesting, untagged, untagged_calls
 from headcount.attribute.calls import attach_calls, calls_frame
+from headcount.build.user_ranges import user_ranges
 from headcount.common.device import Device
-from headcount.common.naming import DOMAIN, STEP_DOMAIN
-from headcount.derive import aggregate, analytic, launch, occupancy, sampling, triage
+from headcount.common.naming import DOMAIN, STEP_DOMAIN, USER_DOMAIN
+from headcount.derive import aggregate, analytic, collectives, launch, occupancy, sampling, triage
 from headcount.derive import peaks as device_peaks
 from headcount.derive import steps as step_view
 
@@ -58,6 +59,9 @@ def finished(tables: dict[str, pd.DataFrame], run_id: str, device: Device | None
             table.insert(0, "run_id", run_id)
     add_roofline(tables, device, calls)
     tables.setdefault("launch", launch.summary(tables["layers"], tables["kernels"]))
+    if "collectives" not in tables:  # streamed builds gave theirs piece by piece
+        tables["collectives"] = collectives.collectives(tables["kernels"])
+        tables["collectives"].insert(0, "run_id", run_id)
     if "findings" not in tables:
         with_findings(tables)
     return Built(tables, list(notices or []), info or {})
@@ -74,18 +78,19 @@ BREAKDOWN_COLUMNS = [
 
 
 def _split_domains(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Headcount's ranges (both domains) and everything else."""
-    is_range = events["kind"] == "range"
-    names = events["name"]
-    domain = pd.Series(None, index=events.index, dtype=object)
+    """The ranges (headcount's, both domains, and the recording's own annotations, domain :data:`USER_DOMAIN`)
+    and everything else."""
+    is_range = (events["kind"] == "range").to_numpy(dtype=bool)
+    names = events["name"].astype(object)
+    domain = np.full(len(events), None, dtype=object)
+    domain[is_range] = USER_DOMAIN
     for dom in (DOMAIN, STEP_DOMAIN):
-        hit = is_range & names.str.startswith(dom + "@")
+        hit = is_range & names.astype(str).str.startswith(dom + "@").to_numpy(dtype=bool)
         domain[hit] = dom
-    ours = domain.notna()
-    ranges = events[ours].copy()
-    ranges["domain"] = domain[ours]
-    ranges["name"] = [n.split("@", 1)[1] for n in ranges["name"]]
-    return ranges, events[~ours & (events["kind"] != "range")].copy()
+    ranges = events[is_range].copy()
+    ranges["domain"] = domain[is_range]
+    ranges["name"] = [n.split("@", 1)[1] if d != USER_DOMAIN else n for n, d in zip(ranges["name"], ranges["domain"])]
+    return ranges, events[~is_range].copy()
 
 
 def tables_from_events(events: pd.DataFrame, calls, implementation: str, source: str = "torch",
@@ -147,6 +152,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
 
     main = ranges[ranges["domain"] == DOMAIN]
     steps = ranges[ranges["domain"] == STEP_DOMAIN]
+    user = _user_annotations(ranges)
 
     projected, gpu, cpu_inner = _attributed(main, cpu, gpu, runtime, correlated, keyed, graph_nodes)
     gpu_inner = gpu["range_id"].to_numpy()
@@ -156,7 +162,8 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
     is_gpu = len(gpu) > 0
     if is_gpu:
         projected = _with_gpu_figures(projected, gpu, gpu_inner, pm_samples)
-    ranges_table = _with_shapes(_labelled(projected, steps, is_gpu), calls, implementation)
+    ranges_table = _with_user_ranges(_with_shapes(_labelled(projected, steps, is_gpu), calls, implementation), user, gpu,
+                                     runtime, steps, implementation)
     frames = [cpu.assign(device="cpu", range_id=cpu_inner)]
     if is_gpu:
         gpu_rows = _gpu_rows(gpu, gpu_inner)
@@ -165,8 +172,25 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
             gpu_rows = pd.concat([gpu_rows, per_kernel], axis=1)
         frames.append(gpu_rows)
     kernels = launch.kernel_columns(_kernels_table(frames, projected, steps, source, implementation, launched))
-
     return _tables(kernels, ranges_table, steps, runtime, implementation, exclude_steps, found=len(main) > 0, with_figures=with_figures)
+
+
+def _user_annotations(ranges: pd.DataFrame) -> pd.DataFrame:
+    """The recording's own annotations among the nested ranges (torch.profiler's ``ProfilerStep#N`` aside: those are steps)."""
+    mine = (ranges["domain"] == USER_DOMAIN).to_numpy(dtype=bool)
+    return ranges[mine & ~ranges["name"].astype(str).str.match(r"ProfilerStep#\d+$").to_numpy(dtype=bool)]
+
+
+def _with_user_ranges(ranges_table: pd.DataFrame, user: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame,
+                      steps: pd.DataFrame, implementation: str) -> pd.DataFrame:
+    """The ranges table with the recording's own annotations after headcount's ranges (:mod:`headcount.build.user_ranges`)."""
+    if not len(user):
+        return ranges_table
+    mine = user_ranges(user, gpu, runtime, steps).assign(implementation=implementation)
+    columns = list(dict.fromkeys([*ranges_table.columns, *mine.columns]))
+    if not len(ranges_table):
+        return mine.reindex(columns=columns)
+    return pd.concat([ranges_table.reindex(columns=columns), mine.reindex(columns=columns)], ignore_index=True)
 
 
 def _tables(kernels: pd.DataFrame, ranges_table: pd.DataFrame, steps: pd.DataFrame, runtime: pd.DataFrame, implementation: str,
@@ -218,17 +242,30 @@ def _with_gpu_figures(projected: pd.DataFrame, gpu: pd.DataFrame, gpu_inner: np.
     return projected
 
 
+def busy_time(ranges_table: pd.DataFrame) -> None:
+    """Each range's GPU time: ``duration_ns`` the busy union of the GPU work launched inside it (nested ranges'
+    included; ``kernel_busy_ns``), ``gpu_span_ns`` its first start to last end, idle between its kernels included
+    (a span, not a time)."""
+    span = (pd.to_numeric(ranges_table["gpu_end_ns"], errors="coerce")
+            - pd.to_numeric(ranges_table["gpu_start_ns"], errors="coerce")).astype("float64")
+    busy = pd.to_numeric(ranges_table["kernel_busy_ns"], errors="coerce").astype("float64") \
+        if "kernel_busy_ns" in ranges_table else span
+    ranges_table["gpu_span_ns"] = span.to_numpy(np.float64, na_value=np.nan)
+    ranges_table["duration_ns"] = busy.where(busy.notna(), span).to_numpy(np.float64, na_value=np.nan)
+
+
 def _labelled(projected: pd.DataFrame, steps: pd.DataFrame, is_gpu: bool) -> pd.DataFrame:
     """The ranges table: labels (:func:`headcount.attribute.labels.label_ranges`), and each range's duration,
     its GPU-projected span where GPU work was recorded, else its CPU span (``duration_basis`` says which)."""
     ranges_table = labels.label_ranges(projected, steps)
-    ranges_table["duration_ns"] = (
-        (ranges_table["gpu_end_ns"] - ranges_table["gpu_start_ns"]).astype("float64")
-        if is_gpu else (ranges_table["end_ns"] - ranges_table["start_ns"]).astype("float64")
-    )
-    ranges_table["duration_basis"] = "gpu_projected" if is_gpu else "cpu_range"
+    if is_gpu:
+        busy_time(ranges_table)
+    else:
+        ranges_table["duration_ns"] = (ranges_table["end_ns"] - ranges_table["start_ns"]).astype("float64")
+    ranges_table["duration_basis"] = "gpu_busy" if is_gpu else "cpu_range"
     if "sm_warps_active_sampled_pct" in ranges_table:
-        ranges_table["sm_warps_active_x_duration"] = ranges_table["sm_warps_active_sampled_pct"] * ranges_table["duration_ns"]
+        # weighted by the window the samples cover (the span), as the layers' rate divides by it
+        ranges_table["sm_warps_active_x_duration"] = ranges_table["sm_warps_active_sampled_pct"] * ranges_table["gpu_span_ns"]
     return ranges_table
 
 
@@ -271,7 +308,7 @@ def with_findings(tables: dict) -> dict:
     first get their shares of the steps (:func:`headcount.derive.aggregate.with_step_shares`)."""
     if tables.get("layers") is not None and tables.get("steps") is not None:
         aggregate.with_step_shares(tables["layers"], tables["steps"])
-    findings = triage.findings(tables.get("steps"), tables.get("layers"), tables.get("heads"))
+    findings = triage.findings(tables.get("steps"), tables.get("layers"), tables.get("heads"), kernels=tables.get("kernels"))
     run_ids = [t["run_id"].iloc[0] for t in (tables.get("steps"), tables.get("layers")) if t is not None and "run_id" in t and len(t)]
     if run_ids:
         findings.insert(0, "run_id", run_ids[0])
@@ -347,6 +384,7 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
         k[col] = values
     k["step"] = labels.step_of(step_time.to_numpy(np.int64), steps)
     k["range_id"] = k["range_id"].where(k["range_id"] >= 0).astype("Int64")
+    collectives.message_columns(k)
     return k
 
 
@@ -374,7 +412,7 @@ def runs_on(gpu: np.ndarray) -> pd.Categorical:
 def implementation_of(calls, fallback: str | None = None) -> str:
     """The attention implementation a recording ran: the one every logged call
     names; else ``fallback`` (e.g. the model config's); else ``mixed`` or ``unknown``."""
-    impls = {c.shape.implementation for c in calls if c.shape is not None}
+    impls = {c.shape.implementation if c.shape is not None else getattr(c, "implementation", None) for c in calls} - {None}
     if len(impls) == 1:
         return impls.pop()
     return fallback or ("mixed" if impls else "unknown")

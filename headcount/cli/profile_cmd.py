@@ -263,7 +263,7 @@ def _profile_run(args, console, model, description, inputs, impls, backend, back
     metadata.pop("implementation", None)
     out = dataset.write_run(args.out, run_id, tables, metadata, append=append, force=force)
     console_report.print_summary(tables["layers"], tables["heads"], out, console=terminal.console(), kernels=tables["kernels"],
-                                 steps=tables["steps"], findings=tables["findings"])
+                                 steps=tables["steps"], findings=tables["findings"], collectives=tables.get("collectives"))
     return out
 
 

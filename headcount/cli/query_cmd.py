@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pyarrow.csv as pacsv
@@ -31,7 +32,7 @@ def add_parser(subparsers):
     p.add_argument("report", help="report directory")
     p.add_argument("sql", help="the query")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--csv", default=None, help="write the result as CSV to this file")
+    g.add_argument("--csv", default=None, help="write the result as CSV to this file ('-': stdout)")
     g.add_argument("--parquet", default=None, help="write the result as Parquet to this file")
     g.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON records to this file ('-': stdout)")
     p.add_argument("--max-rows", type=int, default=50, help="rows printed (default 50)")
@@ -42,6 +43,10 @@ def add_parser(subparsers):
 def run(args) -> int:
     table = run_query(args.report, args.sql)
     if args.csv:
+        if args.csv == "-":  # standard output, as --json - does
+            pacsv.write_csv(table, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+            return 0
         pacsv.write_csv(table, args.csv)
         terminal.console(stderr=True).print(f"{table.num_rows} rows → {Path(args.csv)}")
         return 0

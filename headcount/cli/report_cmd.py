@@ -39,6 +39,7 @@ def run(args) -> int:
     except OSError as exc:
         raise HeadcountError(f"{target}: cannot write the page ({exc.strerror or exc})", hint="choose a writable path with -o") from exc
     console_report.print_summary(tables["layers"], tables["heads"], None, console=terminal.console(), runs=tables["runs"],
-                                 ranges=tables["ranges_summary"], steps=tables["steps"], findings=tables["findings"])
+                                 ranges=tables["ranges_summary"], steps=tables["steps"], findings=tables["findings"],
+                                 collectives=tables.get("collectives"))
     terminal.console().print(f"HTML: {target}")
     return 0

@@ -240,6 +240,7 @@ def _report(args, console, wrapper, ran, raw: Path, out: Path, run_id: str, tool
     written = len(staged)
     first = next(r for r in runs if not run_folder.empty(r.tables))
     console_report.print_summary(first.tables["layers"], first.tables["heads"], None, console=terminal.console(),
-                                 kernels=first.tables["kernels"], steps=first.tables.get("steps"), findings=first.tables.get("findings"))
+                                 kernels=first.tables["kernels"], steps=first.tables.get("steps"), findings=first.tables.get("findings"),
+                                 collectives=first.tables.get("collectives"))
     terminal.console().print(f"Report: {out}/ ({written} run{'s' if written > 1 else ''}: {', '.join(r.run_id for r in runs)}); raw files: {raw}/")
     return INTERRUPTED if ran.interrupted else status

@@ -159,6 +159,8 @@ class CallLog(NamedTuple):
         found_as: the names the recording gives the call (enclosing layer module, attention
             module, operator or kernel, joined by ``/``); ``None`` for the tagger's own calls.
         numbered_by: for such a call, how its layer index was found: ``module ranges`` or ``call order``.
+        implementation: for a call without a shape, the implementation its signal names (a kernel's name:
+            ``flash_attention_2``, ``flashinfer`` …); a shape's own ``implementation`` comes first.
     """
 
     thread_id: int
@@ -172,6 +174,7 @@ class CallLog(NamedTuple):
     signal: str | None = None
     found_as: str | None = None
     numbered_by: str | None = None
+    implementation: str | None = None
 
     # the tagger derives entries on its hot path: these build them without
     # ``_replace`` (1 µs) or the class's Python-level ``__new__`` (0.25 µs)
@@ -190,7 +193,7 @@ class CallLog(NamedTuple):
 
 def logged(thread_id: int, phase: str, layer_name: str, layer: int | None, meta: CallMeta | None, model: str | None) -> CallLog:
     """A tagger's log entry for a layer range (the hot path's builder: no defaults to fill in)."""
-    return _new(CallLog, (thread_id, phase, layer_name, layer, None, None, meta, model, None, None, None))
+    return _new(CallLog, (thread_id, phase, layer_name, layer, None, None, meta, model, None, None, None, None))
 
 
 _new = tuple.__new__

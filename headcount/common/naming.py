@@ -23,6 +23,9 @@ DOMAIN = "headcount"
 """The NVTX domain of every range headcount emits."""
 
 STEP_DOMAIN = "headcount.step"
+USER_DOMAIN = "torch.profiler"
+"""The domain given to a torch.profiler trace's own annotations (``record_function`` / ``user_annotation``:
+``## forward ##``, ``nccl:all_reduce``, ``DistributedDataParallel.forward``): ranges like foreign NVTX ranges."""
 """Domain of the ``step.N`` ranges the profile command puts around each step."""
 
 PHASES = ("fwd", "bwd", "recompute")

@@ -40,7 +40,7 @@ KERNELS = pa.schema([
     ("external_id", I), ("queued_ns", I), ("submitted_ns", I), ("queue_ns", F), ("submit_to_start_ns", F),
     ("block_threads", I), ("shared_memory_static_bytes", F), ("shared_memory_dynamic_bytes", F),
     ("shared_memory_config_bytes", F), ("local_memory_per_thread_bytes", I), ("graph_id", I),
-    ("graph_node_id", I),
+    ("graph_node_id", I), ("collective", S), ("msg_in_nelems", I), ("msg_out_nelems", I), ("group_size", I), ("comm_dtype", S),
     *_ATTRIBUTION,
 ])
 
@@ -50,7 +50,7 @@ RANGES = pa.schema([
     ("start_ns", I), ("end_ns", I), ("duration_ns", F), ("duration_basis", S),
     ("op_count", I), ("cpu_ops_ns", F), ("cpu_op_start_ns", I), ("cpu_op_end_ns", I),
     ("gpu_start_ns", I), ("gpu_end_ns", I), ("gpu_op_count", I), ("external_id", I), ("replay_of", I), ("graph_capture", B),
-    ("kernel_busy_ns", F), ("kernel_gap_ns", F), ("cpu_launch_cost_ns", F),
+    ("kernel_busy_ns", F), ("kernel_gap_ns", F), ("gpu_span_ns", F), ("cpu_launch_cost_ns", F),
     ("dram_read_sampled_bytes", F), ("dram_write_sampled_bytes", F), ("sm_warps_active_sampled_pct", F), ("pm_whole_samples", F),
     ("phase", S), ("layer_name", S), ("layer", I), ("head", I), ("kv_head", I), ("model", S),
     *_SHAPE, ("flop", F), ("analytic_min_bytes", F), ("signal", S), ("found_as", S),
@@ -69,7 +69,7 @@ _AGG = [
     ("queued_kernels_pct", F),
     ("achieved_occupancy_pct", F), ("achieved_occupancy_provenance", S), ("incomplete", B), ("provenance", S),
     ("kernel_count", F), ("kernels_per_call", F), ("cpu_launch_cost_ns", F), ("cpu_launch_cost_per_call_ns", F),
-    ("kernel_gap_ns", F), ("kernel_gap_per_call_ns", F), ("kernel_busy_ns", F), ("theoretical_occupancy_pct", F),
+    ("kernel_gap_ns", F), ("kernel_gap_per_call_ns", F), ("kernel_busy_ns", F), ("gpu_span_ns", F), ("theoretical_occupancy_pct", F),
     ("dram_bytes_sampled", F), ("signal", S), ("found_as", S),
 ]
 
@@ -79,7 +79,7 @@ LAYERS = pa.schema([
     ("split_gaps_ns", F), ("heads_dram_bytes", F), ("heads_bytes_share_of_layer_pct", F),
     ("layer_mode_duration_per_call_ns", F), ("split_cost_x", F), ("share_of_phase_pct", F), ("share_of_step_pct", F),
     ("share_of_gpu_busy_pct", F), ("module_calls", I), ("module_duration_ns", F), ("module_duration_per_call_ns", F),
-    ("module_kernel_count", F), ("module_kernels_per_call", F), ("module_kernel_busy_ns", F), ("core_share_of_module_pct", F),
+    ("module_kernel_count", F), ("module_kernels_per_call", F), ("module_kernel_busy_ns", F), ("module_gpu_span_ns", F), ("core_share_of_module_pct", F),
 ])
 
 HEADS = pa.schema([
@@ -107,14 +107,24 @@ STEPS = pa.schema([
     ("implementation", S), ("pid", S), ("device", S), ("step", I), ("basis", S),
     ("window_start_ns", I), ("window_end_ns", I), ("window_ns", F), ("gpu_busy_ns", F), ("gpu_busy_pct", F),
     ("idle_ns", F), ("idle_launch_bound_ns", F), ("idle_sync_ns", F), ("idle_host_ns", F), ("idle_other_ns", F),
-    ("idle_unknown_ns", F), ("idle_other_blocked_ns", F),
+    ("idle_unknown_ns", F), ("idle_other_blocked_ns", F), ("idle_capture_ns", F),
+    ("own_busy_ns", F), ("own_busy_pct", F), ("others_busy_ns", F), ("others_busy_pct", F), ("windows_overlap", pa.bool_()),
     ("kernels", I), ("kernel_ns", F), ("kernel_p50_ns", F), ("memcpy_ns", F), ("memset_ns", F),
     ("attention_gpu_ns", F), ("attention_share_pct", F), ("communication_ns", F),
+    ("communication_overlapped_ns", F), ("communication_exposed_ns", F), ("graph_launches", I), ("graph_ops", I),
+    ("graph_busy_ns", F),
     ("launches", I), ("cpu_launch_cost_p50_ns", F), ("sync_calls", I), ("queued_kernels_pct", F), ("launch_latency_p50_ns", F),
     ("launch_travel_ns", F), ("provenance", S), ("note", S),
 ])
 """One row per implementation × process × device × step: how busy the GPU was and why it was idle
 (:mod:`headcount.derive.steps`)."""
+
+COLLECTIVES = pa.schema([
+    ("implementation", S), ("pid", S), ("device", S), ("step", I), ("kind", S), ("library", S), ("calls", I),
+    ("time_ns", F), ("busy_ns", F), ("sized_calls", I), ("sized_time_ns", F), ("bytes", F), ("group_size", I),
+    ("dtype", S), ("algbw_gbps", F), ("busbw_gbps", F), ("provenance", S),
+])
+"""One row per implementation × process × device × step × collective kind (:mod:`headcount.derive.collectives`)."""
 
 FINDINGS = pa.schema([
     ("rank", I), ("kind", S), ("subject", S), ("implementation", S), ("value", F), ("unit", S),
@@ -130,10 +140,11 @@ TABLES: dict[str, pa.Schema] = {
     "runs": RUNS,
     "attention_stats": ATTENTION_STATS,
     "steps": STEPS,
+    "collectives": COLLECTIVES,
     "findings": FINDINGS,
 }
 
-WRITTEN = ("kernels", "ranges", "layers", "heads", "steps", "findings")
+WRITTEN = ("kernels", "ranges", "layers", "heads", "steps", "collectives", "findings")
 """The tables a recording's build gives and every writer writes (``runs`` is written from the run's metadata)."""
 
 

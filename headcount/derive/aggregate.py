@@ -13,8 +13,9 @@ measured-or-not quantity has a ``<quantity>_provenance`` column:
   time is ``analytic``.
 
 ``duration_basis`` says what the duration is: ``cpu_range`` (wall time of the
-range on the CPU thread — the CPU torch source), ``gpu_projected`` (first
-kernel start to last kernel end of the range on the GPU) or
+range on the CPU thread — the CPU torch source), ``gpu_busy`` (the union of the
+GPU work launched inside the range: busy time, idle between its kernels left out;
+``gpu_span_ns`` keeps the first kernel start to last kernel end, a span) or
 ``gpu_kernel_sum`` (sum of kernel durations — ncu, which serializes kernels).
 
 Totals (``duration_ns``, ``dram_bytes``, ``flop``) are over every call of the
@@ -43,6 +44,7 @@ _SUMMED = (  # summed over a group's ranges
     "kernel_count",
     "kernel_busy_ns",
     "kernel_gap_ns",
+    "gpu_span_ns",
     "cpu_launch_cost_ns",
     "theoretical_occupancy_x_busy",
     "dram_read_sampled_bytes",
@@ -96,10 +98,12 @@ def _derive(table: pd.DataFrame, duration_provenance: str) -> pd.DataFrame:
     t["dram_bytes"] = measured.where(measured.notna(), sampled.where(sampled.notna(), t["analytic_min_bytes"]))
     t["dram_bytes_provenance"] = np.where(measured.notna(), "measured", np.where(sampled.notna(), "sampled",
                                           np.where(t["analytic_min_bytes"].notna(), "analytic", None)))
+    # device-wide samples are taken over a range's GPU window, first start to last end: their rates are over that span
+    window = t["gpu_span_ns"].where(t["gpu_span_ns"].notna(), t["duration_ns"]) if "gpu_span_ns" in t else t["duration_ns"]
     if "sm_warps_active_x_duration" in t:
         # PM sampling: device-wide warps active over the range's GPU window (an achieved occupancy, sampled)
         with np.errstate(divide="ignore", invalid="ignore"):
-            t["achieved_occupancy_pct"] = (t["sm_warps_active_x_duration"] / t["duration_ns"]).where(t["duration_ns"] > 0)
+            t["achieved_occupancy_pct"] = (t["sm_warps_active_x_duration"] / window).where(window > 0)
         t["achieved_occupancy_provenance"] = np.where(t["achieved_occupancy_pct"].notna(), "sampled", None)
     if "kernel_count" in t:
         t["kernels_per_call"] = t["kernel_count"] / t["calls"]
@@ -110,7 +114,8 @@ def _derive(table: pd.DataFrame, duration_provenance: str) -> pd.DataFrame:
     t["duration_provenance"] = np.where(t["duration_ns"].notna(), duration_provenance, None)
     t["duration_per_call_ns"] = t["duration_ns"] / t["calls"]
     with np.errstate(divide="ignore", invalid="ignore"):
-        t["bandwidth_gbps"] = (t["dram_bytes"] / t["duration_ns"]).where(t["duration_ns"] > 0)
+        over = window.where(pd.Series(t["dram_bytes_provenance"], index=t.index) == "sampled", t["duration_ns"])
+        t["bandwidth_gbps"] = (t["dram_bytes"] / over).where(over > 0)
         t["intensity_flop_per_byte"] = (t["flop"] / t["dram_bytes"]).where(t["dram_bytes"] > 0)
     t["flop_provenance"] = np.where(t["flop"].notna(), "analytic", None)
     t["bandwidth_provenance"] = np.where(
@@ -223,14 +228,15 @@ def with_split_cost(head_layers: pd.DataFrame, layer_layers: pd.DataFrame) -> pd
 
 
 MODULE_COLUMNS = ["module_calls", "module_duration_ns", "module_duration_per_call_ns", "module_kernel_count",
-                  "module_kernels_per_call", "module_kernel_busy_ns", "core_share_of_module_pct"]
+                  "module_kernels_per_call", "module_kernel_busy_ns", "module_gpu_span_ns", "core_share_of_module_pct"]
 
 
 def _with_module(table: pd.DataFrame, modules: pd.DataFrame) -> pd.DataFrame:
     """Add the whole attention module of each layer row, where the recording names it (``module`` ranges:
     :func:`headcount.attribute.untagged.find_calls`): ``module_calls``, ``module_duration_ns`` (its time, on
     the same basis as ``duration_ns``, summed over calls) and per call, ``module_kernel_count`` (GPU
-    operations launched inside it, the core's included) and per call, ``module_kernel_busy_ns``, and
+    operations launched inside it, the core's included) and per call, ``module_kernel_busy_ns``, ``module_gpu_span_ns``
+    (first start to last end of its GPU work, summed over calls: a span), and
     ``core_share_of_module_pct`` (the core's ``duration_ns`` over the module's, in %, where every call of
     the row has its module). All null where no module range was recorded."""
     for column in MODULE_COLUMNS:
@@ -244,6 +250,7 @@ def _with_module(table: pd.DataFrame, modules: pd.DataFrame) -> pd.DataFrame:
         "module_duration_ns": grouped["duration_ns"].sum(min_count=1).astype("float64"),
         "module_kernel_count": grouped[counted].sum(min_count=1).astype("float64") if counted in modules else np.nan,
         "module_kernel_busy_ns": grouped["kernel_busy_ns"].sum(min_count=1).astype("float64") if "kernel_busy_ns" in modules else np.nan,
+        "module_gpu_span_ns": grouped["gpu_span_ns"].sum(min_count=1).astype("float64") if "gpu_span_ns" in modules else np.nan,
     }).reset_index()
     out = table.drop(columns=MODULE_COLUMNS).merge(per, on=GROUP_LAYER, how="left")
     out["module_duration_per_call_ns"] = out["module_duration_ns"] / out["module_calls"]
@@ -444,18 +451,29 @@ def attention_per_step(layers: pd.DataFrame, keys: list[str] | None = None) -> p
     return pd.DataFrame(rows, columns=[*keys, "steps", "attention_ns_per_step", "calls_per_step"])
 
 
+def work_signature(layers: pd.DataFrame) -> tuple:
+    """What one implementation's attention ran in a run: its layers and their shapes. Speed-ups compare two
+    implementations only where these are equal (a pipeline's text encoder and its transformer are different work)."""
+    shape = [c for c in ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype") if c in layers]
+    names = tuple(sorted({str(v) for v in layers["layer_name"].dropna()})) if "layer_name" in layers else ()
+    shapes = tuple(sorted({tuple(str(v) for v in r) for r in layers[shape].itertuples(index=False)})) if shape else ()
+    return names, shapes
+
+
 def with_step_shares(layers: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Add (in place) each layer row's ``share_of_step_pct`` — its time over the profiled steps' windows
     (``window_ns`` summed over the steps of its implementation) — and ``share_of_gpu_busy_pct`` — over
-    their GPU busy time (null without GPU figures), in percent. The rows of work outside every step
+    their GPU busy time (the steps' own work, ``own_busy_ns``; null without GPU figures), in percent. The rows of work outside every step
     count only where the recording has no step at all (their window is then the whole recording)."""
     for column in ("share_of_step_pct", "share_of_gpu_busy_pct"):
         layers[column] = np.nan
     if not len(layers) or steps is None or not len(steps) or "window_ns" not in steps:
         return layers
     stepped = steps[steps["step"].notna().to_numpy(dtype=bool)] if steps["step"].notna().any() else steps
+    # each step's own work: steps' windows may overlap (pipelined work), their own work does not
+    own = "own_busy_ns" if "own_busy_ns" in stepped and stepped["own_busy_ns"].notna().any() else "gpu_busy_ns"
     totals = stepped.groupby(stepped["implementation"].astype(object), dropna=False).agg(
-        window=("window_ns", "sum"), busy=("gpu_busy_ns", lambda v: v.sum(min_count=1)))
+        window=("window_ns", "sum"), busy=(own, lambda v: v.sum(min_count=1)))
     implementation = layers["implementation"].astype(object)
     window = implementation.map(totals["window"]).astype("float64")
     busy = implementation.map(totals["busy"]).astype("float64")

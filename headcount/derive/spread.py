@@ -45,6 +45,7 @@ BANDWIDTH = [f"bandwidth_per_call_p{q}_gbps" for q in QUANTILES]
 MIN_CALLS = 2
 CALL_BANDWIDTH = "_bandwidth_per_call_gbps"  # the per-instance column per_call reads
 VERDICT_MIN_CALLS = 3  # a p10–p90 interval of two calls is their whole range: too thin to call anything hotter
+LAYER_MIN_CALLS = 5  # layers have no rank test within a call: their p10–p90 must rest on at least this many calls
 ALPHA = 0.01  # chance of calling any head of a run hotter (or cooler) when its heads are alike
 RANK_P = ["hotter_p", "cooler_p"]
 _EXACT_CALLS = 60  # up to this many calls the rank sum's distribution is convolved exactly; beyond, its normal limit
@@ -173,7 +174,7 @@ def rank_tests(head_ranges: pd.DataFrame, keys: list[str], layer_keys: list[str]
     return out[[*keys, "positions_seen", *RANK_P]]
 
 
-def standout(rows: pd.DataFrame, key: str = "head") -> pd.DataFrame:
+def standout(rows: pd.DataFrame, key: str = "head", min_calls: int = VERDICT_MIN_CALLS) -> pd.DataFrame:
     """The rule for "head X is hotter than the others" (or layer X, with ``key="layer"``).
 
     Args:
@@ -191,17 +192,19 @@ def standout(rows: pd.DataFrame, key: str = "head") -> pd.DataFrame:
         over the median head's, minus 1, in %), ``noise_pct`` (the median
         head's relative half-width, in %), ``p`` (the rank test's adjusted
         p-value in the verdict's direction, where tested) and ``reference``
-        (the median head). Where the rows carry the rank test, hotter
+        (the median head), ``widest_pct`` (the widest relative half-width among the rows, in %: the spread the
+        verdicts saw). ``min_calls``: the calls a row needs to be compared (layers: :data:`LAYER_MIN_CALLS`).
+        Where the rows carry the rank test, hotter
         (cooler) is its verdict at :data:`ALPHA`, in the direction of the
         medians; else the p10–p90 intervals must lie apart.
     """
     lo, mid, hi = DURATION
     rows = rows.dropna(subset=[mid]).sort_values([mid, key]).reset_index(drop=True)
     if len(rows) < 2:
-        return pd.DataFrame(columns=[key, "verdict", "why", "vs_median_pct", "noise_pct", "p", "reference"])
+        return pd.DataFrame(columns=[key, "verdict", "why", "vs_median_pct", "noise_pct", "p", "reference", "widest_pct"])
     ref = rows.iloc[(len(rows) - 1) // 2]
     noise = 100.0 * relative_half_width(ref[lo], ref[mid], ref[hi])
-    enough = rows["calls"].fillna(0).astype("float64") >= VERDICT_MIN_CALLS if "calls" in rows else pd.Series(True, index=rows.index)
+    enough = rows["calls"].fillna(0).astype("float64") >= max(min_calls, VERDICT_MIN_CALLS) if "calls" in rows else pd.Series(True, index=rows.index)
     known = rows[lo].notna() & rows[hi].notna() & pd.notna(ref[lo]) & pd.notna(ref[hi]) & enough & bool(enough.iloc[(len(rows) - 1) // 2])
     above, below = (rows[lo] > ref[hi]).to_numpy(), (rows[hi] < ref[lo]).to_numpy()
     why = np.where(known, None, "calls").astype(object)
@@ -224,4 +227,6 @@ def standout(rows: pd.DataFrame, key: str = "head") -> pd.DataFrame:
         "noise_pct": noise,
         "p": p,
         "reference": ref[key],
+        "widest_pct": 100.0 * float(np.nanmax([relative_half_width(a, b, c) for a, b, c in zip(rows[lo], rows[mid], rows[hi])]
+                                                + [np.nan])) if len(rows) else np.nan,
     })

@@ -87,6 +87,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from headcount.common import communication
+from headcount.derive import captures, columns, device_view, step_work
 from headcount.derive.launch import previous_end, union_length
 
 CPU_PACE_NS = 100_000
@@ -102,6 +104,7 @@ SYNC_CALL = re.compile(
 )
 """Runtime/driver calls that block the CPU until GPU work has finished."""
 
+
 LAUNCH_TRAVEL_NS = 50_000
 """The most a launched operation may take to reach an idle GPU and start, from the end of its launch call: the
 travel allowance where too few launches onto an idle stream measure it, and its ceiling where they do (an idle GPU
@@ -115,34 +118,38 @@ the longest ordinary launch, not the outliers that waited on another stream's ev
 MIN_IDLE_LAUNCHES = 20
 """Launches onto an idle stream needed (per process and device) to measure the travel allowance."""
 
-COMMUNICATION = re.compile(r"nccl|rccl", re.IGNORECASE)
-"""Kernel names of collective communication (NCCL, RCCL)."""
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
 WORK_COLUMNS = ["kind", "implementation", "pid", "tid", "device", "step", "name", "start_ns", "end_ns", "api_start_ns",
-                "api_end_ns", "correlation_id", "layer_name", "launch_latency_ns", "queue_delay_ns"]
+                "api_end_ns", "correlation_id", "layer_name", "launch_latency_ns", "queue_delay_ns", "graph_id"]
 """The kernels table's columns :func:`gpu_steps` reads."""
 KEYS = ["implementation", "pid", "device", "step"]
 COLUMNS = [
     *KEYS, "basis", "window_start_ns", "window_end_ns", "window_ns", "gpu_busy_ns", "gpu_busy_pct",
     "idle_ns", "idle_launch_bound_ns", "idle_sync_ns", "idle_host_ns", "idle_other_ns", "idle_unknown_ns",
-    "idle_other_blocked_ns", "kernels", "kernel_ns", "kernel_p50_ns", "memcpy_ns", "memset_ns", "attention_gpu_ns", "attention_share_pct",
-    "communication_ns", "launches", "cpu_launch_cost_p50_ns", "sync_calls", "queued_kernels_pct", "launch_latency_p50_ns",
+    "idle_other_blocked_ns", "idle_capture_ns", "own_busy_ns", "own_busy_pct", "others_busy_ns", "others_busy_pct",
+    "windows_overlap", "kernels", "kernel_ns", "kernel_p50_ns", "memcpy_ns", "memset_ns", "attention_gpu_ns", "attention_share_pct",
+    "communication_ns", "communication_overlapped_ns", "communication_exposed_ns", "graph_launches", "graph_ops",
+    "graph_busy_ns", "launches", "cpu_launch_cost_p50_ns", "sync_calls", "queued_kernels_pct", "launch_latency_p50_ns",
     "launch_travel_ns", "provenance", "note",
 ]
 
 
 def sync_calls(runtime: pd.DataFrame) -> pd.DataFrame:
-    """The synchronizing calls (:data:`SYNC_CALL`) among runtime/driver calls
-    (``pid``, ``tid``, ``name``, ``start_ns``, ``end_ns``)."""
+    """The synchronizing calls (:data:`SYNC_CALL`) and the graph-capture calls (:data:`CAPTURE_CALL`) among
+    runtime/driver calls (``pid``, ``tid``, ``name``, ``start_ns``, ``end_ns``); ``capture`` says which."""
     if runtime is None or not len(runtime) or "name" not in runtime:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in (("pid", object), ("tid", object), ("name", object),
-                                                                   ("start_ns", "int64"), ("end_ns", "int64"))})
-    codes, names = _codes(runtime["name"])
-    rows = _matches(names, SYNC_CALL.pattern)[np.where(codes >= 0, codes, len(names))]  # a call without a name is none
+                                                                   ("start_ns", "int64"), ("end_ns", "int64"),
+                                                                   ("capture", bool))})
+    codes, names = columns.codes(runtime["name"])
+    at = np.where(codes >= 0, codes, len(names))  # a call without a name is none
+    capture = columns.matches(names, captures.CAPTURE_CALL.pattern)
+    rows = (columns.matches(names, SYNC_CALL.pattern) | capture)[at]
     out = runtime.loc[rows, ["pid", "tid", "name", "start_ns", "end_ns"]].reset_index(drop=True)
     for col in ("pid", "tid", "name"):
         out[col] = out[col].astype(object).where(out[col].notna(), None)
+    out["capture"] = capture[at][rows]
     return out
 
 
@@ -234,25 +241,6 @@ def _blocked(a: np.ndarray, b: np.ndarray, other: np.ndarray, thread: np.ndarray
     return out
 
 
-def _codes(values) -> tuple[np.ndarray, np.ndarray]:
-    """Integer codes (-1: null) and the distinct values of a column, categorical or
-    not, without a Python object per row (a large export's kernels are categorical)."""
-    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):
-        cat = values.array if isinstance(values, pd.Series) else values
-        return np.asarray(cat.codes, dtype=np.int64), np.asarray(cat.categories, dtype=object)
-    codes, uniques = pd.factorize(values, use_na_sentinel=True)
-    return np.asarray(codes, dtype=np.int64), np.asarray(uniques, dtype=object)
-
-
-def _combine(*parts: tuple[np.ndarray, int]) -> np.ndarray:
-    """One int64 per row from several codes (each ``(codes, number of distinct values)``,
-    -1 for null): equal exactly where every part is equal."""
-    out = np.zeros(len(parts[0][0]), dtype=np.int64)
-    for codes, n in parts:
-        out = out * (n + 1) + (codes + 1)
-    return out
-
-
 def _first_rows(groups: np.ndarray, n: int) -> np.ndarray:
     """The first row of each group code 0..n-1."""
     first = np.full(n, -1, dtype=np.int64)
@@ -275,11 +263,6 @@ def _launching_process(pid: np.ndarray, device: np.ndarray) -> np.ndarray:
     return out
 
 
-def _matches(uniques: np.ndarray, pattern, case: bool = True) -> np.ndarray:
-    """Per distinct name (plus a last False for null), whether it matches ``pattern``."""
-    return np.append(pd.Series(uniques, dtype=object).astype(str).str.contains(pattern, case=case, regex=True).to_numpy(dtype=bool), False)
-
-
 def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_found: bool = True) -> pd.DataFrame:
     """The ``steps`` rows of GPU work (see the module docstring).
 
@@ -300,6 +283,9 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
         The steps table's rows (:data:`COLUMNS`, no ``run_id``), ``basis`` ``gpu_window``.
     """
     picked = _gpu_rows(work)
+    calls_seen = syncs
+    if syncs is not None and "capture" in syncs:  # the capture calls mark capture spans; they explain no other gap
+        syncs = syncs[~syncs["capture"].to_numpy(dtype=bool)].reset_index(drop=True)
     if picked is None:
         return pd.DataFrame(columns=COLUMNS)
     work, kind_of, device_codes, devices = picked
@@ -309,37 +295,60 @@ def gpu_steps(work: pd.DataFrame, syncs: pd.DataFrame | None = None, attention_f
     end_int = np.maximum(work["end_ns"].to_numpy(np.int64), start_int)
     origin = int(start_int.min())
     start, end = (start_int - origin).astype(np.float64), (end_int - origin).astype(np.float64)
-    s = _relative(work["api_start_ns"], origin) if "api_start_ns" in work else np.full(len(work), np.nan)
-    e = _relative(work["api_end_ns"], origin) if "api_end_ns" in work else np.full(len(work), np.nan)
+    s = columns.relative(work["api_start_ns"], origin) if "api_start_ns" in work else np.full(len(work), np.nan)
+    e = columns.relative(work["api_end_ns"], origin) if "api_end_ns" in work else np.full(len(work), np.nan)
     correlation = (pd.to_numeric(work["correlation_id"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
                    if "correlation_id" in work else np.full(len(work), np.nan))
-    impl_codes, impls = _codes(work["implementation"]) if "implementation" in work else (np.zeros(len(work), np.int64), np.array(["unknown"], dtype=object))
-    pid_codes, pids = _codes(work["pid"])
-    tid_codes, tids = _codes(work["tid"]) if "tid" in work else (np.full(len(work), -1), np.array([], dtype=object))
-    step_codes, step_values = _codes(pd.array(work["step"], dtype="Int64") if "step" in work else pd.array([pd.NA] * len(work), dtype="Int64"))
-    name_codes, names = _codes(work["name"])
+    impl_codes, impls = columns.codes(work["implementation"]) if "implementation" in work else (np.zeros(len(work), np.int64), np.array(["unknown"], dtype=object))
+    pid_codes, pids = columns.codes(work["pid"])
+    tid_codes, tids = columns.codes(work["tid"]) if "tid" in work else (np.full(len(work), -1), np.array([], dtype=object))
+    step_codes, step_values = columns.codes(pd.array(work["step"], dtype="Int64") if "step" in work else pd.array([pd.NA] * len(work), dtype="Int64"))
+    name_codes, names = columns.codes(work["name"])
     pid_codes = _launching_process(pid_codes, device_codes)
 
     # the launching thread of each op, as one integer (-1: unknown)
-    thread = np.where((pid_codes >= 0) & (tid_codes >= 0), _combine((pid_codes, len(pids)), (tid_codes, len(tids))), -1)
+    thread = np.where((pid_codes >= 0) & (tid_codes >= 0), columns.combine((pid_codes, len(pids)), (tid_codes, len(tids))), -1)
     g, n, first_row, out = _step_groups(impl_codes, impls, pid_codes, pids, device_codes, devices, step_codes, step_values)
     allowance, idle, queued = _travel_allowance(work, start, s, e, g)
-    busy, first, last, gaps, gap_group = _busy_and_gaps(g, n, start, end, start_int, end_int, origin, s, e, thread, allowance)
+    own, first, last = _own_busy(g, n, start, end, start_int, end_int, origin)
+    device_group = columns.combine((impl_codes, len(impls)), (device_codes, len(devices)))  # the device seen whole
     del impl_codes, step_codes  # a large process's copies: freed before the rest
+    row_device, w0, w1 = device_group[first_row], (first - origin).astype(np.float64), (last - origin).astype(np.float64)
+    gap_group, a, b, at = device_view.gaps(device_group, start, end, end_int, origin, s)
+    gaps = {"a": a, "b": b, "s": s[at], "e": e[at], "thread": thread[at], "travel": allowance[at]}
     one, calls = _launch_calls(s, e, thread, correlation, pid_codes, pids, tid_codes, tids, syncs, origin)
-    for name, values in _classify(gaps, calls).items():
-        out[name] = np.bincount(gap_group, weights=values, minlength=n)
+    causes = _classify(gaps, calls)
+    causes.update(captures.capture_share(causes, a, b, pid_codes[at], pids, calls_seen, origin))
+    for name, values in device_view.in_windows(gap_group, a, b, causes, row_device, w0, w1).items():
+        out[name] = values
+    busy = device_view.covered(device_view.pieces(device_group, start, end), row_device, w0, w1)
     _work_columns(out, work, kind_of, name_codes, names, g, n, start, end, first, last, busy, attention_found)
+    step_work.own_columns(out, own, busy, work, kind_of, name_codes, names, g, n, start, end, device_group, row_device)
     _launch_columns(out, work, syncs, g, n, one, s, e, idle, queued, allowance, first_row)
+    step_work.graph_columns(out, work, g, n, s, thread, correlation, start, end)
+    step_work.overlap_note(out, w0, w1)
     return out.reindex(columns=COLUMNS)
+
+
+def _own_busy(g, n, start, end, start_int, end_int, origin):
+    """Per row: its own busy time (the union of its ops, ns) and its window's start and end (absolute ns)."""
+    order = np.lexsort((start, g))
+    g_o, start_o, end_o = g[order], start[order], end[order]
+    prev_end = previous_end(g_o, end_int[order] - origin)
+    piece = np.maximum(end_o - np.where(np.isnan(prev_end), start_o, np.maximum(start_o, prev_end)), 0.0)
+    busy = np.bincount(g_o, weights=piece, minlength=n)
+    bounds = np.flatnonzero(np.r_[True, g_o[1:] != g_o[:-1]])  # each group's first row (groups 0..n-1, in order)
+    first = start_int[order][bounds]  # rows are sorted by start within a group
+    last = np.maximum.reduceat(end_int[order], bounds)
+    return busy, first, last
 
 
 def _gpu_rows(work: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray] | None:
     """:func:`gpu_steps`'s GPU rows of ``work`` (only the columns read), each row's kind, its device's code and the
     distinct devices; ``None`` where there are none."""
-    kind_codes, kinds = _codes(work["kind"])
+    kind_codes, kinds = columns.codes(work["kind"])
     kind_of = np.append(np.array([str(k) for k in kinds], dtype=object), None)[np.where(kind_codes >= 0, kind_codes, len(kinds))]
-    device_codes, devices = _codes(work["device"])
+    device_codes, devices = columns.codes(work["device"])
     keep = np.isin(kind_of, GPU_KINDS) & (device_codes >= 0)
     if not keep.any():
         return None
@@ -350,19 +359,11 @@ def _gpu_rows(work: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray,
     return work, kind_of, device_codes, devices
 
 
-def _relative(values, origin: int) -> np.ndarray:
-    """A time column less ``origin`` (float64 ns, NaN for null)."""
-    numbers = pd.to_numeric(values, errors="coerce")
-    if pd.api.types.is_integer_dtype(numbers.dtype):  # subtracted as integers: float64 would round to 256 ns first
-        return (pd.array(numbers, dtype="Int64") - origin).to_numpy(np.float64, na_value=np.nan)
-    return (numbers.astype("Float64") - origin).to_numpy(np.float64, na_value=np.nan)
-
-
 def _step_groups(impl_codes, impls, pid_codes, pids, device_codes, devices, step_codes,
                  step_values) -> tuple[np.ndarray, int, np.ndarray, pd.DataFrame]:
     """Each op's row of the steps table (``g``: one per implementation × process × device × step, 0..n-1), the
     number of rows, each row's first op, and the rows' keys (``implementation``, ``pid``, ``device``, ``step``)."""
-    group_key = _combine((impl_codes, len(impls)), (pid_codes, len(pids)), (device_codes, len(devices)), (step_codes, len(step_values)))
+    group_key = columns.combine((impl_codes, len(impls)), (pid_codes, len(pids)), (device_codes, len(devices)), (step_codes, len(step_values)))
     g, _ = pd.factorize(group_key)
     g = g.astype(np.int64)
     n = int(g.max()) + 1
@@ -375,25 +376,6 @@ def _step_groups(impl_codes, impls, pid_codes, pids, device_codes, devices, step
                         "device": value(devices, device_codes),
                         "step": pd.array([None if v is None or pd.isna(v) else int(v) for v in value(step_values, step_codes)], dtype="Int64")})
     return g, n, first_row, out
-
-
-def _busy_and_gaps(g, n, start, end, start_int, end_int, origin, s, e, thread, allowance):
-    """Per row: busy time (the union of its ops), window start and end (absolute ns); the gaps between the union's
-    pieces (``a``, ``b``, and the launch call, thread and travel allowance of the op that ends each) and each gap's row."""
-    order = np.lexsort((np.nan_to_num(s, nan=np.inf), start, g))
-    g_o, start_o, end_o = g[order], start[order], end[order]
-    prev_end = previous_end(g_o, end_int[order] - origin)
-    piece = np.maximum(end_o - np.where(np.isnan(prev_end), start_o, np.maximum(start_o, prev_end)), 0.0)
-    busy = np.bincount(g_o, weights=piece, minlength=n)
-    bounds = np.flatnonzero(np.r_[True, g_o[1:] != g_o[:-1]])  # each group's first row (groups 0..n-1, in order)
-    first = start_int[order][bounds]  # rows are sorted by start within a group
-    last = np.maximum.reduceat(end_int[order], bounds)
-
-    del piece
-    gap = np.flatnonzero(~np.isnan(prev_end) & (start_o > prev_end))
-    at = order[gap]
-    gaps = {"a": prev_end[gap], "b": start_o[gap], "s": s[at], "e": e[at], "thread": thread[at], "travel": allowance[at]}
-    return busy, first, last, gaps, g_o[gap]
 
 
 def _launch_calls(s, e, thread, correlation, pid_codes, pids, tid_codes, tids, syncs, origin) -> tuple[np.ndarray, dict]:
@@ -410,7 +392,7 @@ def _launch_calls(s, e, thread, correlation, pid_codes, pids, tid_codes, tids, s
         thread_of = {(str(pids[p]), str(tids[t])): k for p, t, k in pairs.itertuples(index=False)}
         sync_thread = np.array([thread_of.get((str(p), str(t)), -1) for p, t in zip(syncs["pid"], syncs["tid"])], dtype=np.int64)
         mine = sync_thread >= 0  # a synchronizing thread that launched nothing here explains no gap
-        calls = {"thread": np.r_[calls["thread"], sync_thread[mine]], "end": np.r_[calls["end"], _relative(syncs["end_ns"], origin)[mine]],
+        calls = {"thread": np.r_[calls["thread"], sync_thread[mine]], "end": np.r_[calls["end"], columns.relative(syncs["end_ns"], origin)[mine]],
                  "sync": np.r_[calls["sync"], np.ones(int(mine.sum()), dtype=bool)],
                  "blocked": np.r_[calls["blocked"], (syncs["end_ns"] - syncs["start_ns"]).to_numpy(np.float64)[mine]]}
     return one, calls
@@ -438,9 +420,7 @@ def _work_columns(out, work, kind_of, name_codes, names, g, n, start, end, first
     out["attention_gpu_ns"] = union_length(g[att], start[att], end[att], n) if attention_found else np.nan
     with np.errstate(divide="ignore", invalid="ignore"):
         out["attention_share_pct"] = np.where(busy > 0, 100.0 * out["attention_gpu_ns"] / busy, np.nan)
-    name_at = np.where(name_codes >= 0, name_codes, len(names))
-    comm = (kernel & _matches(names, COMMUNICATION.pattern, case=False)[name_at]) | \
-        ((kind_of == "memcpy") & _matches(names, "PtoP|peer", case=False)[name_at])
+    comm = step_work.communication_rows(kind_of, name_codes, names)
     out["communication_ns"] = union_length(g[comm], start[comm], end[comm], n)
 
 
@@ -556,7 +536,7 @@ def kernel_sum_steps(kernels: pd.DataFrame, implementation: str = "unknown") -> 
                      "basis": "kernel_sum", "kernels": len(g), "kernel_ns": total, "kernel_p50_ns": d.median(),
                      "attention_gpu_ns": attention,
                      "attention_share_pct": 100.0 * attention / total if total and not pd.isna(total) else np.nan,
-                     "communication_ns": d[g["name"].astype(str).str.contains(COMMUNICATION).to_numpy()].sum(),
+                     "communication_ns": d[np.array([communication.kind_of(str(v)) is not None for v in g["name"]], dtype=bool)].sum(),
                      "provenance": "measured",
                      "note": "ncu replays kernels one at a time: no timeline, so no window, busy or idle figures; kernel and "
                              "attention time are sums of the replayed durations"})

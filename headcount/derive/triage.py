@@ -30,9 +30,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from headcount.common import shown_names
 from headcount.common.numbers import number
 from headcount.derive import spread
-from headcount.derive.aggregate import attention_per_step
+from headcount.derive.aggregate import attention_per_step, work_signature
 from headcount.derive.steps import CPU_PACE_NS, LAUNCH_TRAVEL_NS
 
 IDLE_MIN_PCT = 10.0  # the GPU idle at least this share of the window before idle causes are named
@@ -46,9 +47,11 @@ MANY_KERNELS = 100  # kernels per step from which "many small kernels" is consid
 QUEUED_MAX_PCT = 50.0  # "many small kernels" only where at most this share of the work waited behind earlier work:
 # where most of it queued, the CPU stayed ahead of the GPU and its launches cost the GPU nothing
 MIN_STEPS = 3
+DOMINANT_KERNEL_PCT = 50.0  # an ncu report's kernel from this share of the replayed time is the one to look at
 
-KINDS = ("gpu_idle_launch_bound", "gpu_idle_sync", "gpu_idle_host", "gpu_idle_other", "attention_dominant", "slow_implementation",
-         "layer_outlier", "head_outlier", "attention_memory_bound", "excess_traffic", "low_occupancy", "many_small_kernels")
+KINDS = ("gpu_idle_launch_bound", "gpu_idle_sync", "gpu_idle_host", "gpu_idle_other", "exposed_communication",
+         "gpu_idle_capture", "attention_dominant", "slow_implementation",
+         "layer_outlier", "head_outlier", "dominant_kernel", "attention_memory_bound", "excess_traffic", "low_occupancy", "many_small_kernels")
 COLUMNS = ["rank", "kind", "subject", "implementation", "value", "unit", "evidence", "suggestion", "expected_gain_pct", "provenance"]
 
 _SUGGEST = {
@@ -64,6 +67,12 @@ _SUGGEST = {
     "gpu_idle_other": "the GPU had the work but waited for something else: look at what the work after the gaps waits "
                       "for (an event recorded on another stream or device, a collective, another process on the GPU); "
                       "overlap independent work on other streams",
+    "exposed_communication": "overlap communication with compute: DDP/FSDP bucketing overlaps gradient all-reduce "
+                             "with the backward pass (bucket_cap_mb, gradient_as_bucket_view), FSDP prefetching "
+                             "(forward_prefetch, backward_prefetch) overlaps all-gathers; issue independent compute "
+                             "on another stream while the collective runs; fewer, larger collectives",
+    "gpu_idle_capture": "graph capture is set-up work, not step time: capture once (warm-up) and replay; if the recording "
+                        "was meant to show the steps, start it after the capture (torch.profiler schedule wait/warmup)",
     "attention_dominant": "attention is where the time goes: compare implementations (headcount profile --impl "
                           "eager,sdpa,flash_attention_2) and look at the traffic and occupancy findings",
     "layer_outlier": "look at what differs in that layer (sliding window, sequence length, dtype, a different kernel); "
@@ -78,6 +87,18 @@ _SUGGEST = {
                      "size limit them): try another implementation, or more work per launch (batch × heads)",
     "many_small_kernels": "kernels shorter than their launch: fuse operators (torch.compile) or capture the step "
                           "in CUDA graphs so the CPU stops paying a launch per kernel",
+}
+
+
+_DOMINANT_SUGGEST = {
+    "latency-bound": "neither the SMs nor memory are busy: too few warps hide latency; give the kernel more parallel "
+                     "work (larger grid, batch × heads), or look at its stall reasons (ncu --section WarpStateStats)",
+    "under-filled": "the grid fills less than one wave of the SMs: more blocks (split the work: split-K, smaller tiles, "
+                    "more batch × heads per launch)",
+    "memory-bound": "memory is the ceiling: move fewer bytes (fusion, lower precision, a fused attention kernel that keeps "
+                    "the score matrix on chip)",
+    "compute-bound": "the SMs are the ceiling: lower precision on tensor cores (bf16/fp8), or less work (a cheaper algorithm)",
+    "balanced": "both units are about equally busy: the kernel is near its mix's limits; look at its sections for the detail",
 }
 
 
@@ -172,6 +193,7 @@ def _idle_findings(steps: pd.DataFrame) -> list[dict]:
             out.append({"kind": kind, "subject": what, "implementation": key[0], "value": mid,
                         "unit": "% of the GPU window", "evidence": evidence, "suggestion": _SUGGEST[kind],
                         "expected_gain_pct": gain, "provenance": "measured", "_impact": gain})
+        out += _capture_findings(g, key, what, window, stepped) + _communication_findings(g, key, what, window, stepped)
         # most kernels run from graph launches (a replay is one launch for many kernels): already captured, no such advice
         launches = g["launches"] if "launches" in g else pd.Series(0, index=g.index)
         replayed = (launches > 0) & (2 * launches < g["kernels"])
@@ -193,6 +215,39 @@ def _idle_findings(steps: pd.DataFrame) -> list[dict]:
                         "suggestion": _SUGGEST["many_small_kernels"], "expected_gain_pct": np.nan, "provenance": "measured",
                         "_impact": idle_mid})
     return out
+
+
+def _capture_findings(g: pd.DataFrame, key, what: str, window: pd.Series, stepped: bool) -> list[dict]:
+    """Idle time while the process captured a CUDA/HIP graph: named, with no gain claimed (the GPU had nothing to run)."""
+    if "idle_capture_ns" not in g:
+        return []
+    lo, mid, words = _over_steps(100.0 * g["idle_capture_ns"].fillna(0) / window, stepped)
+    if not lo >= CAUSE_MIN_PCT:
+        return []
+    return [{"kind": "gpu_idle_capture", "subject": what, "implementation": key[0], "value": mid,
+             "unit": "% of the GPU window", "suggestion": _SUGGEST["gpu_idle_capture"], "expected_gain_pct": np.nan,
+             "evidence": (f"the GPU idle {_pct(mid)} of the window ({words}) while the process captured a graph "
+                          "(…StreamBeginCapture … …StreamEndCapture, …GraphInstantiate): the captured work was recorded, "
+                          "not run, so this is no idle time to win back in a step; measured from the runtime calls"),
+             "provenance": "measured", "_impact": 0.0}]
+
+
+def _communication_findings(g: pd.DataFrame, key, what: str, window: pd.Series, stepped: bool) -> list[dict]:
+    """Communication that no compute kernel of the device overlapped, from :data:`CAUSE_MIN_PCT` of the window: the
+    expected gain is all of it (the most that overlapping it with compute can give back)."""
+    if "communication_exposed_ns" not in g or not g["communication_exposed_ns"].fillna(0).gt(0).any():
+        return []
+    lo, mid, words = _over_steps(100.0 * g["communication_exposed_ns"].fillna(0) / window, stepped)
+    if not lo >= CAUSE_MIN_PCT:
+        return []
+    total, exposed = float(g["communication_ns"].median()), float(g["communication_exposed_ns"].median())
+    return [{"kind": "exposed_communication", "subject": what, "implementation": key[0], "value": mid,
+             "unit": "% of the GPU window", "suggestion": _SUGGEST["exposed_communication"], "expected_gain_pct": mid,
+             "evidence": (f"communication kernels {_ms(total)} per step, {_ms(exposed)} of it with no compute kernel of the "
+                          f"device running beside it: {_pct(mid)} of the window ({words}); measured from the kernel timeline "
+                          "(communication by kernel name: docs/report-format.md § Communication; the expected gain is all "
+                          "of the exposed time, the most that overlapping gives back)"),
+             "provenance": "measured", "_impact": mid}]
 
 
 def _step_time(steps: pd.DataFrame) -> dict:
@@ -222,9 +277,18 @@ def _attention_findings(steps: pd.DataFrame) -> list[dict]:
         of = {"gpu_window": "GPU busy time", "cpu_step": "the step's wall time (CPU run)", "kernel_sum": "replayed kernel time (ncu)"}[basis]
         out.append({"kind": "attention_dominant", "subject": f"attention ({impl})", "implementation": impl, "value": mid,
                     "unit": f"% of {of}", "evidence": f"attention {_pct(mid)} of {of} ({words}); measured",
-                    "suggestion": _SUGGEST["attention_dominant"], "expected_gain_pct": np.nan, "provenance": "measured",
+                    "suggestion": _dominant_suggestion(impl), "expected_gain_pct": np.nan, "provenance": "measured",
                     "_impact": mid})
     return out
+
+
+def _dominant_suggestion(running) -> str:
+    """What to try where attention dominates: the other implementations than the one that ran (never that one)."""
+    others = [i for i in ("eager", "sdpa", "flash_attention_2", "flex") if i != running]
+    if running in ("flash_attention_2", "flash_attention_3", "flashinfer", "tensorrt_llm"):
+        others = [i for i in others if i not in ("eager",)]  # a fused kernel already ran: eager is no step forward
+    return (f"attention is where the time goes and {running or 'an unknown implementation'} ran: compare it with "
+            f"{', '.join(others)} (headcount profile --impl {','.join(others)}) and look at the traffic and occupancy findings")
 
 
 def _per_step_attention(steps: pd.DataFrame, implementation) -> pd.Series:
@@ -242,10 +306,11 @@ def _implementation_findings(layers: pd.DataFrame, steps: pd.DataFrame, step_tim
         return []
     fastest = per_step.loc[per_step["attention_ns_per_step"].idxmin()]
     fast_steps = _per_step_attention(steps, fastest["implementation"])
+    work = {impl: work_signature(g) for impl, g in layers.groupby("implementation", sort=False)}
     out = []
     for row in per_step.itertuples(index=False):
-        if row.implementation == fastest["implementation"]:
-            continue
+        if row.implementation == fastest["implementation"] or work.get(row.implementation) != work.get(fastest["implementation"]):
+            continue  # like with like: the same layers and shapes, else no speed-up
         speedup = row.attention_ns_per_step / fastest["attention_ns_per_step"]
         slow_steps = _per_step_attention(steps, row.implementation)
         # the difference holds against the spread over steps: the slower one's p10 above the faster one's p90
@@ -288,7 +353,7 @@ def _outlier_findings(layers: pd.DataFrame, heads: pd.DataFrame, step_time: dict
 
 
 def _outliers(rows: pd.DataFrame, key: str, kind: str, where: str, impl, step_time: dict, what: str) -> list[dict]:
-    verdicts = spread.standout(rows, key)
+    verdicts = spread.standout(rows, key, min_calls=spread.LAYER_MIN_CALLS if what == "layer" else spread.VERDICT_MIN_CALLS)
     hot = verdicts[(verdicts["verdict"] == "hotter") & (verdicts["vs_median_pct"] >= OUTLIER_MIN_PCT)] if len(verdicts) else verdicts
     out = []
     for v in hot.to_dict("records"):
@@ -369,12 +434,48 @@ def _names(rows: pd.DataFrame, most: int = 4) -> str:
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def findings(steps: pd.DataFrame, layers: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
+def _dominant_kernel_findings(steps: pd.DataFrame, kernels: pd.DataFrame | None) -> list[dict]:
+    """ncu reports (``kernel_sum`` steps): the kernel that takes :data:`DOMINANT_KERNEL_PCT` or more of the replayed
+    time, with its limiter (ncu's Speed of Light rule, :mod:`headcount.derive.bound`) and the figures it rests on."""
+    if kernels is None or not len(kernels) or not (steps.get("basis", pd.Series(dtype=object)) == "kernel_sum").any():
+        return []
+    from headcount.derive import bound
+
+    d = pd.to_numeric(kernels["duration_ns"], errors="coerce")
+    total = float(d.sum(min_count=1)) if d.notna().any() else np.nan
+    if not total > 0:
+        return []
+    per = d.groupby(kernels["name"].astype(str)).sum().sort_values(ascending=False)
+    name, share = per.index[0], 100.0 * float(per.iloc[0]) / total
+    if share < DOMINANT_KERNEL_PCT:
+        return []
+    mine = kernels[kernels["name"].astype(str) == name]
+
+    def med(col):
+        return float(pd.to_numeric(mine[col], errors="coerce").median()) if col in mine else float("nan")
+
+    verdicts = mine["bound"].dropna() if "bound" in mine else pd.Series(dtype=object)
+    limiter = verdicts.mode().iloc[0] if len(verdicts) else None
+    figures = (bound.evidence(med("sm_throughput_pct"), med("memory_throughput_pct"), med("dram_throughput_pct"), med("waves_per_sm"))
+               if limiter else "no Speed of Light counters in the report (sm__throughput, gpu__compute_memory_throughput): "
+                               "record with ncu --section SpeedOfLight")
+    shown = shown_names.shown(name)
+    return [{"kind": "dominant_kernel", "subject": f"kernel {shown}", "implementation": None, "value": share,
+             "unit": "% of replayed kernel time", "expected_gain_pct": np.nan, "provenance": "measured", "_impact": share,
+             "evidence": (f"{shown}: {len(mine)} of {len(kernels)} kernels, {_ms(float(per.iloc[0]))} of {_ms(total)} replayed "
+                          f"({_pct(share)}); " + (f"{limiter} by ncu's Speed of Light rule: " if limiter else "") + figures),
+             "suggestion": _DOMINANT_SUGGEST.get(limiter, "look at this kernel first: ncu --set full -k regex:<name> shows "
+                                                          "its sections and ncu's own rule results")}]
+
+
+def findings(steps: pd.DataFrame, layers: pd.DataFrame, heads: pd.DataFrame,
+             kernels: pd.DataFrame | None = None) -> pd.DataFrame:
     """The findings of one run (see the module docstring), ranked.
 
     Args:
         steps: the run's ``steps`` table (:mod:`headcount.derive.steps`).
         layers, heads: the run's ``layers`` and ``heads`` tables.
+        kernels: its kernels table (read for ncu reports: the kernel that dominates).
 
     Returns:
         :data:`COLUMNS` (no ``run_id``); no row when nothing stands out.
@@ -383,7 +484,7 @@ def findings(steps: pd.DataFrame, layers: pd.DataFrame, heads: pd.DataFrame) -> 
     layers = layers if layers is not None else pd.DataFrame()
     heads = heads if heads is not None else pd.DataFrame()
     step_time = _step_time(steps) if len(steps) else {}
-    rows = _idle_findings(steps) + _attention_findings(steps)
+    rows = _idle_findings(steps) + _attention_findings(steps) + _dominant_kernel_findings(steps, kernels)
     if len(layers) and "duration_per_call_p50_ns" in layers:
         rows += _implementation_findings(layers, steps, step_time) + _outlier_findings(layers, heads, step_time) + _counter_findings(layers)
     if not rows:

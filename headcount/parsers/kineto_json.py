@@ -4,7 +4,7 @@ The trace is the file ``torch.profiler.profile.export_chrome_trace`` writes,
 the same one Holistic Trace Analysis reads. Timestamps are microseconds with
 three decimals relative to ``baseTimeNanoseconds``; they become integer
 nanoseconds exactly: from their float64 parse where that pins one nanosecond
-(:func:`_nanoseconds`), else from the number's own digits (msgspec, as
+(:func:`~headcount.parsers.kineto_times.exact_nanoseconds`), else from the number's own digits (msgspec, as
 ``Decimal``; a float64 of ~5e12 µs with three decimals is at the edge of its
 precision). Only the fields the table needs are decoded.
 
@@ -56,6 +56,7 @@ import pandas as pd
 from headcount.common import signals
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError
+from headcount.parsers.kineto_times import exact_nanoseconds
 
 _KIND_BY_CAT = {
     "cpu_op": "op",
@@ -94,10 +95,16 @@ class _Args(msgspec.Struct, gc=False):
     concrete: msgspec.Raw = msgspec.field(default=None, name="Concrete Inputs")
     graph_node: Any = msgspec.field(default=None, name="graph node id")
     sequence: Any = msgspec.field(default=None, name="Sequence number")
+    # a collective's message, on its kernel (and its record_param_comms operator)
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
 
 
 class _Event(msgspec.Struct, gc=False):
-    """One trace event; ``ts``/``dur`` as float64 (exact nanoseconds are recovered by :func:`_nanoseconds`)."""
+    """One trace event; ``ts``/``dur`` as float64 (exact nanoseconds are recovered by :func:`~headcount.parsers.kineto_times.exact_nanoseconds`)."""
 
     ph: Any = None
     cat: Any = ""
@@ -117,7 +124,10 @@ class _ExactEvent(_Event, gc=False):
     dur: Decimal | None = None
 
 
-_EXACT_BELOW_US = 2.0**43
+def _message(a: _Args) -> dict:
+    """A collective kernel's message, kept in the ``args`` column (a few rows: no column for every event)."""
+    return {"Collective name": a.collective, "In msg nelems": a.in_nelems, "Out msg nelems": a.out_nelems,
+            "Group size": a.group_size, "dtype": a.dtype}
 
 
 def _launch_dims(value) -> str | None:
@@ -503,31 +513,6 @@ def run_device(devices: list[dict]) -> Device | None:
     return Device.from_kineto(devices)
 
 
-def _nanoseconds(us: np.ndarray) -> np.ndarray | None:
-    """Exact integer nanoseconds of microsecond values that the trace wrote with
-    at most three decimals, from their float64 parse; ``None`` where that
-    cannot be proven (the caller then decodes the digits as ``Decimal``).
-
-    Below 2**43 µs (~100 days of the trace's clock) float64's spacing is under
-    1 ns, so the nanosecond count ``n`` whose ``n / 1000`` parses to the same
-    float is unique; it lies within 2 of ``rint(us * 1000)``, and ``n / 1000``
-    in float64 is the correctly rounded quotient, as the JSON parse was.
-    """
-    if not len(us):
-        return us.astype(np.int64)
-    if not np.isfinite(us).all() or np.abs(us).max() >= _EXACT_BELOW_US:
-        return None
-    guess = np.rint(us * 1000).astype(np.int64)
-    out = guess.copy()
-    found = np.zeros(len(us), dtype=bool)
-    for delta in (0, -1, 1, -2, 2):
-        candidate = guess + delta
-        hit = ~found & (candidate.astype(np.float64) / 1000.0 == us)
-        out[hit] = candidate[hit]
-        found |= hit
-    return out if found.all() else None
-
-
 class _Inexact(Exception):
     """A time that its float64 parse does not pin to one nanosecond (decode the digits instead)."""
 
@@ -549,8 +534,8 @@ def _times(kept: list, source: str) -> tuple[np.ndarray, np.ndarray]:
             start = np.array([int(v.scaleb(3)) for v in ts], dtype=np.int64)
             length = np.array([int(v.scaleb(3)) if v is not None else 0 for v in dur], dtype=np.int64)
         else:
-            start = _nanoseconds(np.array(ts, dtype=np.float64))
-            length = _nanoseconds(np.nan_to_num(np.array(dur, dtype=np.float64), nan=0.0))  # no dur: 0
+            start = exact_nanoseconds(np.array(ts, dtype=np.float64))
+            length = exact_nanoseconds(np.nan_to_num(np.array(dur, dtype=np.float64), nan=0.0))  # no dur: 0
             if start is None or length is None:
                 raise _Inexact
     except (OverflowError, ValueError, ArithmeticError) as exc:  # inf/nan decimals, or beyond int64
@@ -669,6 +654,7 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
     shaped = signals.shaped_names(set(names[i] for i in ops))
     inputs = {i: {"Input Dims": _json(kept[i].args.input_dims), "Input type": _json(kept[i].args.input_type),
                   "Concrete Inputs": _json(kept[i].args.concrete)} for i in ops if names[i] in shaped}
+    inputs.update({i: _message(kept[i].args) for i in gpu if kept[i].args.collective is not None and kinds[i] == "kernel"})
     sequence = _spread([kept[i].args.sequence for i in ops], ops, n, "Int64")
     frame = pd.DataFrame({
         "kind": kinds,

@@ -31,6 +31,7 @@ from headcount.parsers import kineto_json as kineto
 from headcount.parsers.plausible import drop_implausible
 
 GROUP_ROWS = 200_000  # events attributed together (a group of whole steps): ~0.3 GB at the build's peak
+CROSS_LIMIT = 4  # a group of pipelined steps grows up to this many GROUP_ROWS before it is cut across GPU work
 HELD_BYTES = 192 << 20  # of event pieces held in memory; past it every piece goes to a temporary directory
 
 _CPU_KINDS = ("op", "range", "module", "runtime")
@@ -190,13 +191,23 @@ class Pieces:
         self.launched = bool(has_launch.any())
         interval[gpu_rows[has_launch]] = interval[order[at[has_launch]]]  # without a launch: by its own start
         counts = np.bincount(interval, minlength=len(is_step))
+        clear = _clear_cuts(interval[gpu_rows], start[gpu_rows], end[gpu_rows], len(is_step))
         group_of = np.zeros(len(is_step), dtype=np.int32)
-        group, held = -1, self.group_rows
+        group, held, crossed = -1, self.group_rows, 0
         for i in range(len(is_step)):  # time outside the steps goes with the steps before it (the first group's: before them)
-            if is_step[i] and held >= self.group_rows:
+            # a cut only where the GPU work before it has ended before the work after it starts (pipelined steps stay
+            # together: a step's busy time is the device's, its neighbours' work included), unless a group grows past
+            # CROSS_LIMIT times its size
+            if is_step[i] and held >= self.group_rows and (clear[i] or held >= CROSS_LIMIT * self.group_rows):
+                crossed += int(group >= 0 and not clear[i])
                 group, held = group + 1, 0
             group_of[i] = max(group, 0)
             held += int(counts[i])
+        if crossed:
+            self.notices.append(f"{crossed} of the trace's {group} cuts into step groups fall where one step's GPU work still "
+                                "ran beside the next one's (pipelined steps over more than "
+                                f"{CROSS_LIMIT * self.group_rows:,} events): the steps at those cuts count only their own "
+                                "group's work on the device")
         self.count = max(group + 1, 1)
         row_group = group_of[interval]
         sizes = np.cumsum([0, *(len(a) for a in self._index["start"])])
@@ -217,6 +228,20 @@ class Pieces:
                 del frame
             yield group, parts[0].reset_index(drop=True) if len(parts) == 1 else pd.concat(parts, ignore_index=True)
             del parts
+
+
+def _clear_cuts(interval: np.ndarray, start: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
+    """Per interval i (0 … n-1): whether every GPU operation of the intervals before it ends no later than every one of
+    the intervals from it starts (the device's work does not cross a cut there)."""
+    if not len(interval):
+        return np.ones(n, dtype=bool)
+    last_end = np.full(n, -np.inf)
+    np.maximum.at(last_end, interval, end.astype(np.float64))
+    first_start = np.full(n, np.inf)
+    np.minimum.at(first_start, interval, start.astype(np.float64))
+    before = np.r_[-np.inf, np.maximum.accumulate(last_end)[:-1]]  # the latest end of the intervals before i
+    after = np.minimum.accumulate(first_start[::-1])[::-1]  # the earliest start of intervals i …
+    return before <= after
 
 
 def _load(path: Path) -> pd.DataFrame:

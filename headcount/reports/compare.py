@@ -12,7 +12,10 @@ attention time over the row's:
   comparable — the same model config, batch, sequence length, dtype and
   mode, all known (``baseline_run`` names that run, and a note says so;
   devices may differ, which is the point of comparing two GPUs);
-- else empty, with a note. Never against a run of another model or mode.
+- else empty, with a note. Never against a run of another model or mode, and within a run only
+  between implementations that ran the same layers with the same shapes (a pipeline's text encoder
+  and transformer are different work). ``unknown`` is never the baseline; a baseline row that no
+  other row was compared with has no speed-up (not 1.00× against itself).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headcount.derive.aggregate import attention_per_step
+from headcount.derive.aggregate import attention_per_step, work_signature
 
 COLUMNS = [
     "run_id", "implementation", "compile_mode", "source", "device", "dtype", "batch", "seq", "duration_basis",
@@ -58,6 +61,32 @@ def _vs_uncompiled(row: dict, table: pd.DataFrame) -> float:
     return float(plain["attention_ms_per_step"].iloc[0] / row["attention_ms_per_step"])
 
 
+def _speedups(table: pd.DataFrame, base_impl: str | None, notes: list[str]) -> tuple[list, list]:
+    """Each row's speed-up over the baseline implementation and the run it was taken from (module docstring);
+    what is not compared goes to ``notes``."""
+    speedups, against = [], []
+    for row in table.to_dict("records"):
+        base_rows = table[table["implementation"] == base_impl]
+        same = base_rows[base_rows["run_id"] == row["run_id"]]
+        different = bool(len(same)) and row["implementation"] != base_impl and same["_work"].iloc[0] != row["_work"]
+        if different:
+            notes.append(f"run {row['run_id']}: {row['implementation']} and {base_impl} ran different work (other layers or "
+                         "shapes: e.g. two models of one pipeline): no speed-up between them")
+            same = same.iloc[:0]
+        elif not len(same):
+            same = base_rows[[comparable(row, other) for other in base_rows.to_dict("records")]]
+            if len(same) and row["implementation"] != base_impl:
+                notes.append(f"run {row['run_id']} has no {base_impl}: its {row['implementation']} speed-up is against run "
+                             f"{same['run_id'].iloc[0]} (same model config, batch, sequence length, dtype and mode)")
+            elif len(base_rows) and row["implementation"] != base_impl:
+                notes.append(f"run {row['run_id']} ({row['implementation']}): no speed-up — the run has no {base_impl} and no run "
+                             f"with {base_impl} matches its model config, batch, sequence length, dtype and mode")
+        base = same["attention_ms_per_step"].iloc[0] if len(same) else np.nan
+        speedups.append(base / row["attention_ms_per_step"] if row["attention_ms_per_step"] else np.nan)
+        against.append(same["run_id"].iloc[0] if len(same) else None)
+    return speedups, against
+
+
 def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = None) -> tuple[pd.DataFrame, list[str]]:
     """One row per run × implementation, and notes on what is not comparable.
 
@@ -85,41 +114,39 @@ def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = 
                         "compile_mode": r.get("compile_mode")}
         bound = g["roofline_class"].dropna().mode() if "roofline_class" in g else pd.Series(dtype=object)
         rows.append({
-            "run_id": run_id, "implementation": impl, **meta, "duration_basis": g["duration_basis"].iloc[0],
+            "run_id": run_id, "implementation": impl, **meta, "duration_basis": g["duration_basis"].iloc[0], "_work": work_signature(g),
             "attention_ms_per_step": per_step.loc[(run_id, impl), "attention_ns_per_step"] / 1e6,
             "calls_per_step": per_step.loc[(run_id, impl), "calls_per_step"],
             "kernels_per_call": _sum(g, "kernel_count") / calls if calls else np.nan,
             "cpu_launch_cost_us_per_call": _sum(g, "cpu_launch_cost_ns") / calls / 1e3 if calls else np.nan,
-            "launch_latency_p50_us": float(g["launch_latency_p50_ns"].median()) / 1e3 if "launch_latency_p50_ns" in g else np.nan,
+            "launch_latency_p50_us": float(pd.to_numeric(g["launch_latency_p50_ns"], errors="coerce").astype("float64").median()) / 1e3
+            if "launch_latency_p50_ns" in g else np.nan,
             "dram_mb_per_step": dram / steps / 1e6, "dram_bytes_provenance": "/".join(sorted(set(g["dram_bytes_provenance"].dropna()))) or None,
             "bandwidth_gbps": dram / duration if duration else np.nan,
             "flop_per_byte": _sum(g, "flop") / dram if dram else np.nan,
             "bound": bound.iloc[0] if len(bound) else None,
         })
-    table = pd.DataFrame(rows).reindex(columns=[*COLUMNS, *(c for c in COMPARABLE if c not in COLUMNS)])
+    table = pd.DataFrame(rows).reindex(columns=[*COLUMNS, *(c for c in COMPARABLE if c not in COLUMNS), "_work"])
     if not len(table):
         return table[COLUMNS], ["no layer rows to compare"]
-    base_impl = baseline or ("eager" if (table["implementation"] == "eager").any() else table["implementation"].iloc[0])
+    known = table[table["implementation"].astype(str) != "unknown"]
+    base_impl = baseline or ("eager" if (table["implementation"] == "eager").any()
+                             else known["implementation"].iloc[0] if len(known) else None)
     notes = []
-    if not (table["implementation"] == base_impl).any():
+    if base_impl is None:
+        notes.append("no implementation is known (attention found by names only: implementation unknown): no baseline, no speed-up")
+    elif not (table["implementation"] == base_impl).any():
         notes.append(f"baseline {base_impl} is in no run: no speed-up")
-    speedups, against = [], []
-    for row in table.to_dict("records"):
-        base_rows = table[table["implementation"] == base_impl]
-        same = base_rows[base_rows["run_id"] == row["run_id"]]
-        if not len(same):
-            same = base_rows[[comparable(row, other) for other in base_rows.to_dict("records")]]
-            if len(same) and row["implementation"] != base_impl:
-                notes.append(f"run {row['run_id']} has no {base_impl}: its {row['implementation']} speed-up is against run "
-                             f"{same['run_id'].iloc[0]} (same model config, batch, sequence length, dtype and mode)")
-            elif len(base_rows) and row["implementation"] != base_impl:
-                notes.append(f"run {row['run_id']} ({row['implementation']}): no speed-up — the run has no {base_impl} and no run "
-                             f"with {base_impl} matches its model config, batch, sequence length, dtype and mode")
-        base = same["attention_ms_per_step"].iloc[0] if len(same) else np.nan
-        speedups.append(base / row["attention_ms_per_step"] if row["attention_ms_per_step"] else np.nan)
-        against.append(same["run_id"].iloc[0] if len(same) else None)
+    speedups, against = _speedups(table, base_impl, notes)
     table["speedup"] = speedups
     table["baseline_run"] = against
+    # a baseline row that no other row was compared with is a run against itself: no figure
+    used = {(r, base_impl) for r, impl, s in zip(against, table["implementation"], speedups)
+            if r is not None and impl != base_impl and pd.notna(s)}
+    alone = (table["implementation"] == base_impl) & ~pd.Series([(r, base_impl) in used for r in table["run_id"]], index=table.index)
+    table.loc[alone, "speedup"] = np.nan
+    table.loc[alone, "baseline_run"] = None
+    table = table.drop(columns=["_work"])
     for key, label in _SHAPE_KEYS.items():
         values = sorted({str(v) for v in table[key] if not pd.isna(v)})
         if len(values) > 1:

@@ -79,7 +79,8 @@ def _provenance_caption(frame: pd.DataFrame) -> str:
     found = findings.found_line(frame)
     found = f"; {found}" if found else ""
     return (f"time: {basis} ({'/'.join(sorted(frame['duration_provenance'].dropna().unique())) or '–'}); "
-            f"bytes: {'/'.join(sorted(frame['dram_bytes_provenance'].dropna().unique())) or '–'}; FLOP: analytic{found}")
+            f"bytes: {'/'.join(sorted(frame['dram_bytes_provenance'].dropna().unique())) or '–'}; "
+            f"FLOP: {'analytic' if 'flop' in frame and frame['flop'].notna().any() else 'not known (no shapes recorded)'}{found}")
 
 
 def _by_run(frame: pd.DataFrame | None, run_id) -> pd.DataFrame | None:
@@ -95,7 +96,7 @@ def _title(run_id, runs: pd.DataFrame | None) -> str:
 def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: Console | None = None, top: int = 5,
                   kernels: pd.DataFrame | None = None, runs: pd.DataFrame | None = None,
                   ranges: pd.DataFrame | None = None, steps: pd.DataFrame | None = None,
-                  findings: pd.DataFrame | None = None) -> None:
+                  findings: pd.DataFrame | None = None, collectives: pd.DataFrame | None = None) -> None:
     """Print, for each run on its own (no figure adds two runs): how busy the
     GPU was and where its idle time went (``steps``), the ranked findings
     (``findings``), the per-implementation comparison, what launching costs
@@ -116,6 +117,9 @@ def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: C
             terminal.heading(console, _title(run_id, runs))
         _print_triage(console, _by_run(steps, run_id) if run_id is not None else steps,
                       _by_run(findings, run_id) if run_id is not None else findings)
+        run_collectives = _by_run(collectives, run_id) if run_id is not None else collectives
+        if run_collectives is not None and len(run_collectives):
+            console.print(_collectives_table(run_collectives))
         if len(run_layers):
             _print_run(console, run_layers, run_heads, _by_run(kernels, run_id) if run_id is not None else kernels, top)
         else:
@@ -123,8 +127,10 @@ def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: C
         run_ranges = _by_run(ranges, run_id) if run_id is not None else ranges
         if run_ranges is not None and len(run_ranges):
             console.print(_ranges_table(run_ranges, top * 2))
+    for line in rank_lines(steps, runs):
+        console.print(line, soft_wrap=True, highlight=False)
     if out_dir is not None:
-        console.print(f"Report: {out_dir}/ (Parquet datasets kernels, ranges, layers, heads, steps, findings, runs)")
+        console.print(f"Report: {out_dir}/ (Parquet datasets kernels, ranges, layers, heads, steps, collectives, findings, runs)")
 
 
 def _print_triage(console: Console, steps: pd.DataFrame | None, found: pd.DataFrame | None) -> None:
@@ -138,7 +144,7 @@ def _print_triage(console: Console, steps: pd.DataFrame | None, found: pd.DataFr
 def _print_run(console: Console, layers: pd.DataFrame, heads: pd.DataFrame, kernels: pd.DataFrame | None, top: int) -> None:
     summary = implementation_summary(layers)
     table = Table(title="Attention per step (totals over the profiled steps ÷ steps)", caption=_provenance_caption(layers))
-    for col in ("impl", "phase", "ms", "calls", "kernels/call" if _has_kernels(layers) else "ops/call", "GFLOP", "MB", "GB/s"):
+    for col in ("impl", "phase", "ms", "calls", "GPU ops/call" if _has_kernels(layers) else "ops/call", "GFLOP", "MB", "GB/s"):
         table.add_column(col, justify="left" if col in ("impl", "phase") else "right")
     for row in summary.itertuples(index=False):
         gbps = row.dram_bytes_per_step / row.attention_ns_per_step if row.attention_ns_per_step else None
@@ -176,10 +182,62 @@ def _print_run(console: Console, layers: pd.DataFrame, heads: pd.DataFrame, kern
         console.print(f"  {line}", soft_wrap=True)
 
 
+def rank_lines(steps: pd.DataFrame | None, runs: pd.DataFrame | None) -> list[str]:
+    """The ranks of the report side by side (:mod:`headcount.derive.ranks`): per rank its median step time, busy and
+    communication time per step, then the skew and the straggler with its evidence; nothing with fewer than two ranks."""
+    from headcount.derive import ranks
+
+    per_rank = ranks.rank_steps(steps, runs)
+    if not len(per_rank):
+        return []
+    verdict = ranks.skew_and_straggler(per_rank)
+    lines = [f"Ranks: {per_rank['rank'].nunique()} in this report, {verdict['steps']} steps on every rank"]
+    for rank, g in per_rank.groupby("rank"):
+        lines.append(f"  rank {rank}: step {number(g['step_ns'].median() / 1e6)} ms (median of {len(g)}), GPU busy "
+                     f"{number(g['gpu_busy_ns'].median() / 1e6)} ms, communication {number(g['communication_ns'].median() / 1e6)} ms, "
+                     f"{number(g['communication_exposed_ns'].median() / 1e6)} ms exposed")
+    if verdict["steps"]:
+        lines.append(f"  skew between ranks: {number(verdict['skew_p50_ns'] / 1e6)} ms per step (median), "
+                     f"{number(verdict['skew_max_ns'] / 1e6)} ms (largest)")
+    lines.append(f"  straggler: rank {verdict['straggler']}: {verdict['evidence']}" if verdict["straggler"] is not None
+                 else f"  straggler: none named ({verdict['evidence']})")
+    return lines
+
+
+def collective_summary(collectives: pd.DataFrame) -> pd.DataFrame:
+    """Per process, device and collective kind of one run: calls, time and bytes per step (over the stepped rows; the
+    whole recording where it has no steps), and the algorithm and bus bandwidths of the calls with a size."""
+    rows = collectives[collectives["step"].notna()] if collectives["step"].notna().any() else collectives
+    steps = max(int(rows["step"].nunique()), 1) if rows["step"].notna().any() else 1
+    g = rows.groupby(["pid", "device", "kind"], dropna=False, sort=True)
+    out = g.agg(library=("library", "first"), calls=("calls", "sum"), time_ns=("time_ns", "sum"), sized_time_ns=("sized_time_ns", "sum"),
+                bytes=("bytes", lambda v: v.sum(min_count=1)), group_size=("group_size", "max"), dtype=("dtype", "first")).reset_index()
+    out["calls_per_step"], out["ms_per_step"] = out["calls"] / steps, out["time_ns"] / steps / 1e6
+    out["mb_per_step"] = out["bytes"] / steps / 1e6
+    out["algbw_gbps"] = (out["bytes"] / out["sized_time_ns"]).where(out["sized_time_ns"] > 0)
+    from headcount.derive.collectives import bus_factor
+
+    out["busbw_gbps"] = out["algbw_gbps"] * [bus_factor(k, n) for k, n in zip(out["kind"], out["group_size"])]
+    return out
+
+
+def _collectives_table(collectives: pd.DataFrame) -> Table:
+    t = Table(title="Communication by collective (per step)",
+              caption="time: the kernels' durations (measured); size: the larger message × its element size where the trace "
+                      "records it; algbw = size ÷ time, busbw = algbw × nccl-tests' factor for the group size "
+                      "(NVIDIA/nccl-tests doc/PERFORMANCE.md)")
+    for col in ("device", "process", "kind", "library", "calls", "ms", "MB", "ranks", "algbw GB/s", "busbw GB/s"):
+        t.add_column(col, justify="left" if col in ("device", "process", "kind", "library") else "right")
+    for r in collective_summary(collectives).itertuples(index=False):
+        t.add_row(str(r.device), str(r.pid), str(r.kind), str(r.library), _fmt(r.calls_per_step, ",.1f"), number(r.ms_per_step),
+                  number(r.mb_per_step), _fmt(r.group_size, ".0f"), number(r.algbw_gbps), number(r.busbw_gbps))
+    return t
+
+
 def _ranges_table(ranges: pd.DataFrame, top: int) -> Table:
-    t = Table(title="NVTX ranges (not headcount's attention ranges), by GPU time",
-              caption="time: projected GPU time of each range instance (first kernel start to last kernel end), or its CPU span "
-                      "without GPU work; per instance: median (p10–p90); nested ranges overlap: do not add rows")
+    t = Table(title="Ranges by name (NVTX ranges and torch.profiler annotations, not headcount's), by GPU time",
+              caption="time: GPU busy time of each range instance (the union of the GPU work launched inside it), or its CPU "
+                      "time without GPU work; per instance: median (p10–p90); nested ranges overlap: do not add rows")
     for col in ("range", "instances", "total ms", "µs per instance", "GPU ops"):
         t.add_column(col, justify="left" if col == "range" else "right")
     for r in ranges.head(top).itertuples(index=False):

@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from headcount.common import shown_names as names
 from headcount.common.errors import HeadcountError
 from headcount.common.numbers import number
 from headcount.derive import difference
-from headcount.reports import names
 
 COUNTERS = ("dram_bytes_per_call", "bandwidth_gbps", "achieved_occupancy_pct", "theoretical_occupancy_pct",
             "kernels_per_call", "cpu_launch_cost_per_call_ns")

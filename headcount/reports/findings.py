@@ -161,11 +161,12 @@ work (calls of several models or places under one layer name): its spread is no 
 
 
 def _standout_lines(rows: pd.DataFrame, key: str, where: str, what: str, whats: str) -> list[str]:
-    verdicts = spread.standout(rows, key)
+    least = spread.LAYER_MIN_CALLS if what == "layer" else spread.VERDICT_MIN_CALLS
+    verdicts = spread.standout(rows, key, min_calls=least)
     if not len(verdicts):
         return []
     if (verdicts["verdict"] == "unknown").all():
-        return [f"{where}: {whats} not compared (fewer than {spread.VERDICT_MIN_CALLS} calls each; profile more steps)"]
+        return [f"{where}: {whats} not compared (fewer than {least} calls each; profile more steps)"]
     hot = verdicts[verdicts["verdict"] == "hotter"]
     noise = float(verdicts["noise_pct"].iloc[0])
     if not len(hot) and noise > SAME_WORK_MAX_NOISE_PCT:  # the calls of one row are not one kind of work
@@ -174,7 +175,9 @@ def _standout_lines(rows: pd.DataFrame, key: str, where: str, what: str, whats: 
                 f"the work itself" + ("; its calls were numbered by call order (no module ranges), so one row may hold "
                                       "different work (record with_modules=True)" if ordered else "")]
     if not len(hot):
-        return [f"{where}: {whats} within noise (±{number(noise, 2)} % per call)"]
+        widest = float(verdicts["widest_pct"].iloc[0]) if "widest_pct" in verdicts else float("nan")
+        seen = f", the widest ±{number(widest, 2)} %" if pd.notna(widest) and widest > noise else ""
+        return [f"{where}: {whats} within noise (the median {what}'s calls spread ±{number(noise, 2)} % per call{seen})"]
     hot = hot.sort_values("vs_median_pct", ascending=False, key=abs)
     lines = [f"{where}: {v[key]} stands out, {v['vs_median_pct']:+.0f} % time per call against the median {what} "
              f"({v['reference']}), beyond the spread (±{number(v['noise_pct'], 2)} %)" for v in hot.head(STANDOUT_LINES).to_dict("records")]
@@ -196,11 +199,13 @@ def module_lines(layers: pd.DataFrame) -> list[str]:
         module, core = g["module_duration_ns"].sum() / steps, g["duration_ns"].sum() / steps
         busy = g["module_kernel_busy_ns"].sum(min_count=1) / steps
         gpu_busy = (g["duration_ns"] / (g["share_of_gpu_busy_pct"] / 100.0)).median() / steps if "share_of_gpu_busy_pct" in g else float("nan")
-        busy_text = (f", busy {number(busy / 1e6)} ms, {number(100.0 * busy / gpu_busy, 2)} % of GPU busy time"
+        busy_text = (f", {number(100.0 * busy / gpu_busy, 2)} % of GPU busy time"
                      if pd.notna(busy) and pd.notna(gpu_busy) and gpu_busy > 0 else "")
         per_call = g["module_kernel_count"].sum() / g["module_calls"].sum()
-        lines.append(f"{phase}, {impl}: the whole attention modules span {number(module / 1e6)} ms per step "
-                     f"({number(per_call, 3)} GPU operations per call{busy_text}); the attention core {number(core / 1e6)} ms "
+        span = g["module_gpu_span_ns"].sum(min_count=1) / steps if "module_gpu_span_ns" in g else float("nan")
+        span_text = f", spanning {number(span / 1e6)} ms first start to last end" if pd.notna(span) else ""
+        lines.append(f"{phase}, {impl}: the whole attention modules take {number(module / 1e6)} ms per step "
+                     f"({number(per_call, 3)} GPU operations per call{busy_text}{span_text}); the attention core {number(core / 1e6)} ms "
                      f"of it ({number(100.0 * core / module, 2)} %), the rest is the modules' other work (projections and the like); "
                      f"measured, {len(g)} layers with their module recorded")
     return lines
@@ -300,11 +305,13 @@ def step_lines(steps: pd.DataFrame | None) -> list[str]:
                                          None if missing(impl) or impl == "unknown" else impl) if x is not None and not missing(x))
         attention = g["attention_share_pct"].median()
         if basis == "gpu_window":
-            idle = {c: g[f"idle_{c}_ns"].median() for c in ("launch_bound", "sync", "host", "other", "unknown")}
+            causes = ("launch_bound", "sync", "host", "other", "unknown", "capture")
+            idle = {c: g[f"idle_{c}_ns"].median() for c in causes if f"idle_{c}_ns" in g}
             split = ", ".join(f"{_ms(v)} {c.replace('_', '-')}" for c, v in idle.items() if v > 0 or c in ("launch_bound", "sync", "host"))
-            text = (f"{who}: GPU busy {number(g['gpu_busy_pct'].median())} % of {of} ({_ms(g['window_ns'].median())} GPU window, {over}); "
-                    f"idle {_ms(g['idle_ns'].median())}: {split}")
-            text += ("; attention: none found" if missing(attention) else f"; attention {number(attention)} % of GPU time")
+            text = (f"{who}: GPU busy {number(g['gpu_busy_pct'].median())} % of {of} ({_ms(g['window_ns'].median())} GPU window, {over}; "
+                    f"every stream's work); idle {_ms(g['idle_ns'].median())}: {split}")
+            text += ("; attention: none found" if missing(attention) else f"; attention {number(attention)} % of the step's own GPU busy time")
+            text += _overlap_words(g) + _communication_words(g, bool(len(stepped))) + _graph_words(g, bool(len(stepped)))
         elif basis == "cpu_step":
             text = (f"{who}: CPU run, no GPU (no busy or idle figures); step {_ms(g['window_ns'].median())} ({over})"
                     + ("; attention: none found" if missing(attention) else f"; attention {number(attention)} % of the step's wall time"))
@@ -314,6 +321,35 @@ def step_lines(steps: pd.DataFrame | None) -> list[str]:
                     + ("; attention: none found" if missing(attention) else f"; attention {number(attention)} % of it"))
         lines.append(text)
     return lines
+
+
+def _overlap_words(g: pd.DataFrame) -> str:
+    """``"; steps overlap: …"`` where the rows' windows overlap their neighbours' (pipelined work), else ``""``."""
+    if "windows_overlap" not in g or not g["windows_overlap"].fillna(False).astype(bool).any():
+        return ""
+    n = int(g["windows_overlap"].fillna(False).astype(bool).sum())
+    return (f"; {n} of {len(g)} step windows overlap a neighbour's (pipelined): the step's own work kept the GPU busy "
+            f"{number(g['own_busy_pct'].median())} %, the neighbours' work {number(g['others_busy_pct'].median())} % more")
+
+
+def _communication_words(g: pd.DataFrame, stepped: bool) -> str:
+    """``"; communication 12.3 ms per step, 4.5 ms (36.6 %) exposed"`` (medians), or ``""`` without any."""
+    if "communication_exposed_ns" not in g or not (g["communication_ns"].fillna(0) > 0).any():
+        return ""
+    total, exposed = float(g["communication_ns"].median()), float(g["communication_exposed_ns"].median())
+    share = f" ({number(100.0 * exposed / total)} %)" if total > 0 else ""
+    return (f"; communication {_ms(total)}{' per step' if stepped else ''}, {_ms(exposed)}{share} exposed "
+            "(no compute kernel ran beside it)")
+
+
+def _graph_words(g: pd.DataFrame, stepped: bool) -> str:
+    """``"; graph replays: 2 launches ran 841 of 2,503 GPU operations (…% of its own busy time)"`` (medians), or ``""``."""
+    if "graph_launches" not in g or not (g["graph_launches"].fillna(0) > 0).any():
+        return ""
+    own = g["own_busy_ns"] if "own_busy_ns" in g else g["gpu_busy_ns"]
+    share = 100.0 * float((g["graph_busy_ns"] / own).median()) if "graph_busy_ns" in g else float("nan")
+    return (f"; CUDA/HIP graph replays: {int(g['graph_launches'].median())} launches{' per step' if stepped else ''} ran "
+            f"{int(g['graph_ops'].median()):,} GPU operations ({number(share)} % of the own busy time; {int(g['kernels'].median()):,} kernels in all)")
 
 
 def gain_text(finding) -> str:

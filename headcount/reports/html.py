@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from headcount.common import shown_names as names
 from headcount.common.numbers import missing, number
 from headcount.derive import peaks as device_peaks
-from headcount.reports import findings, names
+from headcount.reports import findings
 from headcount.reports.compare import comparison
 from headcount.store.query import connect, range_summary
 
@@ -251,7 +252,7 @@ def _table(frame: pd.DataFrame, columns: list[tuple[str, str, str]]) -> str:
 
 
 def load_tables(out: str | Path) -> dict[str, pd.DataFrame]:
-    """``layers``, ``heads``, ``runs``, ``steps`` and ``findings`` of report ``out`` (all runs; empty
+    """``layers``, ``heads``, ``runs``, ``steps``, ``findings`` and ``collectives`` of report ``out`` (all runs; empty
     when absent), and ``ranges_summary`` (:func:`headcount.store.query.range_summary`).
 
     Raises:
@@ -260,7 +261,7 @@ def load_tables(out: str | Path) -> dict[str, pd.DataFrame]:
     con = connect(out)
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     tables = {name: con.sql(f"SELECT * FROM {name}").df() if name in views else pd.DataFrame()
-              for name in ("layers", "heads", "runs", "steps", "findings")}
+              for name in ("layers", "heads", "runs", "steps", "findings", "collectives")}
     tables["ranges_summary"] = range_summary(con)
     tables["kernel_summary"] = kernel_summary(con) if "kernels" in views else pd.DataFrame()
     return tables
@@ -317,7 +318,7 @@ def _kernels_section(kernels: pd.DataFrame) -> list[str]:
 
 _IDLE = (("gpu_busy_ns", "busy", "#2c728e"), ("idle_launch_bound_ns", "launch-bound", "#e6550d"),
          ("idle_sync_ns", "sync", "#c2185b"), ("idle_host_ns", "host", "#fdae6b"), ("idle_other_ns", "other", "#9e9ac8"),
-         ("idle_unknown_ns", "unknown", "#cccccc"))
+         ("idle_unknown_ns", "unknown", "#cccccc"), ("idle_capture_ns", "capture", "#74c476"))
 
 
 def strip(steps: pd.DataFrame) -> str:
@@ -362,8 +363,9 @@ def _triage_section(steps: pd.DataFrame, found: pd.DataFrame) -> list[str]:
         body.append("<h3>How busy the GPU was</h3><ul>" + "".join(f"<li>{_e(line)}</li>" for line in lines) + "</ul>")
         chart = strip(steps)
         if chart:
-            body.append(chart + '<p class="cap">Each bar is one step\'s GPU window on one device (first GPU operation\'s start to the '
-                        "last one's end), split into busy time (the union of kernels, memcpys and memsets) and idle time by cause "
+            body.append(chart + '<p class="cap">Each bar is one step\'s GPU window on one device (first start to last end of the '
+                        "GPU operations launched in the step), split into busy time (the union of every kernel, memcpy and memset "
+                        "of the device inside the window, whatever stream or step it came from) and idle time by cause "
                         "(docs/reading-a-report.md § Triage); hover a segment for its exact nanoseconds. All measured from the "
                         "recording's timestamps.</p>")
     if found is not None:
@@ -378,12 +380,38 @@ def _triage_section(steps: pd.DataFrame, found: pd.DataFrame) -> list[str]:
     return body
 
 
+def _collectives_section(collectives: pd.DataFrame | None) -> list[str]:
+    """Communication by collective kind of one run, per step (docs/report-format.md § Communication)."""
+    if collectives is None or not len(collectives):
+        return []
+    from headcount.reports.console import collective_summary
+
+    g = collective_summary(collectives)
+    return ["<h3>Communication by collective (per step)</h3>" + _table(g, [
+        ("device", "device", "s"), ("process", "pid", "s"), ("kind", "kind", "s"), ("library", "library", "s"),
+        ("calls", "calls_per_step", ",.3g"), ("ms", "ms_per_step", ",.4g"), ("MB", "mb_per_step", ",.4g"), ("ranks", "group_size", ",.0f"),
+        ("algbw GB/s", "algbw_gbps", ",.3g"), ("busbw GB/s", "busbw_gbps", ",.3g")]),
+        '<p class="cap">Time: the communication kernels\' durations (measured); size: the larger message × its element size where '
+        "the trace records it; algbw = size ÷ time; busbw = algbw × nccl-tests' factor for the group size (NVIDIA/nccl-tests "
+        "doc/PERFORMANCE.md); empty where the recording carries no message size.</p>"]
+
+
+def _ranks_section(steps: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    """The ranks of the report side by side: step time, skew, straggler (docs/reading-a-report.md § Ranks)."""
+    from headcount.reports.console import rank_lines
+
+    lines = rank_lines(steps, runs)
+    return ["<h2>Ranks</h2><ul>" + "".join(f"<li>{_e(line.strip())}</li>" for line in lines) + "</ul>"] if lines else []
+
+
 def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, measured_gbps: float | None,
                  kernels: pd.DataFrame | None = None, steps: pd.DataFrame | None = None,
-                 found: pd.DataFrame | None = None) -> list[str]:
-    """Busy and idle time, findings, bottlenecks, heatmaps, roofline and top kernels of one run (nothing here adds two runs)."""
+                 found: pd.DataFrame | None = None, collectives: pd.DataFrame | None = None) -> list[str]:
+    """Busy and idle time, findings, communication, bottlenecks, heatmaps, roofline and top kernels of one run (nothing
+    here adds two runs)."""
     body = [f"<h2>{_e(findings.run_heading(run_id, info))}</h2>"]
     body += _triage_section(steps if steps is not None else pd.DataFrame(), found)
+    body += _collectives_section(collectives)
     if len(layers):
         body.append("<h3>Bottlenecks</h3><ul>" + "".join(f"<li>{_e(line)}</li>" for line in findings.bottlenecks(layers, heads)) + "</ul>")
         if found := findings.found_line(layers):
@@ -432,8 +460,10 @@ def _ranges_section(summary: pd.DataFrame) -> list[str]:
     """The NVTX ranges (not headcount's) of one run without attention layers."""
     body = []
     for _, g in summary.groupby("run_id", sort=True):
-        body.append('<p class="cap">No attention layers in this run (NVTX ranges that are not headcount\'s): the ranges are '
-                    "summarised by name, never posed as layers. Nested ranges overlap: do not add rows.</p>")
+        body.append('<p class="cap">Ranges by name: NVTX ranges that are not headcount\'s (runs without attention layers) and '
+                    "torch.profiler's own annotations (record_function, user_annotation; every run), summarised by name, never "
+                    "posed as layers. Time: the busy union of the GPU work launched inside each instance (its CPU time where it "
+                    "launched none). Nested ranges overlap: do not add rows.</p>")
         g = g.assign(total_ms=g["duration_ns"] / 1e6, p10_us=g["p10_ns"] / 1e3, p50_us=g["p50_ns"] / 1e3, p90_us=g["p90_ns"] / 1e3)
         body.append(_table(g, [("range", "path", "s"), ("instances", "instances", ",.0f"), ("total ms", "total_ms", ",.4g"),
                                ("p10 µs per instance", "p10_us", ",.4g"), ("median µs", "p50_us", ",.4g"),
@@ -488,8 +518,10 @@ def render(out: str | Path, measured_gbps: float | None = None, tables: dict[str
         ceiling = measured_gbps if measured_gbps and (measured_device is None or measured_device == info.get("device_name")) else None
         run_kernels = of_run(kernel_summary_, run_id) if len(kernel_summary_) else None
         body += _run_section(run_id, of_run(layers, run_id), of_run(heads, run_id), info, ceiling, run_kernels,
-                             of_run(steps, run_id), of_run(found, run_id) if len(steps) or len(found) else None)
+                             of_run(steps, run_id), of_run(found, run_id) if len(steps) or len(found) else None,
+                             of_run(tables.get("collectives"), run_id))
         if summary is not None and len(summary) and (summary["run_id"] == run_id).any():
             body += _ranges_section(summary[summary["run_id"] == run_id])
+    body += _ranks_section(steps, runs)
     return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>headcount report</title>"
             f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>")

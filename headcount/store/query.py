@@ -61,8 +61,9 @@ def run_query(out: str | Path, sql: str):
 
 
 def range_summary(con: "duckdb.DuckDBPyConnection", top: int = 20) -> pd.DataFrame:
-    """NVTX ranges that are not headcount's, per run and range name, for runs
-    that have no attention layers (someone else's code, parsed). Names are
+    """Ranges that are not headcount's, per run and range name: a torch.profiler trace's own annotations
+    (domain ``torch.profiler``) in every run, NVTX ranges in runs that have no attention layers (someone
+    else's code, parsed). Names are
     grouped without the per-call counters PyTorch's ``emit_nvtx`` appends
     (``, seq = N``, ``, op_id = N``), so that ``aten::copy_`` is one row;
     nested ranges overlap, so totals of different rows must not be added.
@@ -82,7 +83,8 @@ def range_summary(con: "duckdb.DuckDBPyConnection", top: int = 20) -> pd.DataFra
                    duration_basis
             FROM ranges
             WHERE level = 'other' AND name IS NOT NULL
-              AND coalesce(domain, '') NOT IN ('headcount', 'headcount.step') {without_layers})
+              AND coalesce(domain, '') NOT IN ('headcount', 'headcount.step')
+              AND (coalesce(domain, '') = 'torch.profiler' {without_layers.replace("AND ", "OR ", 1) if without_layers else "OR TRUE"}))
         SELECT * FROM (
             SELECT run_id, label AS path, count(*) AS instances, sum(duration_ns) AS duration_ns, {q},
                    sum(gpu_op_count) AS gpu_op_count, any_value(duration_basis) AS duration_basis,

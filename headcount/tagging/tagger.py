@@ -403,7 +403,7 @@ class AttentionTagger:
         """
         phase = "recompute" if graph_task_id() != -1 else "fwd"
         tid = threading.get_ident()
-        log = _new(CallLog, (tid, phase, layer_name, layer_index, None, None, meta, model_name, None, None, None))
+        log = _new(CallLog, (tid, phase, layer_name, layer_index, None, None, meta, model_name, None, None, None, None))
         track = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
         emitter = self.emitter
         # the identity functions stay outside the forward range so that their
@@ -414,7 +414,7 @@ class AttentionTagger:
         hooks = track and self.mode == "layer" and not awaited(query, key, value)
         if track:
             bwd = BackwardRange(self, ("bwd", layer_name),
-                                _new(CallLog, (tid, "bwd", layer_name, layer_index, None, None, meta, model_name, None, None, None)))
+                                _new(CallLog, (tid, "bwd", layer_name, layer_index, None, None, meta, model_name, None, None, None, None)))
             if not hooks:
                 query, key, value = CloseOnGrad.apply(bwd.close, query, key, value)
         if self.log_calls:
@@ -457,10 +457,10 @@ class AttentionTagger:
             g = h // groups
             q_h, k_h, v_h = queries[h], keys[h], values[h]
             name = head_name(h)
-            head_log = _new(CallLog, (tid, phase, layer_name, layer, h, g, head_meta, model, None, None, None))
+            head_log = _new(CallLog, (tid, phase, layer_name, layer, h, g, head_meta, model, None, None, None, None))
             if track:
                 bwd = BackwardRange(self, (name,), _new(CallLog, (tid, "bwd", layer_name, layer, h, g, head_meta, model, None, None,
-                                                                   None)))
+                                                                   None, None)))
                 q_h, k_h, v_h = CloseOnGrad.apply(bwd.close, q_h, k_h, v_h)
             if record is not None:
                 record(head_log)
