@@ -113,6 +113,11 @@ def test_user_annotations_are_ranges_with_their_gpu_time(built):
         assert int(g["gpu_op_count"].sum()) == hand[label]["gpu_ops"]
         assert g["duration_ns"].sum() == pytest.approx(hand[label]["gpu_ops_union_us"] * 1e3, rel=1e-6)
         assert set(g["duration_basis"]) == {"gpu_busy"}
+    # Kineto's GPU-side twins (gpu_user_annotation: one stream's first-to-last span) kept beside, as the trace wrote them
+    twins = HAND[name]["gpu_user_annotation"]
+    for label, counted in twins.items():
+        assert by_name.get_group(label)["gpu_annotation_ns"].sum() == pytest.approx(counted["sum_dur_us"] * 1e3, rel=1e-6)
+    assert by_name.get_group("## forward ##")["gpu_annotation_ns"].isna().all()  # the trace wrote it none
     # a range that launched no GPU work keeps its CPU time, said so
     zero = by_name.get_group("Optimizer.zero_grad#SGD.zero_grad")
     assert hand["Optimizer.zero_grad#SGD.zero_grad"]["gpu_ops"] == 0 and set(zero["duration_basis"]) == {"cpu_range"}

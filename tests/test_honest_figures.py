@@ -204,3 +204,34 @@ def test_the_caption_says_flop_unknown_where_no_shapes(tmp_path):
                           "flop": [float("nan")]})
     assert "FLOP: not known" in _provenance_caption(frame)
     assert "FLOP: analytic" in _provenance_caption(frame.assign(flop=1.0))
+
+
+def test_a_collective_is_what_torch_distributed_called_it():
+    """Rank 0 of 128: every NCCL kernel is ``ncclKernel_SendRecv…``, but torch.distributed's ``nccl:…`` annotation around
+    each launch names an all-to-all, an all-reduce or an all-gather; counted by hand from the raw events (the innermost
+    ``nccl:`` annotation on the launching thread around the launch call), per step."""
+    path = FIX / "kineto" / "unnamed-gpu_rank0of128_streams_nccl_kineto.json.gz"
+    events = json.loads(gzip.open(path).read())["traceEvents"]
+    launch = {e["args"]["correlation"]: e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    notes = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("nccl:")]
+    steps = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    by_hand: dict = {}
+    for k in (e for e in events if e.get("cat") == "kernel" and "nccl" in e["name"].lower()):
+        call = launch[k["args"]["correlation"]]
+        around = [n for n in notes if n["tid"] == call["tid"] and n["ts"] <= call["ts"] <= n["ts"] + n["dur"]]
+        name = min(around, key=lambda n: n["dur"])["name"].removeprefix("nccl:")
+        step = next(int(s["name"].split("#")[1]) for s in steps if s["ts"] <= call["ts"] <= s["ts"] + s["dur"])
+        kind = {"all_to_all": "all_to_all", "all_reduce": "all_reduce", "_all_gather_base": "all_gather"}[name]
+        by_hand[(step, kind)] = by_hand.get((step, kind), 0) + 1
+    assert all("SendRecv" in e["name"] for e in events if e.get("cat") == "kernel" and "nccl" in e["name"].lower())
+    rows = _built(path).tables["collectives"]
+    assert {(int(r.step), r.kind): int(r.calls) for r in rows.itertuples()} == by_hand
+
+
+def test_collective_times_are_exact_nanoseconds():
+    """time_ns is the kernels' durations summed exactly (absolute CUPTI times ~1.7e18 ns are 256 ns apart in float64)."""
+    path = FIX / "kineto" / "v100_rank1of2_cudagraph_nccl_kineto.json.gz"
+    built = _built(path)
+    k = built.tables["kernels"]
+    comm = k[k["name"].str.contains("nccl", case=False) & (k["kind"] == "kernel")]
+    assert built.tables["collectives"]["time_ns"].sum() == float(comm["duration_ns"].sum())

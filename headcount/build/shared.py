@@ -162,8 +162,8 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
     is_gpu = len(gpu) > 0
     if is_gpu:
         projected = _with_gpu_figures(projected, gpu, gpu_inner, pm_samples)
-    ranges_table = _with_user_ranges(_with_shapes(_labelled(projected, steps, is_gpu), calls, implementation), user, gpu,
-                                     runtime, steps, implementation)
+    ranges_table = _with_user_ranges(_with_shapes(_labelled(projected, steps, is_gpu), calls, implementation),
+                                     user, gpu, runtime, steps, implementation, ops)
     frames = [cpu.assign(device="cpu", range_id=cpu_inner)]
     if is_gpu:
         gpu_rows = _gpu_rows(gpu, gpu_inner)
@@ -182,11 +182,17 @@ def _user_annotations(ranges: pd.DataFrame) -> pd.DataFrame:
 
 
 def _with_user_ranges(ranges_table: pd.DataFrame, user: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame,
-                      steps: pd.DataFrame, implementation: str) -> pd.DataFrame:
-    """The ranges table with the recording's own annotations after headcount's ranges (:mod:`headcount.build.user_ranges`)."""
+                      steps: pd.DataFrame, implementation: str,
+                      ops: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The ranges table with the recording's own annotations after headcount's ranges (:mod:`headcount.build.user_ranges`);
+    ``gpu`` gets (in place) the ``collective`` their ``nccl:…`` annotations name, where they name one."""
     if not len(user):
         return ranges_table
-    mine = user_ranges(user, gpu, runtime, steps).assign(implementation=implementation)
+    twins = ops[(ops["kind"] == "gpu_annotation").to_numpy(dtype=bool)] if ops is not None else None  # Kineto's GPU-side ones
+    mine, collective = user_ranges(user, gpu, runtime, steps, twins)
+    if collective is not None:
+        gpu["collective"] = collective
+    mine = mine.assign(implementation=implementation)
     columns = list(dict.fromkeys([*ranges_table.columns, *mine.columns]))
     if not len(ranges_table):
         return mine.reindex(columns=columns)

@@ -21,8 +21,11 @@ from headcount.derive import launch
 
 
 def user_ranges(user: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, steps: pd.DataFrame,
-                annotations: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The ranges-table rows of the recording's own annotations.
+                annotations: pd.DataFrame | None = None) -> tuple[pd.DataFrame, np.ndarray | None]:
+    """The ranges-table rows of the recording's own annotations, and per GPU row (``gpu``'s order) the collective its
+    innermost ``nccl:…`` annotation names (``nccl:all_to_all`` → ``all_to_all``; ``None``: none): torch.distributed
+    names every collective so, where NCCL's kernel name may say only ``SendRecv`` (an all-to-all, a pipeline's
+    all-gather).
 
     Args:
         user: the annotations, nested (:func:`headcount.attribute.nesting.nest_ranges`), domain ``torch.profiler``.
@@ -32,7 +35,7 @@ def user_ranges(user: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, st
         annotations: the GPU-side annotations (``name``, ``start_ns``, ``end_ns``), if any.
     """
     if not len(user):
-        return user
+        return user, None
     columns = [c for c in ("kind", "name", "correlation_id", "start_ns", "end_ns", "device", "stream") if c in gpu]
     projected, work, _ = attribution.attribute(user, gpu[columns].assign(pid=None), runtime)
     if len(work):
@@ -52,12 +55,23 @@ def user_ranges(user: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, st
     out["op_count"] = out["gpu_op_count"]
     if annotations is not None and len(annotations):
         out["gpu_annotation_ns"] = _gpu_twins(out, annotations)
-    return out
+    return out, _collective_of(projected, work)
+
+
+def _collective_of(projected: pd.DataFrame, work: pd.DataFrame) -> np.ndarray | None:
+    """Per GPU row, the collective named by its innermost annotation where that is ``nccl:<name>`` (``None`` else)."""
+    if not len(work):
+        return None
+    names = pd.Series(projected["name"].astype(str).to_numpy(), index=projected["range_id"].to_numpy(np.int64))
+    named = names[names.str.startswith("nccl:")].str.removeprefix("nccl:")
+    if not len(named):
+        return None
+    return work["range_id"].map(named).astype(object).where(lambda v: v.notna(), None).to_numpy(object)
 
 
 def _gpu_twins(ranges: pd.DataFrame, annotations: pd.DataFrame) -> np.ndarray:
-    """Per range, the duration of the GPU-side annotation of the same name that starts inside its GPU span
-    (Kineto writes one per annotation that launched work; ns, NaN where none)."""
+    """Per range, the duration of the GPU-side annotation of the same name that overlaps its GPU span, the last to start
+    before that span ends (Kineto writes one per annotation that launched work; ns, NaN where none)."""
     out = np.full(len(ranges), np.nan)
     starts = pd.to_numeric(ranges["gpu_start_ns"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
     ends = pd.to_numeric(ranges["gpu_end_ns"], errors="coerce").to_numpy(np.float64, na_value=np.nan)
@@ -67,7 +81,7 @@ def _gpu_twins(ranges: pd.DataFrame, annotations: pd.DataFrame) -> np.ndarray:
             continue
         order = np.argsort(twins["start_ns"].to_numpy(np.float64))
         t0, t1 = twins["start_ns"].to_numpy(np.float64)[order], twins["end_ns"].to_numpy(np.float64)[order]
-        k = np.searchsorted(t0, starts[mine], side="left")
-        ok = (k < len(t0)) & (t0[np.minimum(k, len(t0) - 1)] <= ends[mine])
+        k = np.searchsorted(t0, ends[mine], side="right") - 1  # the last twin starting before the range's work ends
+        ok = (k >= 0) & (t1[np.maximum(k, 0)] >= starts[mine])  # and overlapping it
         out[mine[ok]] = (t1 - t0)[k[ok]]
     return out

@@ -76,6 +76,16 @@ def library_of(name: str) -> str | None:
     return _library(str(name))
 
 
+@lru_cache(maxsize=1024)
+def kind_of_collective(name: str) -> str:
+    """The kind (:data:`KINDS`) of a collective as torch.distributed names it (``allreduce``, ``_allgather_base``,
+    ``all_to_all``, ``reduce_scatter_tensor``, ``send``…; ``other`` for ``barrier`` and the like)."""
+    for kind, pattern in KINDS:
+        if re.search(pattern, str(name), re.IGNORECASE):
+            return kind
+    return "other"
+
+
 @lru_cache(maxsize=4096)
 def kind_of(name: str) -> str | None:
     """The collective kind of a communication kernel (:data:`KINDS`, ``other`` where the name does not say it),

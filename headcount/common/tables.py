@@ -50,7 +50,7 @@ RANGES = pa.schema([
     ("start_ns", I), ("end_ns", I), ("duration_ns", F), ("duration_basis", S),
     ("op_count", I), ("cpu_ops_ns", F), ("cpu_op_start_ns", I), ("cpu_op_end_ns", I),
     ("gpu_start_ns", I), ("gpu_end_ns", I), ("gpu_op_count", I), ("external_id", I), ("replay_of", I), ("graph_capture", B),
-    ("kernel_busy_ns", F), ("kernel_gap_ns", F), ("gpu_span_ns", F), ("cpu_launch_cost_ns", F),
+    ("kernel_busy_ns", F), ("kernel_gap_ns", F), ("gpu_span_ns", F), ("gpu_annotation_ns", F), ("cpu_launch_cost_ns", F),
     ("dram_read_sampled_bytes", F), ("dram_write_sampled_bytes", F), ("sm_warps_active_sampled_pct", F), ("pm_whole_samples", F),
     ("phase", S), ("layer_name", S), ("layer", I), ("head", I), ("kv_head", I), ("model", S),
     *_SHAPE, ("flop", F), ("analytic_min_bytes", F), ("signal", S), ("found_as", S),

@@ -4,6 +4,8 @@ Tables in (a kernels table), a table out; no I/O. One row per implementation × 
 collective kind (:data:`headcount.common.communication.KINDS`), over the communication kernels named in
 :data:`headcount.common.communication.SIGNALS`:
 
+- ``kind``: what torch.distributed called the collective (the kernel's ``Collective name``, or its ``nccl:all_to_all``
+  annotation), else what the kernel's name says (NCCL runs all-to-all and pipelined all-gathers as ``SendRecv``);
 - ``calls``: the kernels (one per collective launch; NCCL runs one kernel per collective);
 - ``time_ns``: their durations summed; ``busy_ns``: their union (kernels of one kind on several streams
   count once);
@@ -64,10 +66,11 @@ def collectives(kernels: pd.DataFrame | None) -> pd.DataFrame:
         "pid": comm["pid"].astype(object).to_numpy() if "pid" in comm else None,
         "device": comm["device"].astype(object).to_numpy() if "device" in comm else None,
         "step": pd.array(comm["step"], dtype="Int64") if "step" in comm else pd.array([pd.NA] * len(comm), dtype="Int64"),
-        "kind": comm["name"].astype(str).map(kind_of).to_numpy(),
+        "kind": _kinds(comm, kind_of),
         "library": comm["name"].astype(str).map(communication.library_of).to_numpy(),
-        "start": pd.to_numeric(comm["start_ns"]).to_numpy(np.float64),
-        "end": pd.to_numeric(comm["end_ns"]).to_numpy(np.float64),
+        # relative to the first start in int64 first: absolute CUPTI times (~1.7e18 ns) are 256 ns apart in float64
+        "start": _since(comm["start_ns"], comm["start_ns"]),
+        "end": _since(comm["end_ns"], comm["start_ns"]),
     })
     frame["duration"] = frame["end"] - frame["start"]
     frame["bytes"] = _message_bytes(comm)
@@ -108,10 +111,26 @@ def message_columns(kernels: pd.DataFrame) -> None:
     if not rows:
         return
     for column, key, dtype in _MESSAGE:
-        values = np.full(len(kernels), None, dtype=object)
-        values[rows] = [args[i].get(key) for i in rows]
+        values = kernels[column].astype(object).to_numpy(copy=True) if column in kernels else np.full(len(kernels), None, dtype=object)
+        values[rows] = [args[i].get(key) for i in rows]  # the kernel's own message first (an annotation's name else)
         kernels[column] = pd.array(pd.to_numeric(pd.Series(values), errors="coerce"), dtype="Int64") if dtype == "Int64" \
             else pd.Series(values, index=kernels.index, dtype=object)
+
+
+def _since(values: pd.Series, starts: pd.Series) -> np.ndarray:
+    """``values`` less the earliest of ``starts``, exactly (int64), as float64 ns."""
+    ints = pd.to_numeric(values).to_numpy(np.int64)
+    return (ints - int(pd.to_numeric(starts).to_numpy(np.int64).min())).astype(np.float64)
+
+
+def _kinds(comm: pd.DataFrame, kind_of: dict) -> np.ndarray:
+    """Each communication kernel's kind: the collective its message or its ``nccl:…`` annotation names
+    (``collective``: torch.distributed's own word), else its kernel name's (NCCL runs an all-to-all as ``SendRecv``)."""
+    by_name = comm["name"].astype(str).map(kind_of).to_numpy(object)
+    if "collective" not in comm:
+        return by_name
+    named = comm["collective"].astype(object).map(lambda c: communication.kind_of_collective(c) if isinstance(c, str) else None)
+    return np.where(named.notna().to_numpy(), named.to_numpy(object), by_name)
 
 
 def _message_bytes(comm: pd.DataFrame) -> np.ndarray:

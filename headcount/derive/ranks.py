@@ -68,8 +68,11 @@ def skew_and_straggler(per_rank: pd.DataFrame) -> dict:
     counts = least.value_counts()
     top, seen = int(counts.index[0]), int(counts.iloc[0])
     if len(times) < MIN_STEPS or seen < STRAGGLER_SHARE * len(times):
-        out["evidence"] = (f"no rank has the least communication time in {int(STRAGGLER_SHARE * 100)} % of the {len(times)} "
-                           f"steps every rank has (the most: rank {top}, {seen} of them): no straggler named")
+        tied = int((counts == seen).sum())
+        most = (f"{tied} ranks tie at {seen} step{'s' if seen > 1 else ''} each" if tied > 1
+                else f"rank {top} in {seen}")
+        out["evidence"] = (f"no rank had the least communication time in at least {int(STRAGGLER_SHARE * 100)} % of the "
+                           f"{len(times)} steps every rank has; {most}")
         return out
     mine = float(comm[top].median())
     others = float(np.nanmedian(comm.drop(columns=[top]).to_numpy()))

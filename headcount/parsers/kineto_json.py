@@ -61,6 +61,7 @@ from headcount.parsers.kineto_times import exact_nanoseconds
 _KIND_BY_CAT = {
     "cpu_op": "op",
     "user_annotation": "range",
+    "gpu_user_annotation": "gpu_annotation",
     "kernel": "kernel",
     "gpu_memcpy": "memcpy",
     "gpu_memset": "memset",

@@ -191,7 +191,9 @@ def rank_lines(steps: pd.DataFrame | None, runs: pd.DataFrame | None) -> list[st
     if not len(per_rank):
         return []
     verdict = ranks.skew_and_straggler(per_rank)
-    lines = [f"Ranks: {per_rank['rank'].nunique()} in this report, {verdict['steps']} steps on every rank"]
+    world = pd.to_numeric(runs["world_size"], errors="coerce").max() if "world_size" in runs else float("nan")
+    of = f" of the job's {int(world)}" if pd.notna(world) and world > per_rank["rank"].nunique() else ""
+    lines = [f"Ranks: {per_rank['rank'].nunique()}{of} in this report, {verdict['steps']} steps on every rank"]
     for rank, g in per_rank.groupby("rank"):
         lines.append(f"  rank {rank}: step {number(g['step_ns'].median() / 1e6)} ms (median of {len(g)}), GPU busy "
                      f"{number(g['gpu_busy_ns'].median() / 1e6)} ms, communication {number(g['communication_ns'].median() / 1e6)} ms, "
@@ -200,7 +202,7 @@ def rank_lines(steps: pd.DataFrame | None, runs: pd.DataFrame | None) -> list[st
         lines.append(f"  skew between ranks: {number(verdict['skew_p50_ns'] / 1e6)} ms per step (median), "
                      f"{number(verdict['skew_max_ns'] / 1e6)} ms (largest)")
     lines.append(f"  straggler: rank {verdict['straggler']}: {verdict['evidence']}" if verdict["straggler"] is not None
-                 else f"  straggler: none named ({verdict['evidence']})")
+                 else f"  straggler: none named: {verdict['evidence']}")
     return lines
 
 
@@ -222,14 +224,15 @@ def collective_summary(collectives: pd.DataFrame) -> pd.DataFrame:
 
 
 def _collectives_table(collectives: pd.DataFrame) -> Table:
-    t = Table(title="Communication by collective (per step)",
-              caption="time: the kernels' durations (measured); size: the larger message × its element size where the trace "
+    t = Table(title="Communication by collective (per step: totals over the steps ÷ steps)",
+              caption="kind: what torch.distributed named the collective (its message or nccl:… annotation), else the kernel's "
+                      "name; time: the kernels' durations summed (measured); size: the larger message × its element size where the trace "
                       "records it; algbw = size ÷ time, busbw = algbw × nccl-tests' factor for the group size "
                       "(NVIDIA/nccl-tests doc/PERFORMANCE.md)")
     for col in ("device", "process", "kind", "library", "calls", "ms", "MB", "ranks", "algbw GB/s", "busbw GB/s"):
         t.add_column(col, justify="left" if col in ("device", "process", "kind", "library") else "right")
     for r in collective_summary(collectives).itertuples(index=False):
-        t.add_row(str(r.device), str(r.pid), str(r.kind), str(r.library), _fmt(r.calls_per_step, ",.1f"), number(r.ms_per_step),
+        t.add_row(str(r.device), str(r.pid), str(r.kind), str(r.library), _fmt(r.calls_per_step, ",.3g"), number(r.ms_per_step),
                   number(r.mb_per_step), _fmt(r.group_size, ".0f"), number(r.algbw_gbps), number(r.busbw_gbps))
     return t
 

@@ -387,12 +387,13 @@ def _collectives_section(collectives: pd.DataFrame | None) -> list[str]:
     from headcount.reports.console import collective_summary
 
     g = collective_summary(collectives)
-    return ["<h3>Communication by collective (per step)</h3>" + _table(g, [
+    return ["<h3>Communication by collective (per step: totals over the steps ÷ steps)</h3>" + _table(g, [
         ("device", "device", "s"), ("process", "pid", "s"), ("kind", "kind", "s"), ("library", "library", "s"),
         ("calls", "calls_per_step", ",.3g"), ("ms", "ms_per_step", ",.4g"), ("MB", "mb_per_step", ",.4g"), ("ranks", "group_size", ",.0f"),
         ("algbw GB/s", "algbw_gbps", ",.3g"), ("busbw GB/s", "busbw_gbps", ",.3g")]),
-        '<p class="cap">Time: the communication kernels\' durations (measured); size: the larger message × its element size where '
-        "the trace records it; algbw = size ÷ time; busbw = algbw × nccl-tests' factor for the group size (NVIDIA/nccl-tests "
+        '<p class="cap">Kind: what torch.distributed named the collective (its message or nccl:… annotation), else the '
+        "kernel's name. Time: the communication kernels' durations summed (measured); size: the larger message × its "
+        "element size where the trace records it; algbw = size ÷ time; busbw = algbw × nccl-tests' factor for the group size (NVIDIA/nccl-tests "
         "doc/PERFORMANCE.md); empty where the recording carries no message size.</p>"]
 
 
