@@ -91,7 +91,7 @@ def test_report_of_someone_elses_ranges_summarises_them_as_ranges(tmp_path, caps
     capsys.readouterr()
     assert main(["report", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "NVTX ranges (not headcount's attention ranges)" in printed and "aten::copy_" in printed
+    assert "Ranges by name (NVTX ranges and torch.profiler annotations, not headcount's)" in printed and "aten::copy_" in printed
     assert "None" not in printed and "unknown)" not in printed
     page = (out / "report.html").read_text()
     assert "No attention layers in this run" in page and "KernelExecutor::runFusion" in page

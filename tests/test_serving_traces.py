@@ -425,18 +425,19 @@ def test_an_nsys_export_with_a_graph_replay_is_read_the_same_way(tmp_path):
     assert attributed["duration_ns"].sum() == pytest.approx(sum(round(e["dur"] * 1000) for e in wanted), abs=len(wanted))
 
 
-def test_a_pipelines_layers_are_compared_within_their_model_and_the_hot_one_checked_by_hand():
-    """SD 3.5's MMDiT: its 38 attention positions compared with each other (4 calls each), not with the text
-    encoders' layers; the hottest, position 1, +11 % over the median position, counted from the raw kernels."""
+def test_a_pipelines_layers_are_compared_within_their_model_and_not_from_four_calls():
+    """SD 3.5's MMDiT: its 38 attention positions are compared with each other, not with the text encoders' layers —
+    and with 4 calls each (a p10–p90 of 4 calls is nearly their whole range) no position is called hotter (issue 56,
+    item 10: noise from too few calls). Each position's time per call is its calls' busy time, counted from the raw
+    kernels (the union of the kernels launched inside the flash operator, median over its 4 calls)."""
     import bisect
     import statistics
 
     from headcount.reports import findings
     tables, _ = _built(SD35)
     lines = [ln for ln in findings.layer_noise_lines(tables["layers"]) if "SD3Transformer2DModel_0:" in ln]
-    assert lines[0].startswith("fwd, sdpa, SD3Transformer2DModel_0: SD3Transformer2DModel_0.layer.1 stands out, +11 %")
-    assert "(SD3Transformer2DModel_0.layer.37)" in lines[0]
-    assert len(lines) == findings.STANDOUT_LINES + 1 and "more layers beyond the spread" in lines[-1]
+    assert lines == ["fwd, sdpa, SD3Transformer2DModel_0: layers not compared (fewer than 5 calls each; profile more steps)"]
+    assert "layer_outlier" not in set(tables["findings"]["kind"])
     raw = _events(SD35)
     steps = sorted((e for e in raw if e.get("cat") == "python_function" and e["name"] == "nn.Module: SD3Transformer2DModel_0"),
                    key=lambda e: e["ts"])
@@ -448,16 +449,21 @@ def test_a_pipelines_layers_are_compared_within_their_model_and_the_hot_one_chec
     for k in raw:
         if k.get("cat") == "kernel":
             kernels.setdefault(k["args"].get("correlation"), []).append(k)
-    spans: dict = {}
+    busy: dict = {}
     for step in steps:
         inside = [f for f in flash if step["ts"] <= f["ts"] <= step["ts"] + step["dur"]]
         for position, f in enumerate(inside):
             lo, hi = bisect.bisect_left(starts, f["ts"]), bisect.bisect_right(starts, f["ts"] + f["dur"])
-            ks = [k for r in runtime[lo:hi] if r["tid"] == f["tid"] for k in kernels.get(r["args"]["correlation"], [])]
-            spans.setdefault(position, []).append(max(k["ts"] + k["dur"] for k in ks) - min(k["ts"] for k in ks))
-    assert len(spans) == 38 and all(len(v) == 4 for v in spans.values())
-    by_hand = statistics.median(spans[1]) / statistics.median(spans[37]) - 1
-    assert round(100 * by_hand) == 11
+            ks = sorted((round(k["ts"] * 1000), round((k["ts"] + k["dur"]) * 1000))
+                        for r in runtime[lo:hi] if r["tid"] == f["tid"] for k in kernels.get(r["args"]["correlation"], []))
+            total, reach = 0, None
+            for s, e in ks:
+                total, reach = (total + e - s, e) if reach is None or s > reach else (total + max(e - reach, 0), max(reach, e))
+            busy.setdefault(position, []).append(total)
+    assert len(busy) == 38 and all(len(v) == 4 for v in busy.values())
+    layers = tables["layers"].set_index("layer_name")
+    for position in (1, 37):
+        assert layers.loc[f"SD3Transformer2DModel_0.layer.{position}", "duration_per_call_p50_ns"] == statistics.median(busy[position])
 
 
 def test_a_cuda_graph_replay_with_node_ids_reads_as_the_hip_one(tmp_path):

@@ -196,7 +196,14 @@ def _with_user_ranges(ranges_table: pd.DataFrame, user: pd.DataFrame, gpu: pd.Da
     columns = list(dict.fromkeys([*ranges_table.columns, *mine.columns]))
     if not len(ranges_table):
         return mine.reindex(columns=columns)
-    return pd.concat([ranges_table.reindex(columns=columns), mine.reindex(columns=columns)], ignore_index=True)
+    ours, theirs = ranges_table.reindex(columns=columns), mine.reindex(columns=columns)
+    for column in [c for c, kind in ours.dtypes.items() if isinstance(kind, pd.CategoricalDtype)]:
+        # categorical labels keep their order (the layers table follows it): the annotations' values after them
+        extra = pd.unique(theirs[column].dropna().astype(object))
+        kind = pd.CategoricalDtype(ours[column].cat.categories.append(pd.Index(extra, dtype=object).difference(
+            ours[column].cat.categories, sort=False)))
+        ours[column], theirs[column] = ours[column].astype(kind), theirs[column].astype(object).astype(kind)
+    return pd.concat([ours, theirs], ignore_index=True)
 
 
 def _tables(kernels: pd.DataFrame, ranges_table: pd.DataFrame, steps: pd.DataFrame, runtime: pd.DataFrame, implementation: str,

@@ -445,11 +445,13 @@ def _dominant_kernel_findings(steps: pd.DataFrame, kernels: pd.DataFrame | None)
     total = float(d.sum(min_count=1)) if d.notna().any() else np.nan
     if not total > 0:
         return []
-    per = d.groupby(kernels["name"].astype(str)).sum().sort_values(ascending=False)
-    name, share = per.index[0], 100.0 * float(per.iloc[0]) / total
+    per = d.groupby(kernels["name"].astype(object)).sum().sort_values(ascending=False)  # a kernel without a name: none
+    if not len(per):
+        return []
+    name, share = str(per.index[0]), 100.0 * float(per.iloc[0]) / total
     if share < DOMINANT_KERNEL_PCT:
         return []
-    mine = kernels[kernels["name"].astype(str) == name]
+    mine = kernels[(kernels["name"].astype(object) == per.index[0]).to_numpy(dtype=bool)]
 
     def med(col):
         return float(pd.to_numeric(mine[col], errors="coerce").median()) if col in mine else float("nan")
