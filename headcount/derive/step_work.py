@@ -41,19 +41,24 @@ def communication_rows(kind_of: np.ndarray, name_codes: np.ndarray, names: np.nd
 
 def graph_columns(out, work, g, n, s, thread, correlation, start, end) -> None:
     """Fill ``out``'s graph-replay columns: launch calls that ran a CUDA/HIP graph (one call, several ops, or ops
-    carrying a graph id), the ops they ran and those ops' busy union (ns)."""
-    known = ~np.isnan(s) & (thread >= 0)
+    carrying a graph id), the ops they ran and those ops' busy union (ns). Columnar: one sort of the launched ops."""
+    known = np.flatnonzero(~np.isnan(s) & (thread >= 0))
+    corr = np.nan_to_num(correlation, nan=-1.0)
+    order = known[np.lexsort((s[known], corr[known], thread[known]))]
+    new = np.r_[True, (thread[order][1:] != thread[order][:-1]) | (corr[order][1:] != corr[order][:-1])
+                | (s[order][1:] != s[order][:-1])] if len(order) else np.zeros(0, dtype=bool)
+    call_sorted = np.cumsum(new) - 1  # one id per launch call
     call = np.full(len(s), -1, dtype=np.int64)
-    if known.any():
-        call[known] = pd.factorize(pd.MultiIndex.from_arrays([thread[known], np.nan_to_num(correlation[known], nan=-1.0),
-                                                               s[known]]))[0]
-    per_call = np.bincount(call[known], minlength=int(call.max()) + 1) if known.any() else np.zeros(0, dtype=np.int64)
+    call[order] = call_sorted
     graph = np.zeros(len(s), dtype=bool)
-    graph[known] = per_call[call[known]] > 1
+    if len(order):
+        graph[order] = np.bincount(call_sorted)[call_sorted] > 1
     if "graph_id" in work:
         graph |= pd.to_numeric(work["graph_id"], errors="coerce").notna().to_numpy(dtype=bool)
-    replays = pd.Series(call[graph & known]).groupby(g[graph & known]).nunique().reindex(range(n), fill_value=0)
-    out["graph_launches"] = replays.to_numpy(np.int64)
+    launched = graph & (call >= 0)
+    pairs = np.unique(g[launched].astype(np.int64) * (int(call.max()) + 2) + call[launched]) if launched.any() else np.zeros(0, np.int64)
+    out["graph_launches"] = np.bincount(pairs // (int(call.max()) + 2), minlength=n).astype(np.int64) if len(pairs) \
+        else np.zeros(n, dtype=np.int64)
     out["graph_ops"] = np.bincount(g[graph], minlength=n).astype(np.int64)
     out["graph_busy_ns"] = union_length(g[graph], start[graph], end[graph], n)
 
