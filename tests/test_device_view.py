@@ -206,3 +206,26 @@ def test_idle_while_capturing_is_its_own_cause_with_no_gain():
     total = sum(out[c][0] for c in ("idle_capture_ns", "idle_host_ns", "idle_other_ns", "idle_sync_ns", "idle_launch_bound_ns",
                                     "idle_unknown_ns"))
     assert total == 1000.0
+
+
+def test_a_capture_recording_is_the_device_union_by_hand():
+    """SGLang's capture trace (MI300X): its one step's GPU work is the two kernels run before the capture began (the
+    captured launches run nothing); busy is their union by hand over the window, and the capture is no idle finding."""
+    import gzip
+
+    from headcount.build.kineto import tables_from_kineto
+    from headcount.parsers.kineto_json import read_trace
+
+    path = FIX / "kineto" / "mi300x_sglang_decode_capture_kineto.json.gz"
+    raw = json.loads(gzip.open(path).read())["traceEvents"]
+    ops = sorted((round(e["ts"] * 1000), round(e["ts"] * 1000) + round(e["dur"] * 1000)) for e in raw  # µs, 3 decimals: ns
+                 if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    busy, reach = 0, None
+    for s, e in ops:
+        busy, reach = (busy + e - s, e) if reach is None or s > reach else (busy + max(e - reach, 0), max(reach, e))
+    window = max(e for _, e in ops) - min(s for s, _ in ops)
+    built = tables_from_kineto(read_trace(path), "r")
+    step = built.tables["steps"].dropna(subset=["step"]).iloc[0]
+    assert step["window_ns"] == window and step["gpu_busy_ns"] == busy
+    assert step["gpu_busy_pct"] == pytest.approx(100 * busy / window, abs=1e-9)
+    assert not built.tables["findings"]["kind"].str.startswith("gpu_idle").any()
