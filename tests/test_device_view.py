@@ -24,11 +24,16 @@ TRACES = ["v100_rank1of2_cudagraph_nccl_kineto.json.gz", "a100-80gb_rank0of16_cu
 
 
 @pytest.fixture(scope="module")
-def built():
+def whole():
     from headcount.build.kineto import tables_from_kineto
     from headcount.parsers.kineto_json import read_trace
 
-    return {name: tables_from_kineto(read_trace(FIX / "kineto" / name), "r").tables for name in TRACES}
+    return {name: tables_from_kineto(read_trace(FIX / "kineto" / name), "r") for name in TRACES}
+
+
+@pytest.fixture(scope="module")
+def built(whole):
+    return {name: b.tables for name, b in whole.items()}
 
 
 def _step_number(name: str) -> int:
@@ -64,7 +69,7 @@ def test_exposed_communication_equals_the_hand_count(built, name):
         assert row["communication_overlapped_ns"] + row["communication_exposed_ns"] == pytest.approx(row["communication_ns"], abs=1.0)
 
 
-def test_pipelined_steps_are_said_and_not_called_idle(built):
+def test_pipelined_steps_are_said_and_not_called_idle(built, whole):
     """The V100 DDP trace (CUDA graphs, side streams): its steps overlap; the device was 95.5–97.7 % busy in every
     window (by hand), and no finding claims an idle gain beyond the device's idle time."""
     name = TRACES[0]
@@ -73,6 +78,8 @@ def test_pipelined_steps_are_said_and_not_called_idle(built):
     assert steps["gpu_busy_pct"].between(95.5, 97.7).all()
     assert (steps["others_busy_ns"] > 0).all()
     assert steps["note"].str.contains("overlaps a neighbouring step").all()
+    assert any(n.startswith("6 of 6 steps' GPU windows overlap a neighbour's") for n in whole[name].notices)
+    assert not any("windows overlap" in n for n in whole["a100_ddp_rank0of2_nccl_annotations_kineto.json.gz"].notices)
     findings = built[name]["findings"]
     idle_pct = float((100 * steps["idle_ns"] / steps["window_ns"]).max())
     gains = findings.loc[findings["kind"].str.startswith("gpu_idle"), "expected_gain_pct"].dropna()

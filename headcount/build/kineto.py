@@ -167,7 +167,7 @@ def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices:
                        "docs/cli.md § Untagged recordings lists; record with torch.profiler.profile(with_modules=True, "
                        "with_stack=True, record_shapes=True), or tag the model with headcount)")
     unstepped = _unstepped(parts, attention_found=bool(calls) or any(part.tagged for part in parts))
-    findings = run_findings([*(part.steps for part in parts), unstepped], attention["layers"], attention["heads"])
+    findings = run_findings([*(part.steps for part in parts), unstepped], attention["layers"], attention["heads"], notices)
     return {**attention, "steps": unstepped, "findings": findings, "calls": calls}
 
 

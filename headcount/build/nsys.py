@@ -87,7 +87,7 @@ def nsys_pieces(parts, calls=None, implementation: str = "unknown", device: Devi
     # the GPU the work ran on: the program's (headcount run), else the one the export describes
     layers, heads = nsys_aggregates(attention, calls, device or nsys_sqlite.describe_device(devices, sorted(used)))
     note_no_attention(layers, notices)
-    findings = run_findings(steps, layers, heads)  # first: it gives the layers their shares of the steps
+    findings = run_findings(steps, layers, heads, notices)  # first: it gives the layers their shares of the steps
     yield "layers", layers
     yield "heads", heads
     yield "findings", findings

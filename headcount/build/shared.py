@@ -62,9 +62,13 @@ def finished(tables: dict[str, pd.DataFrame], run_id: str, device: Device | None
     if "collectives" not in tables:  # streamed builds gave theirs piece by piece
         tables["collectives"] = collectives.collectives(tables["kernels"])
         tables["collectives"].insert(0, "run_id", run_id)
+    notices = list(notices or [])
     if "findings" not in tables:
         with_findings(tables)
-    return Built(tables, list(notices or []), info or {})
+        said = overlap_notice(tables.get("steps"))
+        if said:
+            notices.append(said)
+    return Built(tables, notices, info or {})
 
 
 BREAKDOWN_COLUMNS = [
@@ -468,9 +472,27 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return frames[0] if frames and len(frames[0].columns) else pd.DataFrame(columns=step_view.COLUMNS)
 
 
-def run_findings(steps: list[pd.DataFrame], layers: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
-    """The findings of a run built in pieces (its ``steps`` rows gathered from every piece)."""
-    return with_findings({"steps": _concat(steps), "layers": layers, "heads": heads})["findings"]
+def run_findings(steps: list[pd.DataFrame], layers: pd.DataFrame, heads: pd.DataFrame,
+                 notices: list[str] | None = None) -> pd.DataFrame:
+    """The findings of a run built in pieces (its ``steps`` rows gathered from every piece); where step windows
+    overlap, a notice goes to ``notices``."""
+    gathered = _concat(steps)
+    said = overlap_notice(gathered)
+    if said and notices is not None:
+        notices.append(said)
+    return with_findings({"steps": gathered, "layers": layers, "heads": heads})["findings"]
+
+
+def overlap_notice(steps: pd.DataFrame | None) -> str | None:
+    """What a reader must know where steps' GPU windows overlap (pipelined work), else ``None``."""
+    if steps is None or not len(steps) or "windows_overlap" not in steps:
+        return None
+    overlap = steps["windows_overlap"].fillna(False).astype(bool)
+    if not overlap.any():
+        return None
+    return (f"{int(overlap.sum())} of {int(steps['step'].notna().sum())} steps' GPU windows overlap a neighbour's (pipelined "
+            "work: the next step's copies or collectives ran during this one): busy and idle are the device's over each "
+            "window, every stream's and every step's work; own_busy_ns is the step's own")
 
 
 def add_roofline(tables: dict, device: Device | None, calls=None, measured_gbps: float | None = None) -> dict:
