@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.common import communication
+from headcount.derive.launch import union_length
 
 DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2, "int": 4,
                "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "byte": 1, "uint8": 1, "char": 1, "int8": 1,
@@ -86,7 +87,7 @@ def collectives(kernels: pd.DataFrame | None) -> pd.DataFrame:
         algbw = total / sized_time if len(sized) and sized_time > 0 else np.nan
         dtypes = g["dtype"].dropna()
         rows.append({**dict(zip(KEYS, key)), "library": g["library"].mode().iloc[0], "calls": len(g),
-                     "time_ns": float(g["duration"].sum()), "busy_ns": _union(g["start"].to_numpy(), g["end"].to_numpy()),
+                     "time_ns": float(g["duration"].sum()), "busy_ns": float(union_length(np.zeros(len(g), dtype=np.int64), g["start"].to_numpy(), g["end"].to_numpy(), 1)[0]),
                      "sized_calls": len(sized), "sized_time_ns": sized_time, "bytes": total, "group_size": ranks,
                      "dtype": dtypes.mode().iloc[0] if len(dtypes) else None, "algbw_gbps": algbw,
                      "busbw_gbps": algbw * bus_factor(key[-1], ranks), "provenance": "measured"})
@@ -145,11 +146,3 @@ def _message_bytes(comm: pd.DataFrame) -> np.ndarray:
     size = comm["comm_dtype"].astype(object).map(lambda d: DTYPE_BYTES.get(str(d).lower()) if d is not None and not pd.isna(d) else None) \
         if "comm_dtype" in comm else pd.Series([None] * len(comm))
     return count * pd.to_numeric(size, errors="coerce").to_numpy(np.float64, na_value=np.nan)
-
-
-def _union(starts: np.ndarray, ends: np.ndarray) -> float:
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    reach = np.maximum.accumulate(e)
-    begin = np.maximum(s, np.r_[-np.inf, reach[:-1]])
-    return float(np.maximum(e - begin, 0.0).sum())
