@@ -1,4 +1,5 @@
-"""``headcount diff BASE NEW``: did the change make attention faster? Per call, against the noise, as a CI gate."""
+"""``headcount diff BASE NEW``: did the change make the work faster? The whole work first, then per call and per shape,
+against the noise, as a CI gate."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-import pandas as pd
 from rich.table import Table
 
 from headcount.common.errors import HeadcountError
@@ -18,32 +18,36 @@ EXAMPLES = """\
 examples:
   headcount diff before/ after/                              two reports (headcount profile/run/parse)
   headcount diff base.sqlite new.sqlite                      two recordings, parsed on the fly as headcount parse would
-  headcount diff before/ after/ --fail-on-regression 5       exit 1 when attention regressed by more than 5 %
-  headcount diff before/ after/ --json diff.json --markdown comment.md
+  headcount diff before/ after/ --fail-on-regression 5       exit 1 when the whole work (step, else repeated unit) regressed by more than 5 %
+  headcount diff before/ after/ --json diff.json --markdown comment.md --html diff.html
   headcount diff report/ report/ --run 20261205T010203Z-ab12cd 20261205T020304Z-ef34ab    two runs of one report
 
-exit status: 0 (no regression beyond the gate, or no gate), 1 (--fail-on-regression: the overall
-verdict or an attention layer/head regressed by more than PCT), 2 (bad input: one line).
+exit status: 0 (no regression beyond the gate, or no gate), 1 (--fail-on-regression: the whole work of a
+rank regressed by more than PCT), 2 (bad input, or two sides that cannot be compared: one line).
 """
 
 
 def add_parser(subparsers):
     p = subparsers.add_parser(
-        "diff", help="before/after: what changed per call, against the noise (a CI gate)",
-        description="Compare two reports (or recordings) row by row — steps, attention layers and heads, kernels, ranges — on "
-        "the distribution of their per-call times: a row regressed or improved only when its new p10–p90 interval lies "
-        "wholly beyond the base's (at least 3 calls a side) and its median moved by more than 5 % (--min-change). Call counts are reported, "
-        "never folded into time.",
+        "diff", help="before/after: the whole work, then what changed per call, against the noise (a CI gate)",
+        description="Compare two reports (or recordings), rank by rank. The verdict rests on the whole work: the time per step, "
+        "else the span of a repeated unit both recordings share (a block, a layer: one FSDP::pre_forward (blocks.N…) start to the "
+        "next), judged by a rank test and the least change (--min-change, 5 %%); beside it GPU busy %%, idle by cause and exposed "
+        "communication. Then every row — attention layers and heads, kernels, ranges — per call and per shape: a row regressed "
+        "or improved only when its new p10–p90 interval lies wholly beyond the base's (at least 3 calls a side) and its median "
+        "moved by more than --min-change. Call counts are reported, never folded into time. Sides that cannot be compared "
+        "(different programs or sources, nothing in common) are refused.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("base", help="the report (or recording) before the change")
     p.add_argument("new", help="the report (or recording) after it")
     p.add_argument("--run", nargs="+", default=None, metavar="ID", help="the runs to compare (ids from either side)")
     p.add_argument("--fail-on-regression", type=float, default=None, metavar="PCT",
-                   help="exit 1 when the overall verdict or any attention row regressed by more than PCT %%")
+                   help="exit 1 when a rank's whole work (time per step, else span per repeated unit) regressed by more than PCT %%")
     p.add_argument("--min-change", type=float, default=None, metavar="PCT",
                    help="the least change of a median that can be a regression or improvement (default 5 %%; more on a noisy machine)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the diff as JSON ('-': to stdout, instead of the table)")
     p.add_argument("--markdown", default=None, metavar="FILE", help="write a markdown summary (a pull-request comment; '-': stdout)")
+    p.add_argument("--html", default=None, metavar="FILE", help="write the verdict, its evidence and the top changes as an HTML page")
     p.add_argument("--top", type=int, default=20, help="rows shown in the table and the markdown (default 20)")
     p.set_defaults(func=run)
     return p
@@ -63,16 +67,15 @@ def run(args) -> int:
         result = diffing.diff(base, new, args.run, difference.MIN_CHANGE_PCT if args.min_change is None else args.min_change)
     document = diffing.as_json(result)
     if args.json and args.json != "-":
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(document, fh, indent=1)
-            fh.write("\n")
+        _write(args.json, json.dumps(document, indent=1) + "\n")
     if args.markdown:
         text = diffing.as_markdown(result, args.top)
         if args.markdown == "-":
             print(text, end="")
         else:
-            with open(args.markdown, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            _write(args.markdown, text)
+    if args.html:
+        _write(args.html, diffing.as_html(result, args.top))
     if args.json == "-":
         print(json.dumps(document, indent=1))
     elif args.markdown != "-":
@@ -82,32 +85,42 @@ def run(args) -> int:
         console = terminal.console(stderr=True)
         for line in failed:
             console.print(f"headcount: regression beyond {args.fail_on_regression:g} %: {line}", soft_wrap=True, highlight=False)
+        rows = diffing.row_regressions(result, args.fail_on_regression)
+        if len(rows) and not failed:
+            console.print(f"headcount: the whole work held; {len(rows)} attention rows regressed by more than "
+                          f"{args.fail_on_regression:g} % (listed above; not gated)", soft_wrap=True, highlight=False)
         return 1 if failed else 0
     return 0
+
+
+def _write(path: str, text: str) -> None:
+    """``text`` to ``path`` whole or not at all (a temporary file beside it, renamed)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.partial")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(target)
 
 
 def _print(result, top: int) -> None:
     from headcount.reports import diff as diffing
 
     console = terminal.console(width=max(terminal.console().width, 160))
-    console.print(f"Verdict: {result.verdict}", highlight=False)
+    console.print(f"Verdict: {result.headline}", highlight=False, soft_wrap=True)
     for o in result.overall:
-        tail = ""
-        if o.get("base_p50_ns") is not None and not pd.isna(o.get("base_p50_ns")):
-            tail = f", median {diffing.duration(o['base_p50_ns'])} → {diffing.duration(o['new_p50_ns'])} ({diffing.percent(o['change_pct'])})"
-        console.print(f"  {o['base_run']} → {o['new_run']}: {o['verdict']} on {o['basis']}{tail}", soft_wrap=True, highlight=False)
+        console.print(f"  {diffing.overall_line(o)}", soft_wrap=True, highlight=False)
+        for line in diffing.evidence_lines(o):
+            console.print(f"    {line}", soft_wrap=True, highlight=False)
     table = Table(title=f"Top changes (regressions first; {len(result.changes)} rows compared)",
-                  caption="per call: median (p10–p90) over the calls of each side; steps: per step; "
+                  caption="per call and per shape: median (p10–p90) over the calls of each side; "
                           "a regression/improvement holds against the spread (docs/cli.md § headcount diff)")
-    for col in ("row", "verdict", "base calls", "new calls", "base p50 (p10–p90)", "new p50 (p10–p90)", "median"):
-        table.add_column(col, justify="left" if col in ("row", "verdict") else "right")
-    shown = diffing.notable(result.changes).head(top)
+    for col in ("rank", "row", "verdict", "base calls", "new calls", "base p50 (p10–p90)", "new p50 (p10–p90)", "median"):
+        table.add_column(col, justify="left" if col in ("rank", "row", "verdict") else "right")
+    shown = diffing.notable(result.changes[result.changes["level"] != "work"]).head(top)
     if not len(shown):
-        table.add_row("(no row changed beyond its spread)", "", "", "", "", "", "")
+        table.add_row("", "(no row changed beyond its spread)", "", "", "", "", "", "")
     for r in shown.to_dict("records"):
-        table.add_row(diffing.row_label(r), r["verdict"], str(r["base_calls"]), str(r["new_calls"]),
-                      diffing.spread(r, "base"), diffing.spread(r, "new"),
-                      diffing.percent(r["change_pct"]))
+        table.add_row(str(r["rank"]), diffing.row_label(r), r["verdict"], str(r["base_calls"]), str(r["new_calls"]),
+                      diffing.spread(r, "base"), diffing.spread(r, "new"), diffing.percent(r["change_pct"]))
     console.print(table)
     counts = result.changes.groupby(["level", "verdict"]).size()
     console.print("rows: " + "; ".join(f"{level} {verdict} {n}" for (level, verdict), n in counts.items()), soft_wrap=True,

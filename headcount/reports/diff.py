@@ -1,29 +1,46 @@
-"""``headcount diff BASE NEW``: what changed between two reports (or recordings), per call.
+"""``headcount diff BASE NEW``: what changed between two reports (or recordings).
 
 Each side is a report directory, or a recording that ``headcount diff`` has
 parsed first into a temporary report, exactly as ``headcount parse`` would
-(:mod:`headcount.cli.diff_cmd`). The sides' runs are
-paired (:func:`pair_runs`), and within each pair every row is compared by
-:mod:`headcount.derive.difference`'s rule on its per-call distribution:
+(:mod:`headcount.cli.diff_cmd`). The sides' runs are paired (:func:`pair_runs`:
+by model, implementation and mode, then by rank or device, so that rank 0 meets
+rank 0), and each pair is judged on its **whole work first** (:func:`whole_work`):
 
-- ``step``: the time of each step (the longest of its devices' windows,
-  ``steps.window_ns``);
+1. the time per step (``steps.window_ns``, the longest of the step's device
+   windows) where both sides recorded at least three steps;
+2. else the period of a repeated unit both recordings share
+   (:mod:`headcount.derive.work_units`: a block, a layer, a micro-batch: one
+   ``FSDP::pre_forward (blocks.N…)`` start to the next), per rank;
+
+by :func:`headcount.derive.difference.shift` (a rank test and the least
+change). Beside it, the **evidence** (:func:`evidence`): GPU busy % of the
+windows (every stream), idle by cause (launch-bound, sync, host, capture,
+other), exposed communication, attention's share of busy time — per step with
+a verdict where steps exist, per window (one figure, no spread) otherwise.
+
+Then every row, per call, by :func:`headcount.derive.difference.verdict` on
+its per-call distribution, calls grouped **by shape** before any statistic:
+
 - ``layer`` / ``head``: attention range instances (``ranges``, levels
-  ``layer`` and ``head``), matched on (phase, layer name, head); a report
+  ``layer`` and ``head``) per (phase, layer name, head, shape); the shape is the
+  recorded input shape, else the grid and block of the call's kernels, else
+  its duration mode (:func:`headcount.derive.difference.modes`); a report
   without range instances (ncu) is compared on its layers' stored percentiles;
-- ``kernel``: GPU kernels, memcpys and memsets by name (CPU operators on a CPU run);
-- ``range``: other NVTX ranges by name (the part before ``, `` in PyTorch's
-  ``emit_nvtx`` names: ``aten::mm, op_id = 12`` counts as ``aten::mm``).
+- ``kernel``: GPU kernels, memcpys and memsets per (name, grid, block) (CPU
+  operators on a CPU run, per duration mode);
+- ``range``: other ranges per name, indices read as ``{N}`` (``FSDP::pre_forward
+  (blocks.{N}…)``: one row, not one per block) and PyTorch's ``emit_nvtx``
+  suffixes dropped.
 
-Per-call percentiles are computed in DuckDB over the report's files
-(``quantile_cont``: linear interpolation), so a large report is never held
-in pandas whole.
+Per-call percentiles of kernels and ranges are computed in DuckDB over the
+report's files (``quantile_cont``: linear interpolation), so a large report is
+never held in pandas whole.
 
-The **overall verdict** of a pair comes from the time per step where both
-sides have at least three steps; else from the attention time per call (every
-attention layer call of the pair, pooled); else from its rows (regression if
-any row regressed, its change the largest row's). Runs that differ in model, batch, sequence length, dtype
-or device are not comparable: ``inconclusive``, naming the fact.
+**Refused** (one line, exit 2): sources that measure different things (an
+Nsight Compute report replays each kernel alone; a timeline does not), runs
+that differ in model, batch, sequence length, dtype or device, two recordings
+of different programs (less than half of either side's kernel time in kernels
+the other ran), and pairs with nothing in common to compare.
 """
 
 from __future__ import annotations
@@ -37,7 +54,7 @@ import pandas as pd
 from headcount.common import shown_names as names
 from headcount.common.errors import HeadcountError
 from headcount.common.numbers import number
-from headcount.derive import difference
+from headcount.derive import difference, work_units
 
 COUNTERS = ("dram_bytes_per_call", "bandwidth_gbps", "achieved_occupancy_pct", "theoretical_occupancy_pct",
             "kernels_per_call", "cpu_launch_cost_per_call_ns")
@@ -57,6 +74,12 @@ class Side:
     report: Path
     con: object
     runs: pd.DataFrame
+
+    @property
+    def measures(self) -> str:
+        """What the side's times are: ``replay`` (Nsight Compute: each kernel alone, serialized) or ``timeline``."""
+        sources = set(self.runs["source"].dropna().astype(str)) if "source" in self.runs else set()
+        return "replay" if sources and sources <= {"ncu"} else "timeline"
 
 
 @dataclass
@@ -87,10 +110,13 @@ def open_report(path: str, report: Path) -> Side:
 def _units(con) -> pd.DataFrame:
     """The (run, implementation) units of a report, as its tables hold them (a parsed recording's
     ``runs`` row may not know the implementation its calls name), with the facts of their ``runs`` row."""
-    parts = [f"SELECT DISTINCT run_id, implementation FROM {t}" for t in ("steps", "layers", "kernels") if _has(con, t)]
+    parts = [f"SELECT DISTINCT run_id, implementation FROM {t}" for t in ("steps", "layers", "kernels", "ranges") if _has(con, t)]
     if not parts:
         return pd.DataFrame()
     units = _query(con, " UNION ".join(parts) + " ORDER BY run_id, implementation")
+    if _has(con, "steps"):  # the device a unit ran on: how ranks pair when the recording names none
+        devices = _query(con, "SELECT run_id, implementation, min(device) AS unit_device FROM steps GROUP BY ALL")
+        units = units.merge(devices.astype({"run_id": str}), on=["run_id", "implementation"], how="left")
     runs = _table(con, "runs")
     if not len(runs):
         return units
@@ -135,6 +161,11 @@ def pair_runs(base: Side, new: Side, run_ids: list[str] | None = None) -> tuple[
     Raises:
         HeadcountError: a ``--run`` id on neither side; nothing to pair; every pair incomparable.
     """
+    if base.measures != new.measures:
+        kinds = {"replay": "an Nsight Compute report (each kernel replayed alone)", "timeline": "a timeline"}
+        raise HeadcountError(f"{base.path} is {kinds[base.measures]} and {new.path} {kinds[new.measures]}: their times measure "
+                             "different things and cannot be compared",
+                             hint="diff two recordings of one kind (two nsys exports, two torch.profiler traces, two ncu reports)")
     b, n = base.runs.to_dict("records"), new.runs.to_dict("records")
     if run_ids:
         known = {str(r["run_id"]) for r in b + n}
@@ -151,7 +182,9 @@ def pair_runs(base: Side, new: Side, run_ids: list[str] | None = None) -> tuple[
         keys = ("model", "model_config", "implementation", "mode")
         free = list(n)
         for r in b:
-            match = next((m for m in free if all(str(r.get(k)) == str(m.get(k)) for k in keys if k in r or k in m)), None)
+            candidates = [m for m in free if all(str(r.get(k)) == str(m.get(k)) for k in keys if k in r or k in m)]
+            # rank 0 meets rank 0: the recorded rank, else the device, where both sides know it
+            match = next((m for m in candidates if _same_rank(r, m)), candidates[0] if candidates else None)
             if match is None:
                 notes.append(f"base run {_unit(r)} has no counterpart in {new.path} (model, implementation, mode)")
                 continue
@@ -179,59 +212,144 @@ def pair_runs(base: Side, new: Side, run_ids: list[str] | None = None) -> tuple[
     return pairs, notes
 
 
+def _same_rank(a: dict, b: dict) -> bool:
+    for key in ("rank", "unit_device"):
+        if _known(a.get(key)) and _known(b.get(key)):
+            return str(a.get(key)) == str(b.get(key))
+    return True
+
+
+def rank_label(run: dict) -> str:
+    """The rank a unit stands for: ``rank 3`` where recorded, else its device (``cuda:0``), else its process."""
+    if _known(run.get("rank")):
+        return f"rank {int(run['rank'])}"
+    if _known(run.get("unit_device")):
+        return str(run["unit_device"])
+    return f"pid {run['pid']}" if _known(run.get("pid")) else str(run.get("run_id"))
+
+
+def _pair_rank(pair: "Pair") -> str:
+    b, n = rank_label(pair.base), rank_label(pair.new)
+    return b if b == n else f"{b} → {n}"
+
+
 # ---------------------------------------------------------------- per-call summaries (DuckDB)
 _Q = ("count(*) AS calls, quantile_cont(v, 0.1) AS p10, quantile_cont(v, 0.5) AS p50, quantile_cont(v, 0.9) AS p90")
+_WHERE = "run_id = ? AND implementation IS NOT DISTINCT FROM ?"
+
+
+def _params(run: dict) -> list:
+    return [str(run["run_id"]), run.get("implementation")]
 
 
 def _summaries(side: Side, run: dict, level: str) -> pd.DataFrame:
-    """Per-call (p10, p50, p90, calls) of one unit's rows of ``level``, with their keys."""
-    con, where = side.con, "run_id = ? AND implementation IS NOT DISTINCT FROM ?"
-    params = [str(run["run_id"]), run.get("implementation")]
+    """Per-call (p10, p50, p90, calls) of one unit's rows of ``level``, with their keys (``shape`` among them)."""
     if level in ATTENTION_LEVELS:
-        if not _has(con, "ranges"):
-            return pd.DataFrame()
-        head = ", head" if level == "head" else ""
-        capture = "AND NOT coalesce(graph_capture, false)" if "graph_capture" in _columns(con, "ranges") else ""
-        return _query(con, f"SELECT phase, layer_name AS name, any_value(layer) AS layer{head}, {_Q} FROM "
-                           f"(SELECT *, duration_ns AS v FROM ranges WHERE {where} AND level = '{level}' AND duration_ns IS NOT NULL {capture}) "
-                           f"GROUP BY phase, layer_name{head}", params)
+        return _attention_summaries(side, run, level)
+    con, params = side.con, _params(run)
     if level == "kernel":
         if not _has(con, "kernels"):
             return pd.DataFrame()
-        kinds = _query(con, f"SELECT DISTINCT kind FROM kernels WHERE {where}", params)["kind"].tolist()
+        kinds = _query(con, f"SELECT DISTINCT kind FROM kernels WHERE {_WHERE}", params)["kind"].tolist()
         gpu = [k for k in kinds if k in ("kernel", "memcpy", "memset")]
         chosen = gpu or [k for k in kinds if k == "op"]
         if not chosen:
             return pd.DataFrame()
         listed = ", ".join(f"'{k}'" for k in chosen)
-        return _query(con, f"SELECT name, {_Q} FROM (SELECT name, duration_ns AS v FROM kernels WHERE {where} AND kind IN ({listed}) "
-                           "AND duration_ns IS NOT NULL) GROUP BY name", params)
+        cols = _columns(con, "kernels")
+        shape = ("CASE WHEN grid IS NOT NULL THEN 'grid ' || grid || ' block ' || coalesce(block, '?') END"
+                 if {"grid", "block"} <= cols else "NULL")
+        rows = f"SELECT name, {shape} AS shape, duration_ns AS v FROM kernels WHERE {_WHERE} AND kind IN ({listed}) AND duration_ns IS NOT NULL"
+        known = _query(con, f"SELECT name, shape, {_Q} FROM ({rows}) WHERE shape IS NOT NULL GROUP BY name, shape", params)
+        # nothing tells these calls' shapes apart (CPU operators, kernels without a grid): their duration modes do
+        unknown = _query(con, f"SELECT name, v FROM ({rows}) WHERE shape IS NULL", params)
+        return pd.concat([f for f in (known, _by_modes(unknown, ["name"])) if len(f)] or [known], ignore_index=True)
     if level == "range":
         if not _has(con, "ranges"):
             return pd.DataFrame()
-        # PyTorch's emit_nvtx ranges carry per-instance suffixes (", op_id = 12, sizes = …"): grouped by the name before them
-        return _query(con, f"SELECT name, {_Q} FROM (SELECT split_part(name, ', ', 1) AS name, duration_ns AS v FROM ranges "
-                           f"WHERE {where} AND level = 'other' AND duration_ns IS NOT NULL) GROUP BY name", params)
-    if level == "step":
-        if not _has(con, "steps"):
+        names = _query(con, f"SELECT DISTINCT split_part(name, ', ', 1) AS base FROM ranges WHERE {_WHERE} AND level = 'other'", params)
+        if not len(names):
             return pd.DataFrame()
-        return _query(con, f"SELECT 'time per step' AS name, {_Q} FROM (SELECT step, max(window_ns) AS v FROM steps WHERE {where} "
-                           "AND step IS NOT NULL AND window_ns IS NOT NULL GROUP BY step) HAVING count(*) > 0", params)
+        keys = names.assign(key=[work_units.indexless(n) for n in names["base"]])
+        con.register("_diff_range_keys", keys)
+        try:
+            return _query(con, f"SELECT key AS name, NULL AS shape, {_Q} FROM (SELECT k.key, r.duration_ns AS v FROM ranges r JOIN "
+                               f"_diff_range_keys k ON k.base = split_part(r.name, ', ', 1) WHERE r.{_WHERE.replace(' AND ', ' AND r.')} "
+                               "AND r.level = 'other' AND r.duration_ns IS NOT NULL) GROUP BY key", params)
+        finally:
+            con.unregister("_diff_range_keys")
+    if level == "step":
+        return pd.DataFrame()  # the whole work: :func:`whole_work`
     raise ValueError(level)
+
+
+_SHAPE_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim")
+
+
+def _attention_summaries(side: Side, run: dict, level: str) -> pd.DataFrame:
+    """Attention calls of one unit, per (phase, layer name[, head], shape): the recorded input shape, else the grid
+    and block of the call's kernels, else the call's duration mode. Calls without GPU time count in ``untimed``."""
+    con, params = side.con, _params(run)
+    if not _has(con, "ranges"):
+        return pd.DataFrame()
+    cols = _columns(con, "ranges")
+    capture = "AND NOT coalesce(graph_capture, false)" if "graph_capture" in cols else ""
+    dims = [c for c in _SHAPE_COLUMNS if c in cols]
+    calls = _query(con, f"SELECT range_id, phase, layer_name AS name, layer, head, duration_ns AS v{''.join(', ' + d for d in dims)} "
+                        f"FROM ranges WHERE {_WHERE} AND level = '{level}' {capture}", params)
+    if not len(calls):
+        return pd.DataFrame()
+    shape = pd.Series([None] * len(calls), dtype=object)
+    if dims:
+        values = calls[dims].to_numpy(dtype=object)
+        text = ["inputs " + "×".join("?" if pd.isna(x) else str(int(x)) for x in row) if any(pd.notna(x) for x in row) else None
+                for row in values]  # batch×q_heads×kv_heads×q_len×kv_len×head_dim
+        shape = pd.Series(text, dtype=object)
+    if _has(con, "kernels") and {"range_id", "grid"} <= _columns(con, "kernels"):
+        grids = _query(con, f"SELECT range_id, string_agg(DISTINCT 'grid ' || grid || ' block ' || coalesce(block, '?'), ' + ' "
+                            f"ORDER BY 'grid ' || grid || ' block ' || coalesce(block, '?')) AS g FROM kernels WHERE {_WHERE} "
+                            "AND range_id IS NOT NULL AND grid IS NOT NULL GROUP BY range_id", params)
+        by_range = dict(zip(grids["range_id"].tolist(), grids["g"].tolist()))
+        missing = shape.isna().to_numpy()
+        shape[missing] = calls.loc[missing, "range_id"].map(by_range).to_numpy()
+    calls["shape"] = shape.to_numpy()
+    keys = ["phase", "name", *(["head"] if level == "head" else [])]
+    timed = calls[calls["v"].notna()]
+    untimed = calls[calls["v"].isna()].groupby(keys, dropna=False).size().rename("untimed").reset_index()
+    known = timed[timed["shape"].notna()]
+    rows = [_percentiles(known, [*keys, "shape"]) if len(known) else pd.DataFrame(),
+            _by_modes(timed[timed["shape"].isna()].drop(columns="shape"), keys)]
+    out = pd.concat([f for f in rows if len(f)], ignore_index=True) if any(len(f) for f in rows) else pd.DataFrame()
+    if not len(out):
+        return out
+    layers = calls.groupby(keys, dropna=False)["layer"].first().reset_index()
+    out = out.merge(layers, on=keys, how="left")
+    return out.merge(untimed, on=keys, how="left") if len(untimed) else out.assign(untimed=0)
+
+
+def _percentiles(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    g = frame.groupby(keys, dropna=False)["v"]
+    return pd.DataFrame({"calls": g.size(), "p10": g.quantile(0.1), "p50": g.quantile(0.5), "p90": g.quantile(0.9)}).reset_index()
+
+
+def _by_modes(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Rows of calls whose shape nothing recorded, per duration mode (:func:`headcount.derive.difference.modes`): a
+    single mode keeps no shape; several are ``mode 1 of 2`` … (1: the fastest)."""
+    if not len(frame):
+        return pd.DataFrame()
+    parts = []
+    for key, group in frame.groupby(keys, dropna=False, sort=False):
+        labels = difference.modes(group["v"].to_numpy(dtype="float64"))
+        count = int(labels.max())
+        shape = [None if count <= 1 else f"mode {k} of {count}" for k in labels]
+        parts.append(group.assign(shape=shape))
+    both = pd.concat(parts, ignore_index=True)
+    both["shape"] = both["shape"].astype(object)
+    return _percentiles(both, [*keys, "shape"])
 
 
 def _columns(con, table: str) -> set[str]:
     return set(con.sql(f"SELECT * FROM {table} LIMIT 0").columns)
-
-
-def _attention_pooled(side: Side, run: dict) -> tuple[tuple, int]:
-    """(p10, p50, p90) and calls of every attention layer call of a unit, pooled (the overall basis without steps)."""
-    if not _has(side.con, "ranges"):
-        return (np.nan, np.nan, np.nan), 0
-    r = _query(side.con, f"SELECT {_Q} FROM (SELECT duration_ns AS v FROM ranges WHERE run_id = ? AND implementation IS NOT DISTINCT "
-                         "FROM ? AND level = 'layer' AND duration_ns IS NOT NULL)", [str(run["run_id"]), run.get("implementation")])
-    row = r.iloc[0]
-    return (row["p10"], row["p50"], row["p90"]), int(row["calls"])
 
 
 def _counters(side: Side, run: dict, level: str) -> pd.DataFrame:
@@ -283,31 +401,43 @@ def _with_counters(changes: pd.DataFrame, base: pd.DataFrame, new: pd.DataFrame,
     return changes.merge(both, on=keys, how="left")
 
 
-def diff_pair(base: Side, new: Side, pair: Pair, min_change: float = difference.MIN_CHANGE_PCT) -> tuple[pd.DataFrame, dict]:
+def diff_pair(base: Side, new: Side, pair: Pair, min_change: float = difference.MIN_CHANGE_PCT,
+              prefer: tuple | None = None) -> tuple[pd.DataFrame, dict]:
     """Every change row of one pair, and its overall verdict.
 
     Returns:
         ``(changes, overall)``: :data:`headcount.derive.difference.CHANGE_COLUMNS` plus ``base_run``,
-        ``new_run`` and counter columns; ``overall`` with ``basis``, ``verdict`` and the change columns.
+        ``new_run`` and counter columns; ``overall`` as :func:`_overall`.
     """
-    frames = []
-    for level, keys in (("step", ["name"]), ("layer", ["phase", "name"]), ("head", ["phase", "name", "head"]),
-                        ("kernel", ["name"]), ("range", ["name"])):
+    frames, untimed = [], {}
+    for level, keys in (("layer", ["phase", "name"]), ("head", ["phase", "name", "head"]), ("kernel", ["name"]), ("range", ["name"])):
         b, n = _summaries(base, pair.base, level), _summaries(new, pair.new, level)
         if level == "layer" and not len(b) and not len(n):  # no range instances (ncu): the stored percentiles
             b, n = _stored(base, pair.base), _stored(new, pair.new)
         if not len(b) and not len(n):
             continue
-        changes = _compare(b, n, keys, level, min_change)
+        if level in ATTENTION_LEVELS:
+            untimed[level] = tuple(int(f["untimed"].fillna(0).sum()) if "untimed" in f else 0 for f in (b, n))
+        changes = _compare(b, n, [*keys, "shape"], level, min_change)
         if level in ATTENTION_LEVELS:
             changes = _with_counters(changes, _counters(base, pair.base, level), _counters(new, pair.new, level), keys)
         frames.append(changes)
+    work = whole_work(base, new, pair, min_change, prefer)
+    if work is not None:
+        frames.insert(0, pd.DataFrame([{**work["row"], "name": work["name"], "shape": None}]))
     changes = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else \
         pd.DataFrame(columns=difference.CHANGE_COLUMNS)
+    changes["rank"] = _pair_rank(pair)
     changes["base_run"], changes["new_run"] = _unit(pair.base), _unit(pair.new)
     if pair.differs:  # not comparable: no row says more than that
         changes["verdict"] = np.where(changes["verdict"].isin(["added", "removed"]), changes["verdict"], "inconclusive")
-    return changes, _overall(base, new, pair, changes, min_change)
+    if work is not None and work["note"]:  # the windows hold different blocks: a row on one side only was not in the other window
+        changes["verdict"] = changes["verdict"].replace({"added": "unpaired", "removed": "unpaired"})
+    overall = _overall(pair, changes, work, min_change)
+    overall["evidence"] = evidence(base, new, pair, min_change)
+    overall["untimed"] = untimed.get("layer", (0, 0))
+    overall["unit"] = work["unit"] if work else None
+    return changes, overall
 
 
 def _stored(side: Side, run: dict) -> pd.DataFrame:
@@ -315,36 +445,122 @@ def _stored(side: Side, run: dict) -> pd.DataFrame:
     if not len(table) or "duration_per_call_p50_ns" not in table:
         return pd.DataFrame()
     return table.rename(columns={"duration_per_call_p10_ns": "p10", "duration_per_call_p50_ns": "p50",
-                                 "duration_per_call_p90_ns": "p90"})[["phase", "name", "layer", "calls", "p10", "p50", "p90"]]
+                                 "duration_per_call_p90_ns": "p90"})[["phase", "name", "layer", "calls", "p10", "p50", "p90"]].assign(shape=None)
 
 
-def _overall(base: Side, new: Side, pair: Pair, changes: pd.DataFrame, min_change: float) -> dict:
-    steps = changes[changes["level"] == "step"]
-    if len(steps) and (steps["base_calls"] >= difference.MIN_CALLS).all() and (steps["new_calls"] >= difference.MIN_CALLS).all():
-        row = steps.iloc[0].to_dict()
-        basis = "time per step"
+# ---------------------------------------------------------------- the whole work
+def _step_times(side: Side, run: dict) -> np.ndarray:
+    if not _has(side.con, "steps"):
+        return np.array([])
+    t = _query(side.con, f"SELECT step, max(window_ns) AS v FROM steps WHERE {_WHERE} AND step IS NOT NULL "
+                         "AND window_ns IS NOT NULL GROUP BY step ORDER BY step", _params(run))
+    return t["v"].to_numpy(dtype="float64")
+
+
+def _unit_periods(side: Side, run: dict) -> pd.DataFrame:
+    if not _has(side.con, "ranges"):
+        return pd.DataFrame(columns=work_units.PERIOD_COLUMNS)
+    own = _query(side.con, f"SELECT name, depth, pid, tid, start_ns FROM ranges WHERE {_WHERE} AND level = 'other' "
+                           "AND start_ns IS NOT NULL", _params(run))
+    return work_units.periods(own)
+
+
+def whole_work(base: Side, new: Side, pair: Pair, min_change: float, prefer: tuple | None = None) -> dict | None:
+    """What the user waits for, both sides: the time per step (at least :data:`~headcount.derive.difference.MIN_CALLS`
+    steps a side), else the period of the repeated unit both share (:func:`headcount.derive.work_units.common_unit`),
+    judged by :func:`headcount.derive.difference.shift`; ``prefer``: the unit another rank was judged on.
+
+    Returns:
+        ``{"basis", "name", "row", "note"}`` (``row``: the change columns, level ``work``); ``None``: neither.
+    """
+    b, n = _step_times(base, pair.base), _step_times(new, pair.new)
+    if len(b) >= difference.MIN_CALLS and len(n) >= difference.MIN_CALLS:
+        return {"basis": "time per step", "name": "time per step", "row": difference.shift_row(b, n, "work", min_change),
+                "note": None, "unit": None}
+    pb, pn = _unit_periods(base, pair.base), _unit_periods(new, pair.new)
+    unit = work_units.common_unit(pb, pn, prefer)
+    if unit is None:
+        return None
+    pick = lambda p: p[(p["unit"] == unit[0]) & (p["depth"] == unit[1])]  # noqa: E731
+    sb, sn = pick(pb), pick(pn)
+    cb, cn = work_units.coverage(sb), work_units.coverage(sn)
+    note = None
+    if cb != cn:
+        note = (f"the windows cover different parts of the run: {unit[0]} at {cb} in {base.path}, at {cn} in {new.path}; "
+                "compared per unit over each side's units")
+    return {"basis": f"span per unit {unit[0]} (start to next start)", "name": unit[0],
+            "row": difference.shift_row(sb["period_ns"].to_numpy(), sn["period_ns"].to_numpy(), "work", min_change),
+            "note": note, "unit": unit}
+
+
+IDLE_CAUSES = (("idle_launch_bound_ns", "launch-bound idle"), ("idle_sync_ns", "sync idle"), ("idle_host_ns", "host idle"),
+               ("idle_capture_ns", "capture idle"), ("idle_other_ns", "other idle"))
+
+
+def _windows(side: Side, run: dict) -> pd.DataFrame:
+    """The unit's device windows (``steps`` rows: per step and device, or one per device where no steps were recorded)."""
+    if not _has(side.con, "steps"):
+        return pd.DataFrame()
+    cols = _columns(side.con, "steps")
+    wanted = ["step", "window_ns", "gpu_busy_ns", "communication_ns", "communication_exposed_ns", "attention_gpu_ns",
+              *(c for c, _ in IDLE_CAUSES)]
+    picks = [c for c in wanted if c in cols]
+    return _query(side.con, f"SELECT {', '.join(picks)} FROM steps WHERE {_WHERE} AND window_ns > 0 AND gpu_busy_ns IS NOT NULL",
+                  _params(run))
+
+
+def evidence(base: Side, new: Side, pair: Pair, min_change: float) -> list[dict]:
+    """The figures behind the whole work, both sides, from their ``steps`` rows: GPU busy % of the windows (every
+    stream), each idle cause and the exposed communication as % of the windows, attention's share of busy time.
+
+    Each figure: ``{"figure", "unit", "base", "new", "base_ms", "new_ms", "ratio", "verdict", "per"}``; ``per`` is
+    ``step`` (a verdict by :func:`headcount.derive.difference.shift` over per-step shares) or ``window`` (one figure a
+    side: no spread, no verdict); the shares are sums over the windows (measured), ``ratio`` new ÷ base of the shares.
+    """
+    wb, wn = _windows(base, pair.base), _windows(new, pair.new)
+    if not len(wb) or not len(wn):
+        return []
+    stepped = wb["step"].notna().sum() >= difference.MIN_CALLS and wn["step"].notna().sum() >= difference.MIN_CALLS
+    figures = [("gpu_busy_ns", "GPU busy", "window_ns"), *((c, label, "window_ns") for c, label in IDLE_CAUSES),
+               ("communication_exposed_ns", "exposed communication", "window_ns"), ("attention_gpu_ns", "attention", "gpu_busy_ns")]
+    out = []
+    for column, label, of in figures:
+        if column not in wb or column not in wn or (wb[column].isna().all() and wn[column].isna().all()):
+            continue
+        share = lambda w: 100.0 * w[column].sum() / w[of].sum() if w[of].sum() else np.nan  # noqa: E731
+        sb, sn = share(wb), share(wn)
+        row = {"figure": label, "unit": f"% of {'the windows' if of == 'window_ns' else 'GPU busy time'}", "base": sb, "new": sn,
+               "base_ms": wb[column].sum() / 1e6, "new_ms": wn[column].sum() / 1e6,
+               "ratio": sn / sb if sb and np.isfinite(sb) and np.isfinite(sn) else np.nan,
+               "per": "step" if stepped else "window", "verdict": None}
+        if stepped:
+            per = lambda w: (100.0 * w[column] / w[of]).to_numpy(dtype="float64")  # noqa: E731
+            row["verdict"] = difference.shift(per(wb[wb["step"].notna()]), per(wn[wn["step"].notna()]), 0.0)[0]
+        out.append({**row, "rank": _pair_rank(pair)})
+    return out
+
+
+def _overall(pair: Pair, changes: pd.DataFrame, work: dict | None, min_change: float) -> dict:
+    keep = ["verdict", "change_pct", "p_value", "base_calls", "new_calls", "base_p10_ns", "base_p50_ns", "base_p90_ns",
+            "new_p10_ns", "new_p50_ns", "new_p90_ns"]
+    if work is not None:
+        row, basis = dict(work["row"]), work["basis"]
     else:
-        (bp, bc), (np_, nc) = _attention_pooled(base, pair.base), _attention_pooled(new, pair.new)
-        if bc >= difference.MIN_CALLS and nc >= difference.MIN_CALLS:
-            row = difference.summary_row(bp, np_, bc, nc, "attention", min_change)
-            basis = "attention time per call"
-        else:
-            verdict = difference.overall(changes)
-            moved = changes.loc[changes["verdict"] == verdict, "change_pct"].dropna()
-            # the overall change is the row that decided it: the largest regression (or improvement)
-            change = (moved.max() if verdict == "regression" else moved.min()) if len(moved) else np.nan
-            row = {"verdict": verdict, "change_pct": change}
-            basis = "rows (no steps and too few attention calls to compare)"
+        rows = changes[changes["level"] != "work"]
+        verdict = difference.overall(rows)
+        moved = rows.loc[rows["verdict"] == verdict, "change_pct"].dropna()
+        # the overall change is the row that decided it: the largest regression (or improvement)
+        change = (moved.max() if verdict == "regression" else moved.min()) if len(moved) else np.nan
+        row, basis = {"verdict": verdict, "change_pct": change}, "rows (no steps and no repeated unit in common)"
     if pair.differs:
         row["verdict"] = "inconclusive"
-    keep = ["verdict", "change_pct", "base_calls", "new_calls", "base_p10_ns", "base_p50_ns", "base_p90_ns",
-            "new_p10_ns", "new_p50_ns", "new_p90_ns"]
-    return {"basis": basis, "base_run": _unit(pair.base), "new_run": _unit(pair.new), **{k: row.get(k) for k in keep}}
+    return {"basis": basis, "rank": _pair_rank(pair), "base_run": _unit(pair.base), "new_run": _unit(pair.new),
+            "whole_work": work is not None, "note": work["note"] if work else None, **{k: row.get(k) for k in keep}}
 
 
 @dataclass
 class Diff:
-    """The whole diff: its verdict, each pair's overall, every change row, and notes."""
+    """The whole diff: its verdict and headline, each pair's overall, every change row, and notes."""
 
     verdict: str
     overall: list[dict]
@@ -354,24 +570,67 @@ class Diff:
     new: Side
     min_change: float = difference.MIN_CHANGE_PCT
 
+    @property
+    def headline(self) -> str:
+        """The answer in one line: the verdict, the whole-work change per rank, and the evidence that moved."""
+        return headline(self)
+
+
+def _shared_time(side: Side, other: Side) -> float | None:
+    """The share (0–1) of ``side``'s kernel time in kernel names ``other`` ran too; ``None``: no kernels to tell.
+
+    The names are the short names the report keeps (nsys ``shortName``, Kineto's kernel name): two programs built on
+    the same libraries share some (``elementwise_kernel``), which is why the bar is half the time, not any name.
+    """
+    if not _has(side.con, "kernels") or not _has(other.con, "kernels"):
+        return None
+    # kernels (operators on a CPU run) only: memcpy and memset rows carry generic names every program shares
+    mine = _query(side.con, "SELECT name, sum(duration_ns) AS t FROM kernels WHERE duration_ns IS NOT NULL "
+                            "AND kind IN ('kernel', 'op') GROUP BY name")
+    theirs = set(_query(other.con, "SELECT DISTINCT name FROM kernels WHERE kind IN ('kernel', 'op')")["name"].tolist())
+    total = mine["t"].sum()
+    return float(mine.loc[mine["name"].isin(theirs), "t"].sum() / total) if total else None
+
+
+SAME_PROGRAM = 0.5
+"""The least share of one side's kernel time in kernels both sides ran for two recordings to be one program's."""
+
 
 def diff(base: Side, new: Side, run_ids: list[str] | None = None, min_change: float = difference.MIN_CHANGE_PCT) -> Diff:
-    """Pair the runs, compare every row, and give the verdict (regression if any pair regressed, …).
+    """Pair the runs, compare the whole work and every row, and give the verdict (regression if any pair regressed, …).
 
     Args:
         min_change: the least change of a median (%) that can be a regression or improvement.
+
+    Raises:
+        HeadcountError: what :func:`pair_runs` refuses; recordings of different programs; nothing in common to compare.
     """
     pairs, notes = pair_runs(base, new, run_ids)
-    frames, overalls = [], []
+    shared = [x for x in (_shared_time(base, new), _shared_time(new, base)) if x is not None]
+    if len(shared) == 2 and max(shared) < SAME_PROGRAM:
+        raise HeadcountError(f"{base.path} and {new.path} look like recordings of different programs: "
+                             f"{100 * shared[0]:.0f} % and {100 * shared[1]:.0f} % of their kernel time is in kernels the other ran",
+                             hint="diff two recordings of the same program, before and after one change")
+    frames, overalls, unit = [], [], None
     for p in pairs:
-        changes, overall = diff_pair(base, new, p, min_change)
+        changes, overall = diff_pair(base, new, p, min_change, unit)
+        unit = unit or overall["unit"]
         frames.append(changes)
         overalls.append(overall)
         moved = changes[changes["calls_changed"].astype(bool) & changes["level"].isin(ATTENTION_LEVELS)]
         if len(moved):
-            notes.append(f"{len(moved)} attention rows ran a different number of calls ({_unit(p.base)} → {_unit(p.new)}): "
-                         "compared per call, the counts are in base_calls/new_calls")
+            notes.append(f"{overall['rank']}: {len(moved)} attention rows ran a different number of calls: compared per call, "
+                         "the counts are in base_calls/new_calls")
+        if overall["note"]:
+            notes.append(f"{overall['rank']}: {overall['note']}")
+        if any(overall["untimed"]):
+            notes.append(f"{overall['rank']}: {overall['untimed'][0]} → {overall['untimed'][1]} attention calls have no GPU time "
+                         "(their kernels fell outside the recording): counted in the layers table, not compared")
     changes = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=difference.CHANGE_COLUMNS)
+    compared = changes[changes["verdict"].isin(["regression", "improvement", "unchanged"])]
+    if not any(o["whole_work"] for o in overalls) and not len(compared) and not any(p.differs for p in pairs):
+        raise HeadcountError(f"{base.path} and {new.path} have nothing in common to compare: no steps, no repeated unit, "
+                             "no row with calls on both sides", hint="diff two recordings of the same program and part of its run")
     verdict = difference.overall(pd.DataFrame({"verdict": [o["verdict"] for o in overalls]}))
     if all(o["verdict"] == "inconclusive" for o in overalls):
         verdict = "inconclusive"
@@ -379,18 +638,58 @@ def diff(base: Side, new: Side, run_ids: list[str] | None = None, min_change: fl
 
 
 def gate(result: Diff, pct: float) -> list[str]:
-    """What fails ``--fail-on-regression PCT``: the overall verdict or any attention row, regressed by more than ``pct`` %."""
-    failed = [f"overall ({o['basis']}, {o['new_run']}): {percent(o['change_pct'])}" for o in result.overall
-              if o["verdict"] == "regression" and (o["change_pct"] is None or pd.isna(o["change_pct"]) or o["change_pct"] > pct)]
-    rows = result.changes[(result.changes["verdict"] == "regression") & result.changes["level"].isin(ATTENTION_LEVELS)
-                          & (result.changes["change_pct"] > pct)]
-    failed += [f"{r.level} {r.phase} {r.name}{'' if pd.isna(r.head) else f' head {int(r.head)}'}: {percent(r.change_pct)}"
-               for r in rows.itertuples()]
-    return failed
+    """What fails ``--fail-on-regression PCT``: a pair's whole work (its overall verdict) regressed by more than ``pct`` %."""
+    return [f"{o['rank']}: {o['basis']} {percent(o['change_pct'])}" for o in result.overall
+            if o["verdict"] == "regression" and (o["change_pct"] is None or pd.isna(o["change_pct"]) or o["change_pct"] > pct)]
+
+
+MOVED_PT = 2.0
+"""The least move of a figure's share (points of the windows) that the headline names as evidence."""
+
+
+def row_regressions(result: Diff, pct: float) -> pd.DataFrame:
+    """Attention rows regressed by more than ``pct`` % (reported beside the gate, never gating: the whole work does)."""
+    c = result.changes
+    return c[(c["verdict"] == "regression") & c["level"].isin(ATTENTION_LEVELS) & (c["change_pct"] > pct)]
+
+
+def headline(result: Diff) -> str:
+    """``regression: span per unit … +16.1 % (cuda:0), +17.4 % (cuda:1); GPU busy 91.3 → 80.2 %, 89.5 → 84.9 %; …``"""
+    parts = []
+    by_basis: dict = {}
+    for o in result.overall:
+        by_basis.setdefault(o["basis"], []).append(o)
+    for basis, group in by_basis.items():
+        moves = ", ".join(f"{percent(o['change_pct'])} ({o['rank']})" if len(result.overall) > 1 else percent(o["change_pct"])
+                          for o in group)
+        parts.append(f"{basis} {moves}")
+    figures: dict = {}
+    for o in result.overall:
+        for e in o.get("evidence", []):
+            figures.setdefault(e["figure"], []).append(e)
+    shown = []
+    busy = figures.get("GPU busy", [])
+    if busy:
+        shown.append("GPU busy " + ", ".join(f"{e['base']:.1f} → {e['new']:.1f} %" for e in busy))
+    for label, rows in figures.items():
+        if label in ("GPU busy", "attention"):
+            continue
+        # evidence is what moved: by half or more of its share, and by at least MOVED_PT points of the windows
+        moved = [e for e in rows if e["ratio"] is not None and np.isfinite(e["ratio"]) and abs(e["new"] - e["base"]) >= MOVED_PT
+                 and (e["ratio"] >= 1.5 or e["ratio"] <= 1 / 1.5)]
+        if not moved:
+            continue
+        up = {e["ratio"] > 1 for e in moved}
+        if len(up) == 1:
+            lo, hi = min(e["ratio"] for e in moved), max(e["ratio"] for e in moved)
+            shown.append(f"{label} ×{lo:.2g}" + (f"–{hi:.2g}" if f"{hi:.2g}" != f"{lo:.2g}" else ""))
+        else:
+            shown.append(f"{label} " + ", ".join(f"×{e['ratio']:.2g} ({e['rank']})" for e in moved))
+    return f"{result.verdict}: " + "; ".join(parts) + ("; " + ", ".join(shown) if shown else "")
 
 
 # ---------------------------------------------------------------- ordering and writing
-ORDER = {"regression": 0, "improvement": 1, "added": 2, "removed": 3, "inconclusive": 4, "unchanged": 5}
+ORDER = {"regression": 0, "improvement": 1, "added": 2, "removed": 3, "unpaired": 4, "inconclusive": 5, "unchanged": 6}
 
 
 def notable(changes: pd.DataFrame) -> pd.DataFrame:
@@ -419,6 +718,17 @@ def _clean(value):
     return value
 
 
+RULE = ("whole work (time per step, else span per repeated unit): regression when a one-sided Mann–Whitney U test finds the "
+        "new samples larger at p < {alpha} (or every new sample lies above every base one) and the median grew by more than "
+        "{min_change:g} %; rows, per call and per shape: "
+        "regression when the new p10 lies above the base p90 and the median grew by more than {min_change:g} % "
+        "(at least {min_calls} calls a side); improvement: the mirror image")
+
+
+def rule_text(min_change: float) -> str:
+    return RULE.format(alpha=difference.ALPHA, min_change=min_change, min_calls=difference.MIN_CALLS)
+
+
 def as_json(result: Diff) -> dict:
     """The diff as the documented JSON document (docs/cli.md § headcount diff)."""
     changes = []
@@ -430,14 +740,19 @@ def as_json(result: Diff) -> dict:
         if counters:
             row["counters"] = counters
         changes.append(row)
+    def overall(o):
+        out = {k: _clean(v) for k, v in o.items() if k not in ("evidence", "untimed", "unit")}
+        out["evidence"] = [{k: _clean(v) for k, v in e.items()} for e in o.get("evidence", [])]
+        out["untimed_calls"] = {"base": int(o.get("untimed", (0, 0))[0]), "new": int(o.get("untimed", (0, 0))[1])}
+        return out
     return {
         "verdict": result.verdict,
+        "headline": result.headline,
         "base": {"path": result.base.path, "runs": sorted({str(o["base_run"]) for o in result.overall})},
         "new": {"path": result.new.path, "runs": sorted({str(o["new_run"]) for o in result.overall})},
-        "overall": [{k: _clean(v) for k, v in o.items()} for o in result.overall],
-        "rule": {"min_calls": difference.MIN_CALLS, "min_change_pct": result.min_change,
-                 "text": "regression: new p10 > base p90 and the median grew by more than min_change_pct; improvement: the mirror image; "
-                         "per call (per step for steps), at least min_calls on each side"},
+        "overall": [overall(o) for o in result.overall],
+        "rule": {"min_calls": difference.MIN_CALLS, "min_change_pct": result.min_change, "alpha": difference.ALPHA,
+                 "text": rule_text(result.min_change)},
         "notes": list(result.notes),
         "changes": changes,
     }
@@ -464,32 +779,85 @@ def percent(v) -> str:
 
 
 def row_label(r) -> str:
-    """``layer fwd layer.3 head 2``, ``kernel flash_fwd…``, ``step time per step``."""
+    """``layer fwd layer.3 head 2 [grid (122, 1, 12) block (128, 1, 1)]``, ``kernel flash_fwd…``, ``work time per step``."""
     name = names.shown(r["name"], 70) if r["level"] == "kernel" else str(r["name"])
     phase = f" {r['phase']}" if "phase" in r and isinstance(r.get("phase"), str) else ""
     head = "" if r.get("head") is None or pd.isna(r.get("head")) else f" head {int(r['head'])}"
-    return f"{r['level']}{phase} {name}{head}"
+    shape = f" [{r['shape']}]" if isinstance(r.get("shape"), str) and r.get("shape") else ""
+    return f"{r['level']}{phase} {name}{head}{shape}"
+
+
+def evidence_lines(o: dict) -> list[str]:
+    """One pair's evidence as lines: ``GPU busy: 91.3 → 80.2 % of the windows (one window a side, no spread)``."""
+    out = []
+    for e in o.get("evidence", []):
+        if e["base"] is None or (isinstance(e["base"], float) and not np.isfinite(e["base"])) or (not e["base"] and not e["new"]):
+            continue
+        ms = f" ({number(e['base_ms'])} → {number(e['new_ms'])} ms)" if e["figure"] != "attention" else ""
+        ratio = f", ×{e['ratio']:.2g}" if e["figure"] not in ("GPU busy", "attention") and e["ratio"] is not None \
+            and np.isfinite(e["ratio"]) else ""
+        judged = f": {e['verdict']}" if e["verdict"] else " (one window a side: no spread, no verdict)"
+        out.append(f"{e['figure']}: {e['base']:.1f} → {e['new']:.1f} {e['unit']}{ms}{ratio}{judged}")
+    return out
+
+
+def overall_line(o: dict) -> str:
+    tail = ""
+    if o.get("base_p50_ns") is not None and not pd.isna(o.get("base_p50_ns")):
+        tail = (f", median {duration(o['base_p50_ns'])} → {duration(o['new_p50_ns'])} ({percent(o['change_pct'])}; "
+                f"{o['base_calls']} vs {o['new_calls']}" + (f", p = {o['p_value']:.2g}" if o.get("p_value") is not None
+                                                              and not pd.isna(o.get("p_value")) else "") + ")")
+    return f"{o['rank']} ({o['base_run']} → {o['new_run']}): {o['verdict']} on {o['basis']}{tail}"
 
 
 def as_markdown(result: Diff, top: int = 20) -> str:
-    """A pull-request comment: the verdict, each pair's overall line, the top changes, the notes, the rule."""
-    lines = [f"### headcount diff: **{result.verdict}**", ""]
+    """A pull-request comment: the verdict and its headline, each pair's whole work and evidence, the top changes, the notes, the rule."""
+    lines = [f"### headcount diff: **{result.verdict}**", "", result.headline, ""]
     for o in result.overall:
-        lines.append(f"- {o['base_run']} → {o['new_run']}: **{o['verdict']}** on {o['basis']}"
-                     + (f", median {duration(o.get('base_p50_ns'))} → {duration(o.get('new_p50_ns'))} ({percent(o.get('change_pct'))})"
-                        if o.get("base_p50_ns") is not None and not pd.isna(o.get("base_p50_ns")) else ""))
-    shown = notable(result.changes).head(top)
+        lines.append(f"- {overall_line(o)}")
+        lines += [f"  - {e}" for e in evidence_lines(o)]
+    shown = notable(result.changes[result.changes["level"] != "work"]).head(top)
     counts = result.changes.groupby(["level", "verdict"]).size()
-    lines += ["", "| change | verdict | base calls | new calls | base p50 (p10–p90) | new p50 (p10–p90) | median |",
-              "|---|---|---:|---:|---|---|---:|"]
+    lines += ["", "| rank | change | verdict | base calls | new calls | base p50 (p10–p90) | new p50 (p10–p90) | median |",
+              "|---|---|---|---:|---:|---|---|---:|"]
     for r in shown.to_dict("records"):
-        lines.append(f"| {row_label(r)} | {r['verdict']} | {r['base_calls']} | {r['new_calls']} | "
+        lines.append(f"| {r['rank']} | {row_label(r)} | {r['verdict']} | {r['base_calls']} | {r['new_calls']} | "
                      f"{spread(r, 'base')} | {spread(r, 'new')} | {percent(r['change_pct'])} |")
     if not len(shown):
-        lines.append("| (no row changed beyond its spread) | | | | | | |")
+        lines.append("| | (no row changed beyond its spread) | | | | | | |")
     lines += ["", "Rows: " + "; ".join(f"{level} {verdict} {n}" for (level, verdict), n in counts.items()), ""]
     lines += [f"- note: {n}" for n in result.notes]
-    lines += ["", f"_Per call, against the spread: a row regressed only when the new p10–p90 interval lies wholly above the "
-                  f"base's and its median grew by more than {result.min_change:g} % (at least {difference.MIN_CALLS} "
-                  "calls a side)._"]
+    lines += ["", f"_{rule_text(result.min_change)} (docs/cli.md § headcount diff)._"]
     return "\n".join(lines) + "\n"
+
+
+def as_html(result: Diff, top: int = 20) -> str:
+    """The same verdict, headline, evidence, rows and notes as :func:`as_markdown`, as one self-contained HTML page."""
+    from html import escape
+
+    def table(head: list[str], rows: list[list[str]]) -> str:
+        th = "".join(f"<th>{escape(h)}</th>" for h in head)
+        body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+        return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+    parts = [f"<h1>headcount diff: <span class='verdict {escape(result.verdict)}'>{escape(result.verdict)}</span></h1>",
+             f"<p class='headline'>{escape(result.headline)}</p>",
+             f"<p>{escape(result.base.path)} → {escape(result.new.path)}</p>", "<h2>Whole work, per rank</h2>"]
+    for o in result.overall:
+        parts.append(f"<h3>{escape(overall_line(o))}</h3>")
+        ev = evidence_lines(o)
+        if ev:
+            parts.append("<ul>" + "".join(f"<li>{escape(e)}</li>" for e in ev) + "</ul>")
+    shown = notable(result.changes[result.changes["level"] != "work"]).head(top)
+    parts.append("<h2>Top changes</h2>")
+    parts.append(table(["rank", "change", "verdict", "base calls", "new calls", "base p50 (p10–p90)", "new p50 (p10–p90)", "median"],
+                       [[r["rank"], row_label(r), r["verdict"], r["base_calls"], r["new_calls"], spread(r, "base"),
+                         spread(r, "new"), percent(r["change_pct"])] for r in shown.to_dict("records")]
+                       or [["", "(no row changed beyond its spread)", "", "", "", "", "", ""]]))
+    if result.notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in result.notes) + "</ul>")
+    parts.append(f"<p class='rule'>{escape(rule_text(result.min_change))} (docs/cli.md § headcount diff).</p>")
+    style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left}.regression{color:#b00}.improvement{color:#070}")
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>headcount diff: {escape(result.verdict)}</title>"
+            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
