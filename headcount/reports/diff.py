@@ -220,12 +220,12 @@ def _same_rank(a: dict, b: dict) -> bool:
 
 
 def rank_label(run: dict) -> str:
-    """The rank a unit stands for: ``rank 3`` where recorded, else its device (``cuda:0``), else its process."""
+    """The rank a unit stands for: ``rank 3`` where recorded, else its device (``cuda:0``), else its process, else ``run``."""
     if _known(run.get("rank")):
         return f"rank {int(run['rank'])}"
     if _known(run.get("unit_device")):
         return str(run["unit_device"])
-    return f"pid {run['pid']}" if _known(run.get("pid")) else str(run.get("run_id"))
+    return f"pid {run['pid']}" if _known(run.get("pid")) else "run"  # one process, nothing to tell it by
 
 
 def _pair_rank(pair: "Pair") -> str:
