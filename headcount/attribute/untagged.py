@@ -21,7 +21,12 @@ names the recording gives it (``found_as``).
 - **Layer index** ``N``: the instance suffix of the nearest enclosing module
   named like a repeated block (``Qwen3DecoderLayer_5``, ``GPT2Block_3``), else
   of the nearest attention module (``RadixAttention_5``): ``provenance``
-  ``module ranges``. Without modules, the call's position (0, 1, …) among
+  ``module ranges``. Without them, the block index of a range around the call
+  named by its module path (``model.layers.12``), else of the FSDP hooks
+  (``FSDP::pre_forward (blocks.9…)``) whose window on the thread holds it, with
+  the call's position in the block where a block holds several
+  (``layer.9.call1``; :mod:`headcount.attribute.untagged_paths`): also
+  ``module ranges``. Without any, the call's position (0, 1, …) among
   the calls of its phase inside the outermost annotation around it (a
   ``ProfilerStep#N``, vLLM's ``execute_…``; the whole process without one):
   ``provenance`` ``call order``.
@@ -55,7 +60,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from headcount.attribute import untagged_modules
+from headcount.attribute import untagged_modules, untagged_paths
 from headcount.attribute.untagged_calls import CALL_ORDER, MODULE_RANGES, _Call, _Spans
 from headcount.attribute.untagged_kernels import _kernel_calls, _Replays
 from headcount.attribute.untagged_shapes import eager_shape, operator_shape
@@ -199,6 +204,7 @@ def find_calls(events: pd.DataFrame) -> Found:
     calls += _kernel_calls(events, calls, replays)
     _link_backward(calls, op_threads)
     _models(calls, module_threads, annotation_threads)
+    untagged_paths.number(calls, annotation_threads)  # the trace's own module paths (FSDP's hooks among them)
     _number_by_position(calls, annotation_threads, found.notices)
     for c in calls:
         if c.forward is not None:  # a backward call: its forward call's layer, shapes and model

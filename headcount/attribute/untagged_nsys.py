@@ -19,12 +19,15 @@ from headcount.common.naming import DOMAIN
 
 _NVTX_SEQ = re.compile(r", (?:stashed seq = (\d+)|seq = (\d+))")
 _NVTX_SIZES = re.compile(r", sizes = (\[.*?\]\])")
+_ANNOTATIONS = ("FSDP::",)
 
 
 def _nvtx_name(name: str) -> tuple[str | None, int | None, dict | None]:
     """An NVTX range name's kind (``op``, ``module`` or ``None``: an annotation), the
     autograd sequence number and the input sizes ``emit_nvtx`` wrote into it."""
     base = signals.operator_name(name)
+    if base.startswith(_ANNOTATIONS):  # record_function labels with "::", not operators: FSDP's hooks name module paths
+        return None, None, None
     if "::" in base:
         m = _NVTX_SEQ.search(name)
         seq = int(m.group(1) or m.group(2)) if m else None
