@@ -72,6 +72,19 @@ REPLAY_LANE = " (graph replay)"
 """Suffix of the ``tid`` of a graph replay's call ranges: the launching thread's id, then this."""
 CALL_KEY = "call_key"
 """Column of :attr:`Found.ranges`: which call's kernels are assigned to the range by name (-1: none, the launch rule)."""
+TORCH_PROFILER, NSYS = "torch.profiler", "nsys"
+"""The recorders :func:`find_calls` gives advice for (a torch.profiler trace; an nsys export)."""
+_MODULES_ADVICE = {
+    TORCH_PROFILER: "record nn.Module ranges (torch.profiler.profile(with_modules=True, with_stack=True)) to number them by module",
+    # nsys records no nn.Module range of its own: a range named by the block's path numbers it (untagged_paths)
+    NSYS: "in an nsys recording, name each block with an NVTX range of its module path (model.layers.N, as FSDP's "
+          "FSDP::pre_forward (…) hooks do) around its forward, with torch.autograd.profiler.emit_nvtx(record_shapes=True) "
+          "around the step, or run headcount run --backend nsys -o out/ -- python train.py, which tags attention itself",
+}
+_SHAPES_ADVICE = {
+    TORCH_PROFILER: "record with record_shapes=True",
+    NSYS: "record with torch.autograd.profiler.emit_nvtx(record_shapes=True) around the step",
+}
 
 
 @dataclass
@@ -173,7 +186,7 @@ def _outermost(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- finding
-def find_calls(events: pd.DataFrame) -> Found:
+def find_calls(events: pd.DataFrame, recorder: str = TORCH_PROFILER) -> Found:
     """The attention calls of an untagged recording.
 
     Args:
@@ -181,6 +194,8 @@ def find_calls(events: pd.DataFrame) -> Found:
             layout: ``kind`` ``op`` / ``module`` / ``range`` / ``kernel`` /
             ``runtime``, ``name``, ``pid``, ``tid``, ``start_ns``, ``end_ns``,
             ``correlation_id``, ``args``, ``sequence``, ``graph_node_id``).
+        recorder: what recorded it (:data:`TORCH_PROFILER` or :data:`NSYS`): the notices' advice on
+            recording module ranges and shapes is that recorder's.
 
     Returns:
         A :class:`Found`; its ``ranges`` empty when no signal found a call.
@@ -245,7 +260,7 @@ def find_calls(events: pd.DataFrame) -> Found:
     ranges["end_ns"] = ranges["end_ns"].astype("int64")
     ranges[CALL_KEY] = ranges[CALL_KEY].astype("int64")
     found.ranges = ranges
-    found.notices[:0] = _summary(calls, _shapes_recorded(ops))
+    found.notices[:0] = _summary(calls, _shapes_recorded(ops), recorder)
     return found
 
 
@@ -586,8 +601,9 @@ def _shapes_recorded(ops: pd.DataFrame) -> bool:
     return any(isinstance(a, dict) and bool(a.get("Input Dims")) for a in ops["args"].to_numpy(object))
 
 
-def _summary(calls: list[_Call], shapes_recorded: bool = False) -> list[str]:
-    """Notices: which signals found how many calls, how layers were numbered, which shapes are missing."""
+def _summary(calls: list[_Call], shapes_recorded: bool = False, recorder: str = TORCH_PROFILER) -> list[str]:
+    """Notices: which signals found how many calls, how layers were numbered, which shapes are missing
+    (the advice that of ``recorder``: :data:`TORCH_PROFILER` or :data:`NSYS`)."""
     lines = []
     by_signal: dict = {}
     for c in calls:
@@ -597,9 +613,9 @@ def _summary(calls: list[_Call], shapes_recorded: bool = False) -> list[str]:
     lines.append(f"attention found without headcount's tags: {len(calls)} calls, " + "; ".join(parts))
     by_order = sum(1 for c in calls if c.numbered_by == CALL_ORDER)
     if by_order:
-        lines.append(f"{by_order} attention calls have no nn.Module range naming their layer: layer.N is the call's position "
-                     "inside its step (or enclosing annotation); record nn.Module ranges (torch.profiler.profile("
-                     "with_modules=True, with_stack=True)) to number them by module")
+        ranges = "nn.Module range" if recorder == TORCH_PROFILER else "range of a module (nn.Module, module path, FSDP hook)"
+        lines.append(f"{by_order} attention calls have no {ranges} naming their layer: layer.N is the call's position "
+                     "inside its step (or enclosing annotation); " + _MODULES_ADVICE[recorder])
     no_shape = sum(1 for c in calls if c.shape is None)
     packed = sum(1 for c in calls if c.shape is not None and c.shape.q_len is None)
     if no_shape:
@@ -607,7 +623,7 @@ def _summary(calls: list[_Call], shapes_recorded: bool = False) -> list[str]:
         lines.append(f"{no_shape} attention calls have no shapes: " + (
             "the trace recorded shapes, but these calls were found by module or kernel names with no attention operator "
             "carrying input dims (kernel-only and unlinked backward calls never have them)" if recorded else
-            "record with record_shapes=True (kernel-only and unlinked backward calls never have them)")
+            _SHAPES_ADVICE[recorder] + " (kernel-only and unlinked backward calls never have them)")
             + ": their FLOPs and analytic bytes are null")
     if packed:
         lines.append(f"{packed} attention calls have packed variable-length inputs (tokens, heads, head dim): heads and head "

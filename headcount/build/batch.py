@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from headcount.build import process_notices
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError
 from headcount.common.tables import WRITTEN
@@ -80,11 +81,11 @@ def stage_file(path: str, out: str, run_id: str, options: ReadOptions) -> FileRe
             _stage(out, runs[-1], run_id, _metadata(path, runs[-1], source.name, each.version, each.device, each.notices, each.run),
                    each)
             lines += each.lines
-            notices += [f"process {each.run['pid']}: {n}" for n in each.notices]
+            notices += [(each.run["pid"], n) for n in each.notices]
     except HeadcountError as exc:
         return FileResult(str(path), run_id, **_failure(path, exc))
     lines.append(parse_file.processes_line(path, runs))
-    return FileResult(str(path), run_id, lines, notices, runs=runs)
+    return FileResult(str(path), run_id, lines, process_notices.merged(notices), runs=runs)
 
 
 def _stage(out: str, run_id: str, staging: str, meta: dict, parsed) -> None:
@@ -387,12 +388,12 @@ def _finish_processes(path: str, run_id: str, out: str, meta: dict, parts: list[
                 staged.write("findings", findings)
                 staged.write("runs", runs_row(each))
             runs.append(sub)
-            notices += [f"process {pid}: {n}" for n in found]
+            notices += [(pid, n) for n in found]
     except HeadcountError as exc:
         return FileResult(path, run_id, **_failure(path, exc))
     lines = parse_file.nsys_lines(path, counts, f" ({len(parts)} shards in parallel)")
     lines.append(parse_file.processes_line(path, runs))
-    return FileResult(path, run_id, lines, notices, runs=runs)
+    return FileResult(path, run_id, lines, process_notices.merged(notices), runs=runs)
 
 
 def _cores() -> int:

@@ -175,7 +175,7 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
     found = assigned = None
     if not calls and not (export.ranges["domain"] == DOMAIN).any():  # no tags: attention by operator, module and kernel names
         events = untagged_nsys.nvtx_events(export.ranges, export.runtime, export.gpu)
-        found = untagged.find_calls(events) if events is not None else None
+        found = untagged.find_calls(events, untagged.NSYS) if events is not None else None
         if found is not None and found.calls:
             export.ranges, calls = untagged_nsys.with_nvtx_ranges(export.ranges, found.ranges), found.calls
             if found.assigned:  # a replay's attention kernels: given to their call by name

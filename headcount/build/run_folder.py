@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from headcount.build import process_notices
 from headcount.build.in_process import tables_from_cupti
 from headcount.build.ncu import tables_from_ncu
 from headcount.build.nsys import gathered, nsys_processes
@@ -110,23 +111,30 @@ def from_ncu(kernels: pd.DataFrame, children: list[dict], run_id: str) -> list[R
 
 def from_cupti(children: list[dict], run_id: str) -> list[RankRun]:
     """Each process's CUPTI records with its call log (the cupti backend)."""
-    runs = []
-    for child, rid in zip(children, _run_ids(run_id, children)):
-        info = _info(child)
-        if not child.get("records"):
-            runs.append(RankRun(rid, child["rank"], {}, {**info, "notices": [*child["notices"], "no CUPTI records from this process"]}))
-            continue
-        impl = implementation_of(child["calls"])
-        device = Device.from_dict(child.get("device"))
-        limits = device.limits() if device is not None else None
-        built = tables_from_cupti(child["records"], child["calls"], rid, impl, limits,
-                                  nvtx_tagged=child.get("nvtx_tagged", True), device=device,
-                                  interrupted=str(child.get("ended_by") or "").startswith("signal"))
-        for line in built.notices:
-            notice(f"process {child.get('pid')}: {line}")
-        info.update(implementation=impl, collector=built.info)
-        runs.append(RankRun(rid, child["rank"], built.tables, info))
+    runs, said = [], []
+    try:
+        for child, rid in zip(children, _run_ids(run_id, children)):
+            runs.append(_cupti_run(child, rid, said))
+    finally:  # once for all the ranks each applies to, also where a later rank's records fail
+        for line in process_notices.merged(said):
+            notice(line)
     return runs
+
+
+def _cupti_run(child: dict, rid: str, said: list) -> RankRun:
+    """One process's run of :func:`from_cupti`; its notices go to ``said`` as ``(pid, notice)``."""
+    info = _info(child)
+    if not child.get("records"):
+        return RankRun(rid, child["rank"], {}, {**info, "notices": [*child["notices"], "no CUPTI records from this process"]})
+    impl = implementation_of(child["calls"])
+    device = Device.from_dict(child.get("device"))
+    limits = device.limits() if device is not None else None
+    built = tables_from_cupti(child["records"], child["calls"], rid, impl, limits,
+                              nvtx_tagged=child.get("nvtx_tagged", True), device=device,
+                              interrupted=str(child.get("ended_by") or "").startswith("signal"))
+    said += [(child.get("pid"), line) for line in built.notices]
+    info.update(implementation=impl, collector=built.info)
+    return RankRun(rid, child["rank"], built.tables, info)
 
 
 def empty(tables: dict) -> bool:
