@@ -56,6 +56,7 @@ def add_parser(subparsers):
 def run(args) -> int:
     from headcount.derive import difference
     from headcount.reports import diff as diffing
+    from headcount.reports import diff_output as output
 
     if args.min_change is not None and args.min_change < 0:
         raise HeadcountError(f"--min-change {args.min_change:g}: must be 0 or more", hint="e.g. --min-change 10")
@@ -65,17 +66,17 @@ def run(args) -> int:
         base = diffing.open_report(args.base, _report_of(args.base, stack))
         new = diffing.open_report(args.new, _report_of(args.new, stack))
         result = diffing.diff(base, new, args.run, difference.MIN_CHANGE_PCT if args.min_change is None else args.min_change)
-    document = diffing.as_json(result)
+    document = output.as_json(result)
     if args.json and args.json != "-":
         _write(args.json, json.dumps(document, indent=1) + "\n")
     if args.markdown:
-        text = diffing.as_markdown(result, args.top)
+        text = output.as_markdown(result, args.top)
         if args.markdown == "-":
             print(text, end="")
         else:
             _write(args.markdown, text)
     if args.html:
-        _write(args.html, diffing.as_html(result, args.top))
+        _write(args.html, output.as_html(result, args.top))
     if args.json == "-":
         print(json.dumps(document, indent=1))
     elif args.markdown != "-":
@@ -102,25 +103,25 @@ def _write(path: str, text: str) -> None:
 
 
 def _print(result, top: int) -> None:
-    from headcount.reports import diff as diffing
+    from headcount.reports import diff_output as output
 
     console = terminal.console(width=max(terminal.console().width, 160))
-    console.print(f"Verdict: {result.headline}", highlight=False, soft_wrap=True)
+    console.print(f"Verdict: {output.headline(result)}", highlight=False, soft_wrap=True)
     for o in result.overall:
-        console.print(f"  {diffing.overall_line(o)}", soft_wrap=True, highlight=False)
-        for line in diffing.evidence_lines(o):
+        console.print(f"  {output.overall_line(o)}", soft_wrap=True, highlight=False)
+        for line in output.evidence_lines(o):
             console.print(f"    {line}", soft_wrap=True, highlight=False)
     table = Table(title=f"Top changes (regressions first; {len(result.changes)} rows compared)",
                   caption="per call and per shape: median (p10–p90) over the calls of each side; "
                           "a regression/improvement holds against the spread (docs/cli.md § headcount diff)")
     for col in ("rank", "row", "verdict", "base calls", "new calls", "base p50 (p10–p90)", "new p50 (p10–p90)", "median"):
         table.add_column(col, justify="left" if col in ("rank", "row", "verdict") else "right")
-    shown = diffing.notable(result.changes[result.changes["level"] != "work"]).head(top)
+    shown = output.notable(result.changes[result.changes["level"] != "work"]).head(top)
     if not len(shown):
         table.add_row("", "(no row changed beyond its spread)", "", "", "", "", "", "")
     for r in shown.to_dict("records"):
-        table.add_row(str(r["rank"]), diffing.row_label(r), r["verdict"], str(r["base_calls"]), str(r["new_calls"]),
-                      diffing.spread(r, "base"), diffing.spread(r, "new"), diffing.percent(r["change_pct"]))
+        table.add_row(str(r["rank"]), output.row_label(r), r["verdict"], str(r["base_calls"]), str(r["new_calls"]),
+                      output.spread(r, "base"), output.spread(r, "new"), output.percent(r["change_pct"]))
     console.print(table)
     counts = result.changes.groupby(["level", "verdict"]).size()
     console.print("rows: " + "; ".join(f"{level} {verdict} {n}" for (level, verdict), n in counts.items()), soft_wrap=True,
