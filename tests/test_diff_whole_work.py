@@ -33,8 +33,9 @@ def _diff(capsys, *args) -> tuple[int, dict, str]:
     return rc, (json.loads(out.out) if out.out.strip() else {}), out.err
 
 
-def _block_periods(path: Path) -> dict[int, np.ndarray]:
-    """By hand: per process, one ``FSDP::pre_forward (blocks.N…)`` start to the next ``blocks.N+1`` start (ns)."""
+def _block_periods(path: Path, indexed: bool = False) -> dict[int, np.ndarray]:
+    """By hand: per process, one ``FSDP::pre_forward (blocks.N…)`` start to the next ``blocks.N+1`` start (ns);
+    ``indexed``: as ``(N, span)`` pairs."""
     con = sqlite3.connect(path)
     rows = con.execute("SELECT n.start, coalesce(n.text, s.value), n.globalTid FROM NVTX_EVENTS n LEFT JOIN StringIds s "
                        "ON s.id = n.textId WHERE coalesce(n.text, s.value) LIKE 'FSDP::pre_forward (blocks.%' ORDER BY n.start").fetchall()
@@ -42,6 +43,8 @@ def _block_periods(path: Path) -> dict[int, np.ndarray]:
     by: dict = {}
     for start, text, tid in rows:
         by.setdefault(tid >> 24 & 0xFFFFFF, []).append((start, int(re.search(r"blocks\.(\d+)", text).group(1))))
+    if indexed:
+        return {pid: [(a[1], b[0] - a[0]) for a, b in zip(xs, xs[1:]) if b[1] == a[1] + 1] for pid, xs in sorted(by.items())}
     return {pid: np.array([b[0] - a[0] for a, b in zip(xs, xs[1:]) if b[1] == a[1] + 1], dtype=float)
             for pid, xs in sorted(by.items())}
 
@@ -80,6 +83,16 @@ def test_the_real_fsdp_pair_regressed_per_block_as_counted_by_hand(fsdp):
     assert "+16.1 % (cuda:0), +17.4 % (cuda:1)" in doc["headline"]
     # the windows start at different blocks: said, per rank
     assert sum("cover different parts of the run" in n and "3–18" in n and "9–22" in n for n in doc["notes"]) == 2
+    # and what the blocks both windows hold (9–18) say, by hand: 16.63 → 18.43 ms and 17.44 → 19.13 ms
+    for o, (pb, pa) in zip(doc["overall"], zip(before, after)):
+        common = o["common_units"]
+        assert common["indices"] == "9–18" and common["base_spans"] == common["new_spans"] == 10
+        idx_b = _block_periods(BEFORE, indexed=True)[pb]
+        idx_a = _block_periods(AFTER, indexed=True)[pa]
+        hb = np.median([v for i, v in idx_b if 9 <= i <= 18])
+        ha = np.median([v for i, v in idx_a if 9 <= i <= 18])
+        assert common["base_median_ns"] == pytest.approx(hb) and common["new_median_ns"] == pytest.approx(ha)
+        assert f"({100 * (ha / hb - 1):+.1f} %, 10 vs 10 spans)" in next(n for n in doc["notes"] if n.startswith(o["rank"] + ": the windows"))
 
 
 def test_the_evidence_is_the_reports_own_figures(fsdp):

@@ -136,6 +136,19 @@ def common_unit(base: pd.DataFrame, new: pd.DataFrame, prefer: tuple[str, int] |
     return str(best["unit"]), int(best["depth"])
 
 
+def common_instances(base: pd.DataFrame, new: pd.DataFrame) -> dict | None:
+    """The unit's spans over the indices both sides' spans start at (two windows that hold blocks 3–18 and 9–22:
+    9–18), where each side has at least :data:`MIN_PERIODS` there: ``{"indices", "base_spans", "new_spans",
+    "base_median_ns", "new_median_ns", "change_pct"}``; ``None`` for an unindexed unit or too few in common."""
+    both = set(base["index"].dropna()) & set(new["index"].dropna())
+    b, n = base[base["index"].isin(both)], new[new["index"].isin(both)]
+    if len(b) < MIN_PERIODS or len(n) < MIN_PERIODS:
+        return None
+    mb, mn = float(b["period_ns"].median()), float(n["period_ns"].median())
+    return {"indices": coverage(b), "base_spans": int(len(b)), "new_spans": int(len(n)), "base_median_ns": mb,
+            "new_median_ns": mn, "change_pct": 100.0 * (mn / mb - 1.0) if mb else float("nan")}
+
+
 def coverage(p: pd.DataFrame) -> str:
     """The indices a unit's periods start at, as ``3–18`` (``–`` for an unindexed unit)."""
     idx = p["index"].dropna()

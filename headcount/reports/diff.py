@@ -482,13 +482,22 @@ def whole_work(base: Side, new: Side, pair: Pair, min_change: float, prefer: tup
     pick = lambda p: p[(p["unit"] == unit[0]) & (p["depth"] == unit[1])]  # noqa: E731
     sb, sn = pick(pb), pick(pn)
     cb, cn = work_units.coverage(sb), work_units.coverage(sn)
-    note = None
+    note, common = None, None
     if cb != cn:
         note = (f"the windows cover different parts of the run: {unit[0]} at {cb} in {base.path}, at {cn} in {new.path}; "
                 "compared per unit over each side's units")
+        common = work_units.common_instances(sb, sn)
+        if common is not None:
+            note += (f"; over the units both windows hold ({common['indices']}): {_ms(common['base_median_ns'])} → "
+                     f"{_ms(common['new_median_ns'])} median ({common['change_pct']:+.1f} %, {common['base_spans']} vs "
+                     f"{common['new_spans']} spans)")
     return {"basis": f"span per unit {unit[0]} (start to next start)", "name": unit[0],
             "row": difference.shift_row(sb["period_ns"].to_numpy(), sn["period_ns"].to_numpy(), "work", min_change),
-            "note": note, "unit": unit}
+            "note": note, "unit": unit, "common": common}
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.2f} ms"
 
 
 IDLE_CAUSES = (("idle_launch_bound_ns", "launch-bound idle"), ("idle_sync_ns", "sync idle"), ("idle_host_ns", "host idle"),
@@ -553,7 +562,8 @@ def _overall(pair: Pair, changes: pd.DataFrame, work: dict | None, min_change: f
     if pair.differs:
         row["verdict"] = "inconclusive"
     return {"basis": basis, "rank": _pair_rank(pair), "base_run": _unit(pair.base), "new_run": _unit(pair.new),
-            "whole_work": work is not None, "note": work["note"] if work else None, **{k: row.get(k) for k in keep}}
+            "whole_work": work is not None, "note": work["note"] if work else None,
+            "common_units": work.get("common") if work else None, **{k: row.get(k) for k in keep}}
 
 
 @dataclass
@@ -611,7 +621,8 @@ def diff(base: Side, new: Side, run_ids: list[str] | None = None, min_change: fl
         unit = unit or overall["unit"]
         frames.append(changes)
         overalls.append(overall)
-        moved = changes[changes["calls_changed"].astype(bool) & changes["level"].isin(ATTENTION_LEVELS)]
+        moved = changes[changes["calls_changed"].astype(bool) & changes["level"].isin(ATTENTION_LEVELS)
+                        & (changes["base_calls"] > 0) & (changes["new_calls"] > 0)]
         if len(moved):
             notes.append(f"{overall['rank']}: {len(moved)} attention rows ran a different number of calls: compared per call, "
                          "the counts are in base_calls/new_calls")
