@@ -389,6 +389,8 @@ def _compare(base: pd.DataFrame, new: pd.DataFrame, keys: list[str], level: str,
 
 
 def _with_counters(changes: pd.DataFrame, base: pd.DataFrame, new: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The layers' (heads') counters beside their change rows, where the layer holds calls of one shape only: a
+    layer's counters are per call over all its calls, and never ride on one shape's row of a mix."""
     if not len(changes) or not len(base) or not len(new):
         return changes
     names = [c for c in COUNTERS if c in base.columns and c in new.columns]
@@ -396,6 +398,9 @@ def _with_counters(changes: pd.DataFrame, base: pd.DataFrame, new: pd.DataFrame,
         return changes
     both = base[keys + names].merge(new[keys + names], on=keys, how="inner", suffixes=("_base", "_new"))
     both = both.rename(columns={f"{c}_base": f"base_{c}" for c in names} | {f"{c}_new": f"new_{c}" for c in names})
+    shapes = changes.groupby(keys, dropna=False)["shape"].transform(lambda s: s.nunique(dropna=False))
+    single = changes[keys].assign(_one=(shapes <= 1).to_numpy())
+    both = both.merge(single[single["_one"]].drop(columns="_one").drop_duplicates(), on=keys, how="inner")
     return changes.merge(both, on=keys, how="left")
 
 
