@@ -80,7 +80,7 @@ def test_a_report_against_itself_is_unchanged_and_passes_the_gate(sdpa_report, c
     layer = next(c for c in doc["changes"] if c["level"] == "layer")
     assert set(difference.CHANGE_COLUMNS) <= set(layer) and layer["base_calls"] == layer["new_calls"] == 4
     # one shape a layer (the recorded input dims): the layer's counters ride on its row
-    assert layer["shape"].startswith("inputs 1×") and "kernels_per_call" in layer["counters"]
+    assert layer["shape"].startswith("inputs 1×") and "dram_bytes_per_call" in layer["counters"]
     assert set(doc) == {"verdict", "headline", "base", "new", "overall", "rule", "notes", "changes"}
     assert doc["headline"].startswith("unchanged: time per step +0.0 %")
 
