@@ -32,7 +32,7 @@ def add_parser(subparsers):
         "diff", help="before/after: the whole work, then what changed per call, against the noise (a CI gate)",
         description="Compare two reports (or recordings), rank by rank. The verdict rests on the whole work: the time per step, "
         "else the span of a repeated unit both recordings share (a block, a layer: one FSDP::pre_forward (blocks.N…) start to the "
-        "next), judged by a rank test and the least change (--min-change, 5 %%); beside it GPU busy %%, idle by cause and exposed "
+        "next), judged by a rank test and the least change (--min-change, 5 %); beside it GPU busy %, idle by cause and exposed "
         "communication. Then every row — attention layers and heads, kernels, ranges — per call and per shape: a row regressed "
         "or improved only when its new p10–p90 interval lies wholly beyond the base's (at least 3 calls a side) and its median "
         "moved by more than --min-change. Call counts are reported, never folded into time. Sides that cannot be compared "
