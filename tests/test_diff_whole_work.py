@@ -49,6 +49,27 @@ def _block_periods(path: Path, indexed: bool = False) -> dict[int, np.ndarray]:
             for pid, xs in sorted(by.items())}
 
 
+def _kernel_time_per_block(path: Path) -> dict[int, float]:
+    """By hand: per process, the median over blocks of the summed durations of the kernels whose launch call (on the
+    block's thread) started inside the block's span (ns)."""
+    con = sqlite3.connect(path)
+    hooks = con.execute("SELECT n.start, coalesce(n.text, s.value), n.globalTid FROM NVTX_EVENTS n LEFT JOIN StringIds s "
+                        "ON s.id = n.textId WHERE coalesce(n.text, s.value) LIKE 'FSDP::pre_forward (blocks.%' ORDER BY n.start").fetchall()
+    launched = con.execute("SELECT r.globalTid, r.start, k.end - k.start FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN "
+                           "CUPTI_ACTIVITY_KIND_KERNEL k ON k.correlationId = r.correlationId "
+                           "AND k.globalPid >> 24 = r.globalTid >> 24").fetchall()
+    con.close()
+    by: dict = {}
+    for start, text, tid in hooks:
+        by.setdefault(tid, []).append((start, int(re.search(r"blocks\.(\d+)", text).group(1))))
+    out = {}
+    for tid, xs in by.items():
+        mine = [(t, d) for g, t, d in launched if g == tid]
+        sums = [sum(d for t, d in mine if a[0] <= t < b[0]) for a, b in zip(xs, xs[1:]) if b[1] == a[1] + 1]
+        out[tid >> 24 & 0xFFFFFF] = float(np.median(sums))
+    return out
+
+
 def _device_of(path: Path) -> dict[int, int]:
     con = sqlite3.connect(path)
     rows = con.execute("SELECT DISTINCT globalPid >> 24 & 16777215, deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchall()
@@ -111,6 +132,15 @@ def test_the_evidence_is_the_reports_own_figures(fsdp):
     assert round(by_rank["cuda:0"]["launch-bound idle"]["new_ms"], 1) == 42.6
     assert round(by_rank["cuda:1"]["launch-bound idle"]["base_ms"], 1) == 13.8
     assert "GPU busy 91.3 → 80.2 %, 89.5 → 84.9 %" in doc["headline"] and "launch-bound idle ×2.3–4.1" in doc["headline"]
+    # the kernels the blocks asked for took as long as before: the GPU waited (by hand, launch calls in each block's span)
+    kb, ka = _kernel_time_per_block(BEFORE), _kernel_time_per_block(AFTER)
+    dev_b, dev_a = _device_of(BEFORE), _device_of(AFTER)
+    for pid, ms in kb.items():
+        row = by_rank[f"cuda:{dev_b[pid]}"]["kernel time per unit"]
+        assert row["base"] == pytest.approx(ms / 1e6) and row["verdict"] == "unchanged"
+    for pid, ms in ka.items():
+        assert by_rank[f"cuda:{dev_a[pid]}"]["kernel time per unit"]["new"] == pytest.approx(ms / 1e6)
+    assert "kernel time per unit 15.8 → 15.5 ms, 15.5 → 15.8 ms (unchanged)" in doc["headline"]
     # GPU busy by hand on rank 0, before: the union of every kernel, memcpy and memset of the device over the window
     rows = con[BEFORE].execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = 0 UNION ALL "
                                "SELECT start, end FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE deviceId = 0 UNION ALL "

@@ -162,3 +162,28 @@ def indexless(name: str) -> str:
     """A range name with every index read as ``{N}`` and no ``emit_nvtx`` suffix: the row ``headcount diff`` compares
     ``FSDP::pre_forward (blocks.3…)`` … ``(blocks.23…)`` in."""
     return _INDEX.sub("{N}", base_name(name))
+
+
+def kernel_time(spans: pd.DataFrame, kernels: pd.DataFrame) -> np.ndarray:
+    """Per span (:func:`periods` rows), the summed duration (ns) of the kernels launched from the span's thread inside
+    it (their launch call's start within [start, start + period)): the GPU work the unit asked for, measured — a sum,
+    not busy time (kernels of several streams can overlap). 0 for a span that launched none; NaN where the span's
+    thread launched no recorded kernel at all (a CPU program).
+
+    Args:
+        kernels: ``pid``, ``tid``, ``api_start_ns``, ``duration_ns`` of the run's kernels (launch calls known).
+    """
+    out = np.full(len(spans), np.nan)
+    if not len(spans) or not len(kernels):
+        return out
+    k = kernels.dropna(subset=["api_start_ns", "duration_ns"]).astype({"tid": str, "pid": str})
+    for (pid, tid), at in spans.assign(_row=np.arange(len(spans))).astype({"tid": str, "pid": str}).groupby(["pid", "tid"]):
+        mine = k[(k["pid"] == pid) & (k["tid"] == tid)].sort_values("api_start_ns")
+        if not len(mine):
+            continue
+        starts = mine["api_start_ns"].to_numpy(np.float64)
+        total = np.concatenate([[0.0], np.cumsum(mine["duration_ns"].to_numpy(np.float64))])
+        lo = np.searchsorted(starts, at["start_ns"].to_numpy(np.float64), side="left")
+        hi = np.searchsorted(starts, (at["start_ns"] + at["period_ns"]).to_numpy(np.float64), side="left")
+        out[at["_row"].to_numpy()] = total[hi] - total[lo]
+    return out

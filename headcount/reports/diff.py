@@ -437,7 +437,7 @@ def diff_pair(base: Side, new: Side, pair: Pair, min_change: float = difference.
     if work is not None and work["note"]:  # the windows hold different blocks: a row on one side only was not in the other window
         changes["verdict"] = changes["verdict"].replace({"added": "unpaired", "removed": "unpaired"})
     overall = _overall(pair, changes, work, min_change)
-    overall["evidence"] = evidence(base, new, pair, min_change)
+    overall["evidence"] = _kernel_time_row(work, pair) + evidence(base, new, pair, min_change)
     overall["untimed"] = untimed.get("layer", (0, 0))
     overall["unit"] = work["unit"] if work else None
     return changes, overall
@@ -460,6 +460,15 @@ def _step_times(side: Side, run: dict) -> np.ndarray:
     return t["v"].to_numpy(dtype="float64")
 
 
+def _step_kernel_time(side: Side, run: dict) -> np.ndarray:
+    """Per step, the summed kernel durations of its devices (``steps.kernel_ns``, ns)."""
+    if "kernel_ns" not in _columns(side.con, "steps"):
+        return np.array([])
+    t = _query(side.con, f"SELECT step, sum(kernel_ns) AS v FROM steps WHERE {_WHERE} AND step IS NOT NULL GROUP BY step "
+                         "ORDER BY step", _params(run))
+    return t["v"].to_numpy(dtype="float64")
+
+
 def _unit_periods(side: Side, run: dict) -> pd.DataFrame:
     if not _has(side.con, "ranges"):
         return pd.DataFrame(columns=work_units.PERIOD_COLUMNS)
@@ -479,7 +488,7 @@ def whole_work(base: Side, new: Side, pair: Pair, min_change: float, prefer: tup
     b, n = _step_times(base, pair.base), _step_times(new, pair.new)
     if len(b) >= difference.MIN_CALLS and len(n) >= difference.MIN_CALLS:
         return {"basis": "time per step", "name": "time per step", "row": difference.shift_row(b, n, "work", min_change),
-                "note": None, "unit": None}
+                "note": None, "unit": None, "kernel_time": (_step_kernel_time(base, pair.base), _step_kernel_time(new, pair.new))}
     pb, pn = _unit_periods(base, pair.base), _unit_periods(new, pair.new)
     unit = work_units.common_unit(pb, pn, prefer)
     if unit is None:
@@ -496,9 +505,18 @@ def whole_work(base: Side, new: Side, pair: Pair, min_change: float, prefer: tup
             note += (f"; over the units both windows hold ({common['indices']}): {_ms(common['base_median_ns'])} → "
                      f"{_ms(common['new_median_ns'])} median ({common['change_pct']:+.1f} %, {common['base_spans']} vs "
                      f"{common['new_spans']} spans)")
+    kernels = (_launched_kernels(base, pair.base), _launched_kernels(new, pair.new))
     return {"basis": f"span per unit {unit[0]} (start to next start)", "name": unit[0],
             "row": difference.shift_row(sb["period_ns"].to_numpy(), sn["period_ns"].to_numpy(), "work", min_change),
-            "note": note, "unit": unit, "common": common}
+            "note": note, "unit": unit, "common": common,
+            "kernel_time": (work_units.kernel_time(sb, kernels[0]), work_units.kernel_time(sn, kernels[1]))}
+
+
+def _launched_kernels(side: Side, run: dict) -> pd.DataFrame:
+    if not _has(side.con, "kernels") or "api_start_ns" not in _columns(side.con, "kernels"):
+        return pd.DataFrame(columns=["pid", "tid", "api_start_ns", "duration_ns"])
+    return _query(side.con, f"SELECT pid, tid, api_start_ns, duration_ns FROM kernels WHERE {_WHERE} AND kind = 'kernel' "
+                            "AND api_start_ns IS NOT NULL AND duration_ns IS NOT NULL", _params(run))
 
 
 def _ms(ns: float) -> str:
@@ -550,6 +568,22 @@ def evidence(base: Side, new: Side, pair: Pair, min_change: float) -> list[dict]
             row["verdict"] = difference.shift(per(wb[wb["step"].notna()]), per(wn[wn["step"].notna()]), 0.0)[0]
         out.append({**row, "rank": _pair_rank(pair)})
     return out
+
+
+def _kernel_time_row(work: dict | None, pair: Pair) -> list[dict]:
+    """The evidence row of the GPU work each unit (step) asked for: its kernels' summed durations, median per unit (ms),
+    judged by :func:`headcount.derive.difference.shift` (did the kernels get slower, or did the GPU wait?)."""
+    if work is None:
+        return []
+    b, n = (np.asarray(x, dtype="float64") for x in work["kernel_time"])
+    b, n = b[np.isfinite(b)], n[np.isfinite(n)]
+    if not len(b) or not len(n):
+        return []
+    per = "step" if work["unit"] is None else "unit"
+    mb, mn = float(np.median(b)) / 1e6, float(np.median(n)) / 1e6
+    return [{"figure": f"kernel time per {per}", "unit": f"ms (median, summed kernel durations per {per})", "base": mb,
+             "new": mn, "base_ms": None, "new_ms": None, "ratio": mn / mb if mb else np.nan, "per": per,
+             "verdict": difference.shift(b, n)[0], "rank": _pair_rank(pair)}]
 
 
 def _overall(pair: Pair, changes: pd.DataFrame, work: dict | None, min_change: float) -> dict:

@@ -39,6 +39,11 @@ def headline(result: Diff) -> str:
     if busy:
         shown.append("GPU busy " + ", ".join(f"{e['base']:.1f} → {e['new']:.1f} %" for e in busy))
     for label, rows in figures.items():
+        if label.startswith("kernel time"):  # did the kernels get slower, or did the GPU wait: always said
+            verdicts = sorted({e["verdict"] for e in rows})
+            shown.append(f"{label} " + ", ".join(f"{number(e['base'])} → {number(e['new'])} ms" for e in rows)
+                         + f" ({'/'.join(verdicts)})")
+            continue
         if label in ("GPU busy", "attention"):
             continue
         # evidence is what moved: by half or more of its share, and by at least MOVED_PT points of the windows
@@ -162,11 +167,13 @@ def evidence_lines(o: dict) -> list[str]:
     for e in o.get("evidence", []):
         if e["base"] is None or (isinstance(e["base"], float) and not np.isfinite(e["base"])) or (not e["base"] and not e["new"]):
             continue
-        ms = f" ({number(e['base_ms'])} → {number(e['new_ms'])} ms)" if e["figure"] != "attention" else ""
-        ratio = f", ×{e['ratio']:.2g}" if e["figure"] not in ("GPU busy", "attention") and e["ratio"] is not None \
+        ms = f" ({number(e['base_ms'])} → {number(e['new_ms'])} ms)" if e.get("base_ms") is not None else ""
+        ratio = f", ×{e['ratio']:.2g}" if e["figure"] not in ("GPU busy", "attention") and not e["figure"].startswith("kernel time") \
+            and e["ratio"] is not None \
             and np.isfinite(e["ratio"]) else ""
         judged = f": {e['verdict']}" if e["verdict"] else " (one window a side: no spread, no verdict)"
-        out.append(f"{e['figure']}: {e['base']:.1f} → {e['new']:.1f} {e['unit']}{ms}{ratio}{judged}")
+        fmt = (lambda v: number(v)) if e["figure"].startswith("kernel time") else (lambda v: f"{v:.1f}")  # noqa: E731
+        out.append(f"{e['figure']}: {fmt(e['base'])} → {fmt(e['new'])} {e['unit']}{ms}{ratio}{judged}")
     return out
 
 
