@@ -253,3 +253,13 @@ def test_units_walk_their_index_and_the_coarsest_is_taken():
     assert work_units.common_unit(p, p) == ("Block {N}", 0)
     assert work_units.indexless("FSDP::pre_forward (blocks.12._checkpoint_wrapped_module), op_id = 5") == \
         "FSDP::pre_forward (blocks.{N}._checkpoint_wrapped_module)"
+
+
+def test_an_unindexed_outermost_range_is_a_unit_and_operators_are_not():
+    import pandas as pd
+
+    rows = [{"name": "micro_batch", "depth": 0, "pid": 1, "tid": 1, "start_ns": 100 * i} for i in range(5)]
+    rows += [{"name": f"aten::mm, op_id = {i}", "depth": 0, "pid": 1, "tid": 1, "start_ns": 100 * i + 5} for i in range(5)]
+    p = work_units.periods(pd.DataFrame(rows))
+    assert set(p["unit"]) == {"micro_batch"} and p["period_ns"].tolist() == [100.0] * 4 and p["index"].isna().all()
+    assert work_units.common_unit(p, p) == ("micro_batch", 0)

@@ -65,7 +65,8 @@ def periods(ranges: pd.DataFrame) -> pd.DataFrame:
 
     Args:
         ranges: rows with ``name``, ``depth``, ``pid``, ``tid``, ``start_ns`` (ns): a report's ``ranges``
-            table of one run, its own ranges (level ``other``), not headcount's.
+            table of one run, its own ranges (level ``other``), not headcount's; optionally ``suffixed`` (bool: the
+            name had an ``emit_nvtx`` suffix, already cut off).
 
     Returns:
         :data:`PERIOD_COLUMNS`: per unit (template, or the name itself for an unindexed unit), depth and thread,
@@ -85,6 +86,8 @@ def periods(ranges: pd.DataFrame) -> pd.DataFrame:
     plain = [n for n in names if _unindexed(n)]
     if plain:
         top = ranges[(ranges["depth"] == 0) & ranges["name"].astype(str).isin(plain)]
+        if "suffixed" in top:  # an operator's emit_nvtx range, its suffix already cut off: no unit
+            top = top[~top["suffixed"].astype(bool)]
         frames.append(_plain_periods(top[["name", "depth", "pid", "tid", "start_ns"]].astype({"name": str})))
     frames = [f for f in frames if len(f)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=PERIOD_COLUMNS)

@@ -472,8 +472,9 @@ def _step_kernel_time(side: Side, run: dict) -> np.ndarray:
 def _unit_periods(side: Side, run: dict) -> pd.DataFrame:
     if not _has(side.con, "ranges"):
         return pd.DataFrame(columns=work_units.PERIOD_COLUMNS)
-    own = _query(side.con, f"SELECT name, depth, pid, tid, start_ns FROM ranges WHERE {_WHERE} AND level = 'other' "
-                           "AND start_ns IS NOT NULL", _params(run))
+    # emit_nvtx's per-instance suffixes dropped in SQL: a big export's millions of distinct names become a few hundred
+    own = _query(side.con, f"SELECT split_part(name, ', ', 1) AS name, strpos(name, ', ') > 0 AS suffixed, depth, pid, tid, "
+                           f"start_ns FROM ranges WHERE {_WHERE} AND level = 'other' AND start_ns IS NOT NULL", _params(run))
     return work_units.periods(own)
 
 
