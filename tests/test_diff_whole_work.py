@@ -263,3 +263,17 @@ def test_an_unindexed_outermost_range_is_a_unit_and_operators_are_not():
     p = work_units.periods(pd.DataFrame(rows))
     assert set(p["unit"]) == {"micro_batch"} and p["period_ns"].tolist() == [100.0] * 4 and p["index"].isna().all()
     assert work_units.common_unit(p, p) == ("micro_batch", 0)
+
+
+def test_a_real_ddp_trace_with_steps_is_judged_per_step(capsys):
+    """torch.profiler on an A100, rank 0 of 2 (HTA's trace, 3 ProfilerSteps): the whole work is the time per step,
+    the evidence per step with a verdict each, the rank the one the trace records."""
+    trace = FIXTURES / "kineto" / "a100_ddp_rank0of2_nccl_annotations_kineto.json.gz"
+    rc, doc, _ = _diff(capsys, trace, trace, "--fail-on-regression", "0")
+    (o,) = doc["overall"]
+    assert rc == 0 and o["basis"] == "time per step" and o["rank"] == "rank 0" and (o["base_calls"], o["new_calls"]) == (3, 3)
+    ev = {e["figure"]: e for e in o["evidence"]}
+    assert ev["kernel time per step"]["per"] == "step" and ev["GPU busy"]["per"] == "step"
+    assert {e["verdict"] for e in o["evidence"]} == {"unchanged"}
+    steps = json.loads(json.dumps(doc))  # the evidence is JSON-clean
+    assert steps["overall"][0]["evidence"][0]["figure"] == "kernel time per step"

@@ -276,8 +276,6 @@ def _summaries(side: Side, run: dict, level: str) -> pd.DataFrame:
                                "AND r.level = 'other' AND r.duration_ns IS NOT NULL) GROUP BY key", params)
         finally:
             con.unregister("_diff_range_keys")
-    if level == "step":
-        return pd.DataFrame()  # the whole work: :func:`whole_work`
     raise ValueError(level)
 
 
@@ -545,7 +543,8 @@ def evidence(base: Side, new: Side, pair: Pair, min_change: float) -> list[dict]
     stream), each idle cause and the exposed communication as % of the windows, attention's share of busy time.
 
     Each figure: ``{"figure", "unit", "base", "new", "base_ms", "new_ms", "ratio", "verdict", "per"}``; ``per`` is
-    ``step`` (a verdict by :func:`headcount.derive.difference.shift` over per-step shares) or ``window`` (one figure a
+    ``step`` (a verdict by :func:`headcount.derive.difference.shift` over per-step shares, as the way the figure
+    moved: ``higher``, ``lower``, ``unchanged``, ``inconclusive``) or ``window`` (one figure a
     side: no spread, no verdict); the shares are sums over the windows (measured), ``ratio`` new ÷ base of the shares.
     """
     wb, wn = _windows(base, pair.base), _windows(new, pair.new)
@@ -566,7 +565,7 @@ def evidence(base: Side, new: Side, pair: Pair, min_change: float) -> list[dict]
                "per": "step" if stepped else "window", "verdict": None}
         if stepped:
             per = lambda w: (100.0 * w[column] / w[of]).to_numpy(dtype="float64")  # noqa: E731
-            row["verdict"] = difference.shift(per(wb[wb["step"].notna()]), per(wn[wn["step"].notna()]), 0.0)[0]
+            row["verdict"] = _direction(difference.shift(per(wb[wb["step"].notna()]), per(wn[wn["step"].notna()]), 0.0)[0])
         out.append({**row, "rank": _pair_rank(pair)})
     return out
 
@@ -584,7 +583,12 @@ def _kernel_time_row(work: dict | None, pair: Pair) -> list[dict]:
     mb, mn = float(np.median(b)) / 1e6, float(np.median(n)) / 1e6
     return [{"figure": f"kernel time per {per}", "unit": f"ms (median, summed kernel durations per {per})", "base": mb,
              "new": mn, "base_ms": None, "new_ms": None, "ratio": mn / mb if mb else np.nan, "per": per,
-             "verdict": difference.shift(b, n)[0], "rank": _pair_rank(pair)}]
+             "verdict": _direction(difference.shift(b, n)[0]), "rank": _pair_rank(pair)}]
+
+
+def _direction(verdict: str) -> str:
+    """An evidence figure's verdict as the way it moved (``higher``, ``lower``): more GPU busy time is no regression."""
+    return {"regression": "higher", "improvement": "lower"}.get(verdict, verdict)
 
 
 def _overall(pair: Pair, changes: pd.DataFrame, work: dict | None, min_change: float) -> dict:
