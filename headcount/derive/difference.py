@@ -123,6 +123,8 @@ def shift(base: np.ndarray, new: np.ndarray, min_change_pct: float = MIN_CHANGE_
     if len(base) and not len(new):
         return "removed", np.nan, np.nan
     b50, n50 = float(np.median(base)), float(np.median(new))
+    if not b50 and not n50 and len(base) >= MIN_CALLS and len(new) >= MIN_CALLS:
+        return "unchanged", 0.0, np.nan  # none on either side (no capture idle in any step): nothing moved
     change = 100.0 * (n50 / b50 - 1.0) if b50 else np.nan
     if len(base) < MIN_CALLS or len(new) < MIN_CALLS or not np.isfinite(change):
         return "inconclusive", change, np.nan
