@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hand_union import union_length
 
 from headcount.cli.main import main
 from headcount.derive import difference, work_units
@@ -144,15 +145,8 @@ def test_the_evidence_is_the_reports_own_figures(fsdp):
     # GPU busy by hand on rank 0, before: the union of every kernel, memcpy and memset of the device over the window
     rows = con[BEFORE].execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = 0 UNION ALL "
                                "SELECT start, end FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE deviceId = 0 UNION ALL "
-                               "SELECT start, end FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = 0 ORDER BY 1").fetchall()
-    busy, reach = 0, None
-    for s, e in rows:
-        if reach is None or s > reach:
-            busy += e - s
-            reach = e
-        elif e > reach:
-            busy += e - reach
-            reach = e
+                               "SELECT start, end FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = 0").fetchall()
+    busy = union_length(rows)
     assert by_rank["cuda:0"]["GPU busy"]["base_ms"] == pytest.approx(busy / 1e6, rel=1e-9)
 
 

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
+from hand_union import union_length
 
 FIX = Path(__file__).parent / "fixtures" / "kineto"
 
@@ -41,18 +42,6 @@ def _parse(trace: dict, tmp_path: Path):
     return tables_from_kineto(read_trace(path), "r")
 
 
-def _union_us(intervals) -> float:
-    total, end = 0.0, None
-    for s, e in sorted(intervals):
-        if end is None or s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
-
-
 def test_the_kernels_are_the_attention_and_the_module_is_stated_apart(tmp_path):
     trace = _events(drop_kernels=False)
     launched = {e["args"]["correlation"] for e in trace["traceEvents"] if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
@@ -64,7 +53,7 @@ def test_the_kernels_are_the_attention_and_the_module_is_stated_apart(tmp_path):
     assert len(layers) == 24 and set(layers["signal"]) == {"kernel"}
     assert set(layers["implementation"]) == {"flash_attention_2"}  # from the kernel's name, not "unknown"
     # attention time: the flash kernels' union (by hand), not the module's work
-    assert layers["duration_ns"].sum() == pytest.approx(_union_us(flash) * 1e3, rel=1e-6)
+    assert layers["duration_ns"].sum() == pytest.approx(union_length(flash) * 1e3, rel=1e-6)
     assert (layers["module_kernel_busy_ns"] > 3 * layers["duration_ns"]).all()  # the module's other work, apart
     # advice never suggests what ran
     for suggestion in built.tables["findings"]["suggestion"]:
