@@ -434,8 +434,8 @@ def diff_pair(base: Side, new: Side, pair: Pair, min_change: float = difference.
         changes["verdict"] = np.where(changes["verdict"].isin(["added", "removed"]), changes["verdict"], "inconclusive")
     if work is not None and work["note"]:  # the windows hold different blocks: a row on one side only was not in the other window
         changes["verdict"] = changes["verdict"].replace({"added": "unpaired", "removed": "unpaired"})
-    overall = _overall(pair, changes, work, min_change)
-    overall["evidence"] = _kernel_time_row(work, pair) + evidence(base, new, pair, min_change)
+    overall = _overall(pair, changes, work)
+    overall["evidence"] = _kernel_time_row(work, pair) + evidence(base, new, pair)
     overall["untimed"] = untimed.get("layer", (0, 0))
     overall["unit"] = work["unit"] if work else None
     return changes, overall
@@ -538,7 +538,7 @@ def _windows(side: Side, run: dict) -> pd.DataFrame:
                   _params(run))
 
 
-def evidence(base: Side, new: Side, pair: Pair, min_change: float) -> list[dict]:
+def evidence(base: Side, new: Side, pair: Pair) -> list[dict]:
     """The figures behind the whole work, both sides, from their ``steps`` rows: GPU busy % of the windows (every
     stream), each idle cause and the exposed communication as % of the windows, attention's share of busy time.
 
@@ -591,7 +591,7 @@ def _direction(verdict: str) -> str:
     return {"regression": "higher", "improvement": "lower"}.get(verdict, verdict)
 
 
-def _overall(pair: Pair, changes: pd.DataFrame, work: dict | None, min_change: float) -> dict:
+def _overall(pair: Pair, changes: pd.DataFrame, work: dict | None) -> dict:
     keep = ["verdict", "change_pct", "p_value", "base_calls", "new_calls", "base_p10_ns", "base_p50_ns", "base_p90_ns",
             "new_p10_ns", "new_p50_ns", "new_p90_ns"]
     if work is not None:

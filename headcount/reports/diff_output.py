@@ -12,9 +12,7 @@ import pandas as pd
 from headcount.common import shown_names as names
 from headcount.common.numbers import number
 from headcount.derive import difference
-from headcount.reports.diff import ATTENTION_LEVELS, COUNTERS, Diff
-
-__all__ = ["ATTENTION_LEVELS", "as_html", "as_json", "as_markdown", "headline"]
+from headcount.reports.diff import COUNTERS, Diff
 
 MOVED_PT = 2.0
 """The least move of a figure's share (points of the windows) that the headline names as evidence."""
