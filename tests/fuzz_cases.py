@@ -376,6 +376,7 @@ class Outcome:
     mutation: str
     kind: str  # error, accepted, crash, hang, silent, touched
     detail: str = ""
+    stderr: str = ""  # what the parse said (its notices): kept for accepted cases
 
 
 class _Timeout(Exception):
@@ -410,8 +411,8 @@ def _unsaid(mutation: str, stderr: str) -> str | None:
     return f"{mutation} accepted without a word on what was not read"
 
 
-def run_case(path: Path, mutation: str, out: Path, timeout_s: int | None = None) -> Outcome:
-    """``headcount parse PATH -o OUT`` in this process; see the module docstring for the outcomes."""
+def run_case(path: Path, mutation: str, out: Path, timeout_s: int | None = None, extra: list[str] = ()) -> Outcome:
+    """``headcount parse PATH -o OUT [extra…]`` in this process; see the module docstring for the outcomes."""
     timeout_s = timeout_s or TIMEOUT_S
     from headcount.cli.main import main
 
@@ -421,7 +422,7 @@ def run_case(path: Path, mutation: str, out: Path, timeout_s: int | None = None)
     signal.alarm(timeout_s)
     try:
         with redirect_stderr(err), redirect_stdout(std):
-            rc = main(["parse", str(path), "-o", str(out), "--jobs", "1"])
+            rc = main(["parse", str(path), "-o", str(out), "--jobs", "1", *extra])
     except _Timeout:
         return Outcome(path.name, mutation, "hang", f"no answer in {timeout_s} s")
     except BaseException as exc:  # noqa: BLE001 - a crash is what is being counted
@@ -443,7 +444,7 @@ def run_case(path: Path, mutation: str, out: Path, timeout_s: int | None = None)
     unsaid = _unsaid(mutation, stderr)
     if unsaid:
         return Outcome(path.name, mutation, "silent", unsaid)
-    return Outcome(path.name, mutation, "accepted", "; ".join(broken))
+    return Outcome(path.name, mutation, "accepted", "; ".join(broken), stderr)
 
 
 def _run_cases(make, work: Path, seeds) -> list[Outcome]:
@@ -472,3 +473,64 @@ def run_kineto_cases(work: Path, seeds) -> list[Outcome]:
 
 def run_ncurep_cases(work: Path, seeds) -> list[Outcome]:
     return _run_cases(make_ncurep_case, work, seeds)
+
+
+# ---------------------------------------------------------------- truncation
+# A real recording of every format headcount parses, cut at evenly spaced points: what a full disk, a killed copy or
+# an interrupted download leaves. Without --salvage a cut file must be refused (``error``); with it, either refused or
+# read with a notice that says what was lost (``damaged:``); anything else read is a silent partial report.
+SHARED = FIXTURES.parents[2] / "shared" / "fixtures"
+TRUNCATION_BASES = {
+    "nsys SQLite": NSYS_BASE,
+    "ncu CSV": FIXTURES / "ncu" / "rtx2080ti_two_kernels.raw.C.csv",
+    "ncu CSV (details)": FIXTURES / "ncu" / "rtx2080ti_two_kernels.details.C.csv",
+    ".ncu-rep": NCU_REP_BASE,
+    "Kineto JSON": KINETO_BASE,  # written out decompressed: the plain .json a trace is also saved as
+    "Kineto JSON.gz": KINETO_BASE,
+    ".nsys-rep": FIXTURES / "nsys" / "cpu_layers_base_nsys2023.4.nsys-rep",
+    "cupti records": FIXTURES / "gpu" / "h100-2026-12-05" / "records-layer" / "sdpa" / "cupti-records.jsonl.gz",
+}
+
+
+def truncation_points(size: int, points: int = 20) -> list[int]:
+    """``points`` evenly spaced cuts of a file of ``size`` bytes: k/(points+1) of it, k = 1 … points."""
+    return [size * k // (points + 1) for k in range(1, points + 1)]
+
+
+def _base_bytes(name: str) -> tuple[bytes, str]:
+    import gzip
+
+    base = TRUNCATION_BASES[name]
+    if name == "Kineto JSON":
+        return gzip.open(base).read(), ".json"
+    return base.read_bytes(), "".join(base.suffixes[-2:]) if base.name.endswith((".json.gz", ".jsonl.gz")) else base.suffix
+
+
+def make_truncated_case(dest: Path, name: str, cut: int) -> tuple[Path, str]:
+    data, suffix = _base_bytes(name)
+    path = dest / f"cut-{cut}{suffix}"
+    path.write_bytes(data[:cut])
+    return path, f"truncate:{cut}/{len(data)}"
+
+
+def run_truncation_cases(work: Path, name: str, points: int = 20, only: list[int] | None = None,
+                         salvage: bool = False) -> list[Outcome]:
+    """The cuts of :func:`truncation_points` of format ``name`` (``only``: those of these indexes), each parsed."""
+    size = len(_base_bytes(name)[0])
+    cuts = truncation_points(size, points)
+    outcomes = []
+    for i, cut in enumerate(cuts):
+        if only is not None and i not in only:
+            continue
+        case_dir = work / f"t{i}"
+        case_dir.mkdir(parents=True)
+        path, mutation = make_truncated_case(case_dir, name, cut)
+        outcome = run_case(path, mutation, work / f"out{i}", extra=["--salvage"] if salvage else [])
+        if outcome.kind == "accepted" and not salvage:
+            outcome = Outcome(outcome.case, mutation, "silent", "a cut file read as whole: a silent partial report")
+        elif outcome.kind == "accepted" and "damaged:" not in outcome.stderr:
+            outcome = Outcome(outcome.case, mutation, "silent", "salvaged without a notice of what was lost")
+        outcomes.append(outcome)
+        shutil.rmtree(work / f"out{i}", ignore_errors=True)
+        shutil.rmtree(case_dir, ignore_errors=True)
+    return outcomes

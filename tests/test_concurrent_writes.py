@@ -39,7 +39,7 @@ def test_concurrent_appends_lose_nothing(tmp_path):
     assert all(runs == set(marker) for runs in on_disk.values()), {t: (runs ^ set(marker)) for t, runs in on_disk.items()}
     runs = pd.read_parquet(out / "runs")
     assert sorted(runs["run_id"].astype(str)) == sorted(marker)  # one runs row each, no duplicate
-    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".headcount.lock"]
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
 
 
 def test_two_first_writes_one_wins_the_other_says_so(tmp_path):
@@ -56,7 +56,7 @@ def test_two_first_writes_one_wins_the_other_says_so(tmp_path):
         assert len(lines) == 1 and "already holds a headcount report" in lines[0], refused
         marker = json.loads((out / "headcount.json").read_text())["runs"]
         assert len(marker) == 1 and all(runs == set(marker) for runs in _runs_on_disk(out).values())
-        assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".headcount.lock"]
+        assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
 
 
 def test_a_claim_is_never_seen_unheld_by_another_writers_recovery(tmp_path, monkeypatch):
@@ -83,5 +83,5 @@ def test_a_claim_is_never_seen_unheld_by_another_writers_recovery(tmp_path, monk
     with dataset.Claim(out, ["run1"]):
         assert recovered and not (out / ".staging-a-dead-writers").exists()  # the recovery ran, in between
         assert dataset._claimed(out / ".staging-run1")
-        assert sorted(p.name for p in out.iterdir()) == [".headcount.lock", ".staging-run1"]  # nothing else of the claim
-    assert [p.name for p in out.iterdir()] == [".headcount.lock"]  # released: the unused staging removed
+        assert sorted(p.name for p in out.iterdir()) == [".staging-run1"]  # nothing else of the claim (its lock let go)
+    assert [p.name for p in out.iterdir()] == []  # released: the unused staging and the lock removed

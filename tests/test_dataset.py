@@ -88,7 +88,7 @@ def test_force_replaces(tmp_path, two_profiles):
     two_profiles[1].save(out, force=True)
     assert set(pd.read_parquet(out / "layers")["run_id"].astype(str)) == {two_profiles[1].run_id}
     assert json.loads((out / "headcount.json").read_text())["runs"] == [two_profiles[1].run_id]
-    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".headcount.lock"]  # kept: the lock of every writer
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # the lock is removed on release
 
 
 def test_crash_mid_write_leaves_the_previous_report(tmp_path, two_profiles, monkeypatch):
@@ -235,7 +235,7 @@ def test_a_commit_killed_at_any_step_is_completed_or_undone_by_the_next_command(
         assert set(ds.dataset(out / "heads", partitioning="hive").to_table().column("run_id").to_pylist()) == set(marker)
         assert {r[0] for r in duckdb.sql(f"SELECT DISTINCT run_id FROM read_parquet('{out}/runs/**/*.parquet', "
                                          "hive_partitioning=true)").fetchall()} == set(marker)
-        assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".headcount.lock"], k
+        assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [], k
         outcomes.add(tuple(marker))
     assert outcomes == {tuple(old), tuple(new)}  # killed before the journal: the old report; after it: the new one
 
@@ -271,7 +271,7 @@ def test_the_runs_of_one_file_are_committed_together_at_any_kill(tmp_path, two_p
         marker, held = _state(out)
         assert len(marker) in (1, 3), (k, marker)
         assert all(runs == set(marker) for runs in held.values()), (k, held)
-        assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".headcount.lock"], k
+        assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [], k
 
 
 def test_a_write_refused_by_a_first_writer_that_won_leaves_its_report_and_lock(tmp_path):
@@ -292,6 +292,6 @@ def test_a_write_refused_by_a_first_writer_that_won_leaves_its_report_and_lock(t
 
     with pytest.raises(HeadcountError, match="already holds a headcount report"):
         write_runs(out, [mine], stage)
-    assert (out / MARKER).exists() and (out / LOCK).exists()
+    assert (out / MARKER).exists() and not (out / LOCK).exists()  # the refused writer released (and removed) the lock
     assert json.loads((out / MARKER).read_text())["runs"] == [theirs]
     assert not list(out.glob(".staging-*"))

@@ -153,3 +153,19 @@ def test_text_in_packed_integer_columns_is_missing_not_its_leading_digits(tmp_pa
     assert pd.isna(row["grid"])
     others = gpu[(gpu["kind"] == "kernel") & (gpu["start_ns"] != start)]
     assert others["device"].notna().all() and others["registers_per_thread"].notna().all()
+
+
+@pytest.mark.parametrize("name", sorted(fuzz_cases.TRUNCATION_BASES))
+def test_a_cut_recording_is_refused_without_salvage_and_said_with_it(tmp_path, monkeypatch, name):
+    """Real recordings of every format cut at 3 of the 20 points ``benchmarks/fuzz.py`` cuts them at (early, middle,
+    late): refused without ``--salvage``; with it refused or read with a ``damaged:`` notice, never silently."""
+    if name == ".nsys-rep":
+        from tests.nsight import nsight_bin
+
+        monkeypatch.setenv("HEADCOUNT_NSYS", nsight_bin("nsys"))
+    monkeypatch.setattr(fuzz_cases, "TIMEOUT_S", 1800)
+    plain = fuzz_cases.run_truncation_cases(tmp_path / "plain", name, only=[2, 10, 18])
+    assert [o.kind for o in plain] == ["error"] * 3, "\n".join(f"{o.kind} {o.mutation}: {o.detail}" for o in plain)
+    salvaged = fuzz_cases.run_truncation_cases(tmp_path / "salvaged", name, only=[2, 10, 18], salvage=True)
+    bad = [o for o in salvaged if o.kind not in ("error", "accepted")]
+    assert len(salvaged) == 3 and not bad, "\n".join(f"{o.kind} {o.mutation}: {o.detail}" for o in bad)

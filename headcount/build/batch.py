@@ -16,6 +16,7 @@ decides: write nothing, or (``--keep-going``) commit the others.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -317,6 +318,9 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
             staged.write("runs", runs_row(meta))
     except HeadcountError as exc:
         return FileResult(path, run_id, **_failure(path, exc))
+    except BaseException:
+        end_workers(pool)  # before the directory goes: no worker writes into it afterwards
+        raise
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     line = parse_file.trace_line(path, sum(r.kernels for r in results), whole["layers"], pieces, len(spans))
@@ -325,11 +329,13 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
 
 def _metadata(path: str, run_id: str, source: str, version, device, notices: list[str], run: dict | None = None) -> dict:
     """The run metadata of a parsed file: the device and versions the recording names, never this machine's
-    (``run``: what else the file says of its run, e.g. its rank)."""
-    from headcount.store.metadata import run_metadata
+    (``run``: what else the file says of its run, e.g. its rank, its program); the file itself by its path as
+    given, its size and its SHA-256 (:func:`headcount.store.metadata.input_facts`: hashed once per file and
+    process, 1 MiB at a time)."""
+    from headcount.store.metadata import input_facts, run_metadata
 
     return run_metadata(run_id, source, version, "parse",
-                        {"input": str(path), "implementation": "unknown", "notices": notices, **(run or {})},
+                        {"input": str(path), **input_facts(path), "implementation": "unknown", "notices": notices, **(run or {})},
                         device=device or Device("cuda"), program={})
 
 
@@ -460,14 +466,14 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
             results.append(stage_file(path, out, run_id, options))
             done(results[-1])
         return results
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
 
     context = _pool_context()
     from headcount.parsers import nsys_sqlite
 
     results: list[FileResult | None] = [None] * len(files)
     options = replace(options, threads=max(1, _cores() // workers))  # the workers share the cores
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with _pool(workers, context) as pool:
         futures, metas, parts, traces = {}, {}, {}, []
         for i, ((path, run_id), (m, export_plan)) in enumerate(zip(files, shards)):
             if m == 1:
@@ -495,6 +501,35 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
                 results[i] = _finish(files[i][0], files[i][1], out, metas[i], parts[i], shards[i][1])
             done(results[i])
     return results
+
+
+@contextmanager
+def _pool(workers: int, context):
+    """A pool of ``workers`` processes (:func:`headcount.common.stopping.worker_init`: they leave stopping to this
+    process, and die with it). Leaving it by an exception (Ctrl-C, SIGTERM, SIGHUP, a bug) kills the workers and
+    waits until they are gone, before anything staged is removed: no worker outlives the command, nor writes
+    into a staging folder after it was discarded."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from headcount.common import stopping
+
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=stopping.worker_init)
+    try:
+        yield pool
+    except BaseException:
+        end_workers(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def end_workers(pool) -> None:
+    """Kill the pool's worker processes, cancel what is queued, and wait until the workers are gone."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # no public way to end workers before 3.14
+    for process in processes:
+        process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.join(timeout=10)
 
 
 def _pool_context():
@@ -541,12 +576,17 @@ def _on_ray(files, out, options, done) -> list[FileResult]:
         pending = {task.remote(path, str(Path(out).absolute()), run_id, options): i for i, (path, run_id) in
                    enumerate((str(Path(p).absolute()), r) for p, r in files)}
         results: list[FileResult | None] = [None] * len(files)
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                i = pending.pop(ref)
-                results[i] = ray.get(ref)
-                done(results[i])
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    i = pending.pop(ref)
+                    results[i] = ray.get(ref)
+                    done(results[i])
+        except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: no task goes on writing into the report's staging
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
         return results
     finally:
         if started:

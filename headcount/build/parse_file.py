@@ -24,6 +24,7 @@ from headcount.common import signals
 from headcount.common.device import Device
 from headcount.common.errors import NothingRecorded
 from headcount.parsers import ncu_metrics, nsys_sqlite
+from headcount.parsers.files import readable
 from headcount.parsers.options import ReadOptions
 
 
@@ -96,7 +97,8 @@ def _nsys_file(path: Path, export: AbstractContextManager, options: ReadOptions,
     if plan.empty:
         stack.close()
         raise NothingRecorded(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
-    parsed = Parsed({}, nsys_sqlite.describe_device(plan.devices, plan.gpu_devices), plan.meta.get("EXPORT_PRODUCT_VERSION"))
+    parsed = Parsed({}, nsys_sqlite.describe_device(plan.devices, plan.gpu_devices), plan.meta.get("EXPORT_PRODUCT_VERSION"),
+                    run=_known({"program_command": nsys_sqlite.capture_command(plan.meta)}))
     children = _call_logs(path)
     if children:  # a `headcount run` raw folder: its ranks' call logs as the run would have read them
         with stack:
@@ -129,7 +131,7 @@ def _nsys_runs(path: Path, sqlite: Path, plan, whole: Parsed, stack: ExitStack, 
         for part in nsys_processes(sqlite, plan, options=options):
             pid = nsys_sqlite.process_of(part)
             run = Parsed({}, nsys_sqlite.describe_device(plan.devices, nsys_sqlite.devices_of(part)) or whole.device, whole.version,
-                         run=process_facts(pid, len(plan.gpu_processes)))
+                         run={**whole.run, **process_facts(pid, len(plan.gpu_processes))})
             run.stream = _nsys_stream(path, [part], plan, run.lines, run.notices, f" (process {pid})")
             del part  # held by the stream only: released once it is built
             yield f"pid{pid}", run
@@ -162,11 +164,16 @@ def _rank_parsed(path: Path, rank, whole: Parsed) -> Parsed:
     info = rank.info
     device = Device.from_dict(info.get("device")) or whole.device
     program = info.get("program") or {}
-    run = {k: info.get(k) for k in ("pid", "rank", "world_size", "implementation", "complete", "ended_by") if info.get(k) is not None}
+    run = {k: info.get(k) for k in ("pid", "rank", "world_size", "implementation", "complete", "ended_by", "argv")
+           if info.get(k) is not None}
     run.update(steps=info.get("steps_seen"), torch=program.get("torch"), transformers=program.get("transformers"))
     line = f"{path}: a headcount run's raw files, rank {rank.rank}: {len(rank.tables.get('layers', []))} layer rows, read with its call log"
     return Parsed(rank.tables, device, whole.version, lines=[line],
                   notices=list(info.get("notices", [])), run=run)
+
+
+def _known(facts: dict) -> dict:
+    return {k: v for k, v in facts.items() if v is not None}
 
 
 def process_facts(pid, processes: int) -> dict:
@@ -179,7 +186,11 @@ def processes_line(path, runs: list[str]) -> str:
     return f"{path}: {len(runs)} processes ran GPU work: one run each ({', '.join(r.rsplit('-', 1)[1] for r in runs)})"
 
 
+# Each reader below checks first that its file can be read (files.readable: one line, exit 2, whatever the format).
+# A cut or partly unreadable recording is refused unless options.salvage: SQLite and .nsys-rep cannot be salvaged
+# (SQLite refuses a malformed file, nsys will not export a cut report); ncu CSV, .ncu-rep and torch.profiler traces can.
 def from_nsys_export(path: Path, run_id: str, options: ReadOptions) -> Parsed:
+    readable(path)  # a parquetdir export: the directory listed, each file opened
     return _nsys_file(path, nullcontext(path), options, run_id)
 
 
@@ -190,24 +201,72 @@ def from_nsys_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
 
 
 def _ncu_file(path: Path, run_id: str, options: ReadOptions, read) -> Parsed:
+    readable(path)
     kernels = read(path)
     built = tables_from_ncu(kernels, run_id)
     device = ncu_metrics.run_device(kernels)
     k = built.tables["kernels"]
+    pids = set(kernels["pid"].dropna().astype(str)) if "pid" in kernels else set()
     return Parsed(built.tables, device, None, [f"{path}: {len(k)} kernels, {int(k['incomplete'].sum())} incomplete, "
-                                               f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"], built.notices)
+                                               f"{int(k['layer_name'].notna().sum())} in headcount's attention ranges"], built.notices,
+                  run={"pid": pids.pop()} if len(pids) == 1 else {})  # the profiled process, where it was one
 
 
 def from_ncu_csv(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     from headcount.parsers import ncu_csv
 
-    return _ncu_file(path, run_id, options, lambda p: ncu_csv.read_csv(p, locale=options.locale))
+    return _ncu_file(path, run_id, options, lambda p: ncu_csv.read_csv(p, locale=options.locale, salvage=options.salvage))
 
 
 def from_ncu_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     from headcount.parsers import ncu_rep
 
-    return _ncu_file(path, run_id, options, ncu_rep.read_report)
+    return _ncu_file(path, run_id, options, lambda p: ncu_rep.read_report(p, salvage=options.salvage))
+
+
+def from_cupti_records(path: Path, run_id: str, options: ReadOptions) -> Parsed:
+    """The CUPTI collector's raw records (``cupti-records.jsonl.gz``), built as ``headcount run --backend cupti``
+    builds them (:func:`headcount.build.run_folder.cupti_run`): a GPU run re-analysed anywhere into the tables
+    the run gave. In a ``headcount run`` raw folder (``child-<pid>.json`` of the records' process beside them,
+    or one folder up, as ``raw/cupti-<pid>/``) with that process's call log, rank and device; alone, without
+    (no shapes: no FLOPs, no analytic bytes; no device: no theoretical occupancy)."""
+    from headcount.build import run_folder
+    from headcount.parsers import cupti_records
+
+    header = cupti_records.read_header(path)
+    child = _records_child(path, header)
+    said: list = []
+    rank = run_folder.cupti_run(child, run_id, said)
+    for_run = [line for _, line in said]
+    if child.get("argv") is not None:  # the run's own process report: as the run made it
+        parsed = _rank_parsed(path, rank, Parsed({}, None, header.get("cupti_python")))
+        parsed.notices = [*child["notices"], *for_run]
+    else:
+        kernels = rank.tables.get("kernels", pd.DataFrame())
+        busy = int((kernels["duration_ns"][(kernels["kind"].astype(object) == "kernel").to_numpy(dtype=bool)]).sum()) if len(kernels) else 0
+        line = (f"{path}: {int((kernels['kind'].astype(object) == 'kernel').sum()) if len(kernels) else 0} kernels "
+                f"({busy / 1e6:,.3f} ms), {len(rank.tables.get('layers', []))} layer rows, CUPTI records without a call log "
+                "(no shapes: FLOPs and analytic bytes unknown)")
+        parsed = Parsed(rank.tables, None, header.get("cupti_python"), lines=[line], notices=list(dict.fromkeys(for_run)),
+                        run={"pid": header.get("pid"), "implementation": rank.info.get("implementation"),
+                             "complete": header.get("stats", {}).get("complete", True)})
+    return parsed
+
+
+def _records_child(path: Path, header: dict) -> dict:
+    """The ``child-<pid>.json`` of the process that wrote the records at ``path`` (its records: ``path``), or
+    a report standing in for one: no call log, no rank, no device."""
+    from headcount.build import run_folder
+
+    pid = header.get("pid")
+    for folder in (path.parent, path.parent.parent):
+        if pid is not None and (folder / f"child-{pid}.json").is_file():
+            child = next((c for c in run_folder.read_children(folder) if c["pid"] == pid), None)
+            if child is not None:
+                return {**child, "records": str(path)}  # the raw folder may have moved since
+    stopped = header.get("stats", {}).get("complete") is False  # the process was stopped mid-recording
+    return {"pid": pid, "rank": None, "world_size": None, "records": str(path), "calls": [], "notices": [], "device": None,
+            "nvtx_tagged": True, "ended_by": "signal (the records say the recording did not complete)" if stopped else "exit"}
 
 
 def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
@@ -217,7 +276,7 @@ def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     from headcount.parsers import kineto_json as kineto
     from headcount.parsers.kineto_steps import Pieces
 
-    pieces = Pieces(path)
+    pieces = Pieces(path, salvage=options.salvage)
     try:
         pieces.read()
     except BaseException:

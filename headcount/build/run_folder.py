@@ -114,15 +114,16 @@ def from_cupti(children: list[dict], run_id: str) -> list[RankRun]:
     runs, said = [], []
     try:
         for child, rid in zip(children, _run_ids(run_id, children)):
-            runs.append(_cupti_run(child, rid, said))
+            runs.append(cupti_run(child, rid, said))
     finally:  # once for all the ranks each applies to, also where a later rank's records fail
         for line in process_notices.merged(said):
             notice(line)
     return runs
 
 
-def _cupti_run(child: dict, rid: str, said: list) -> RankRun:
-    """One process's run of :func:`from_cupti`; its notices go to ``said`` as ``(pid, notice)``."""
+def cupti_run(child: dict, rid: str, said: list) -> RankRun:
+    """One process's run of :func:`from_cupti` (and of ``headcount parse`` of its records file: the same
+    build); its notices go to ``said`` as ``(pid, notice)``."""
     info = _info(child)
     if not child.get("records"):
         return RankRun(rid, child["rank"], {}, {**info, "notices": [*child["notices"], "no CUPTI records from this process"]})

@@ -406,13 +406,17 @@ def _kernels_table(frames: list[pd.DataFrame], ranges: pd.DataFrame, steps: pd.D
 
 
 def run_facts(calls) -> dict:
-    """What a parsed recording's calls say of its run (its ``runs`` row): the ``implementation``, and the
+    """What a parsed recording's calls say of its run (its ``runs`` row): the ``implementation``, the ``model``
+    (the model classes the calls name), and the
     ``dtype``, ``batch`` and ``seq`` (query length) where every call that has shapes agrees; nothing
     where no call was found (the row keeps ``unknown`` and nulls)."""
     if not calls:
         return {}
     shapes = [c.shape for c in calls if c.shape is not None]
     facts = {"implementation": implementation_of(calls)}
+    models = sorted({c.model for c in calls if getattr(c, "model", None)})
+    if models:  # the model classes whose layers the calls are (several: a pipeline's, named apart)
+        facts["model"] = ", ".join(models)
     for key, attr in (("dtype", "dtype"), ("batch", "batch"), ("seq", "q_len")):
         values = {getattr(shape, attr) for shape in shapes} - {None}
         if len(values) == 1:

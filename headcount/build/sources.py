@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from headcount.build import parse_file
-from headcount.common.errors import HeadcountError
+from headcount.common.errors import HeadcountError, notice
 from headcount.parsers.options import ReadOptions
 
 # in-process recorders (AttentionProfiler, headcount profile): name → what it gives
@@ -59,7 +59,9 @@ FILE_SOURCES: list[FileSource] = [
     FileSource("nsys", ".nsys-rep report (exported by the nsys on PATH)", (".nsys-rep",), parse_file.from_nsys_rep),
     FileSource("ncu", "ncu CSV export (raw or details page)", (".csv",), parse_file.from_ncu_csv),
     FileSource("ncu", ".ncu-rep report (read with ncu_report)", (".ncu-rep",), parse_file.from_ncu_rep),
-    FileSource("torch", "torch.profiler trace (Chrome JSON, plain or gzip; a directory of them: one run each)", (".json", ".json.gz"), parse_file.from_torch_trace),
+    FileSource("torch", "torch.profiler trace (Chrome JSON, plain or gzip)", (".json", ".json.gz"), parse_file.from_torch_trace),
+    FileSource("cupti", "headcount's CUPTI collector records (cupti-records.jsonl.gz)", (".jsonl.gz",),
+               parse_file.from_cupti_records),
 ]
 
 
@@ -73,26 +75,140 @@ def _natural(path: Path) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
 
 
-def expand(path: Path) -> list[Path]:
-    """The inputs that ``path`` names: a directory of torch.profiler traces (one per rank, as Holistic
-    Trace Analysis's ``trace_dir``; no ``.parquet`` file in it) is its trace files, in natural order;
-    anything else is itself.
+def _parquetdir(path: Path) -> bool:
+    """``path`` is an nsys parquetdir export: a directory with ``*.parquet`` files directly in it."""
+    return any(f.name.lower().endswith(".parquet") and f.is_file() for f in path.iterdir())
+
+
+def _subdirectory(entry: Path) -> Path | str:
+    """What a directory's subdirectory holds: itself (a parquetdir export), its CUPTI collector records
+    (a ``headcount run`` raw folder's ``cupti-<pid>/``), or why it is skipped."""
+    try:
+        if _parquetdir(entry):
+            return entry
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    records = entry / "cupti-records.jsonl.gz"
+    if records.is_file():
+        return records
+    return "holding no nsys parquetdir export and no cupti records (not descended into)"
+
+
+def _suffix_source(name: str) -> FileSource | None:
+    name = name.lower()
+    matches = [s for s in FILE_SOURCES if any(name.endswith(suffix) for suffix in s.suffixes)]
+    return max(matches, key=lambda s: max(len(x) for x in s.suffixes if name.endswith(x))) if matches else None
+
+
+_CALL_LOG = re.compile(r"child-\d+\.json")  # a `headcount run` raw folder's call log (parsers/child_report.CHILD_FILE)
+_NOT_READ = "of a kind no source reads"
+
+
+def _ncu_csv(entry: Path) -> bool | None:
+    """A CSV's header names ncu's ``ID`` column (after the ``==PROF==`` lines ncu mixes in); ``None``: unreadable."""
+    import csv
+
+    from headcount.parsers.files import head_bytes
+
+    try:
+        head = head_bytes(entry, 1 << 16).decode("utf-8", errors="replace").removeprefix("\ufeff")
+    except HeadcountError:
+        return None
+    first = next((line for line in head.splitlines() if line.strip() and not line.startswith("==")), "")
+    return "ID" in [cell.strip() for cell in next(csv.reader([first]), [])]
+
+
+def _why_skipped(entry: Path, names: set[str]) -> str | None:
+    """Why a directory's file is no recording headcount reads (``None``: it is one; ``names``: the directory's
+    entries). A file a source reads by its name is a recording, and its parse the error where it is none
+    (a ``.sqlite`` that is no nsys export); only what no parse should see is skipped."""
+    if not entry.is_file():
+        return "not regular files (a FIFO, socket or device)"
+    name = entry.name
+    if _CALL_LOG.fullmatch(name):
+        return "call logs of a headcount run (read with the recording beside them)"
+    source = _suffix_source(name)
+    if source is None:
+        return _NOT_READ
+    lower = name.lower()
+    if lower.endswith(".nsys-rep"):
+        export = next((name[: -len(".nsys-rep")] + x for x in (".sqlite", ".sqlite3") if name[: -len(".nsys-rep")] + x in names), None)
+        if export:
+            return f"nsys reports whose SQLite export beside them is read instead ({export})"
+    if lower.endswith(".csv") and _ncu_csv(entry) is False:
+        return "CSV that is no ncu export (no ID column: an nsys stats report?)"
+    return None
+
+
+def scan(path: Path) -> tuple[list[Path], dict[str, list[str]]]:
+    """The recordings in directory ``path``, and what was skipped there.
+
+    A directory with ``*.parquet`` files in it is an nsys parquetdir export: itself. Otherwise every file
+    directly in it that a source reads (:data:`FILE_SOURCES`, by its name's ending) is one input, and so is
+    every subdirectory that is a parquetdir export, or that holds the CUPTI collector's records
+    (``cupti-<pid>/cupti-records.jsonl.gz`` of a ``headcount run`` raw folder); all in natural order
+    (rank2 before rank10). Not read: call logs (``child-<pid>.json``, read with the recording beside them),
+    an ``.nsys-rep`` beside its own SQLite export, CSV files whose header has no ncu ``ID`` column, files
+    no source reads, other subdirectories (not descended into).
+
+    Returns:
+        ``(inputs, skipped)``: ``skipped`` maps a reason to the names it applies to (a directory's with ``/``).
+    """
+    if _parquetdir(path):
+        return [path], {}
+    entries = sorted(path.iterdir(), key=_natural)
+    names = {e.name for e in entries}
+    found, skipped = [], {}
+    for entry in entries:
+        if entry.is_dir():
+            inside = _subdirectory(entry)
+            if isinstance(inside, Path):
+                found.append(inside)
+            else:
+                skipped.setdefault(inside, []).append(entry.name + "/")
+            continue
+        why = _why_skipped(entry, names)
+        if why is None:
+            found.append(entry)
+        else:
+            skipped.setdefault(why, []).append(entry.name)
+    return found, skipped
+
+
+def skipped_lines(path: Path, skipped: dict[str, list[str]], shown: int = 10) -> list[str]:
+    """One line per reason: ``DIR: skipped 3 files, of a kind no source reads: a.txt, b.png, c.log``."""
+    lines = []
+    for why, names in skipped.items():
+        listed = ", ".join(names[:shown]) + (f", … {len(names) - shown} more" if len(names) > shown else "")
+        folders = all(n.endswith("/") for n in names)
+        noun = ("directory" if folders else "file") if len(names) == 1 else ("directories" if folders else "files")
+        lines.append(f"{path}: skipped {len(names)} {noun}, {why}: {listed}")
+    return lines
+
+
+def expand(path: Path, said: list[str] | None = None) -> list[Path]:
+    """The inputs that ``path`` names: a directory is the recordings in it (:func:`scan`), in natural order;
+    anything else is itself. ``said``: gets the lines naming what a directory held that was skipped
+    (:func:`skipped_lines`).
 
     Raises:
-        HeadcountError: a directory that holds neither traces nor an nsys parquetdir export.
+        HeadcountError: a directory that cannot be read, or holds no recording headcount reads.
     """
     if not path.is_dir():
         return [path]
-    files = [f for f in path.iterdir() if f.is_file()]
-    if any(f.name.lower().endswith(".parquet") for f in files):
-        return [path]  # an nsys parquetdir export
-    torch = next(s for s in FILE_SOURCES if s.name == "torch")
-    traces = sorted((f for f in files if f.name.lower().endswith(torch.suffixes)), key=_natural)
-    if not traces:
-        raise HeadcountError(f"{path}: a directory with no torch.profiler trace ({', '.join('*' + x for x in torch.suffixes)}) "
-                             "and no nsys parquetdir export (*.parquet) in it",
-                             hint="export nsys with `nsys export --type parquetdir`, or pass the files themselves")
-    return traces
+    try:
+        found, skipped = scan(path)
+    except OSError as exc:
+        from headcount.parsers.files import unreadable
+
+        raise unreadable(path, exc) from exc
+    if not found:
+        listed = "; ".join(f"{why}: {', '.join(names[:5])}" for why, names in skipped.items()) or "it is empty"
+        raise HeadcountError(f"{path}: a directory with no recording headcount reads in it ({listed})",
+                             hint=f"headcount reads: {supported()}")
+    if said is not None:
+        said += skipped_lines(path, skipped)
+    return found
 
 
 def for_path(path: Path) -> FileSource:
@@ -113,19 +229,22 @@ def for_path(path: Path) -> FileSource:
 
 def inputs(paths: list[str]) -> list[str]:
     """The files that ``headcount parse`` (or a recording given to ``headcount diff``) reads for ``paths``,
-    each checked before any work starts: a directory of rank traces is its files (:func:`expand`).
+    each checked before any work starts: a directory is the recordings in it (:func:`expand`), and a notice
+    names what it held that is not read, and why.
 
     Raises:
         HeadcountError: no such path; not a regular file or directory (a FIFO would block); no source reads it.
     """
-    names = []
+    names, said = [], []
     for name in paths:
         path = Path(name)
         if not path.exists():
             raise HeadcountError(f"{path}: no such file", hint="check the path")
         if not (path.is_file() or path.is_dir()):  # a FIFO or a device would block or never end
             raise HeadcountError(f"{path}: not a regular file (a FIFO, socket or device)", hint="pass the exported file itself")
-        for each in expand(path):
+        for each in expand(path, said):
             for_path(each)
             names.append(str(each))
+    for line in said:  # once every input is known good: what a directory held that is not read
+        notice(line)
     return names

@@ -12,6 +12,7 @@ import traceback
 from importlib import import_module
 
 from headcount._version import __version__
+from headcount.common import stopping
 from headcount.common.errors import HeadcountError
 
 # subcommand → its module under headcount.cli; only the one that runs is imported (pandas, pyarrow, torch are
@@ -76,18 +77,32 @@ def main(argv: list[str] | None = None) -> int:
     from headcount.common.env import release_freed_memory
 
     release_freed_memory()  # large tables are built and freed in turn: give freed memory back at once
+    getattr(sys.modules.get("headcount.store.dataset"), "COMMITTED", []).clear()  # main() called again (tests)
     try:
-        return args.func(args)
+        with stopping.handled():  # SIGTERM and SIGHUP clean up as Ctrl-C does: workers ended, staging removed
+            return args.func(args)
     except HeadcountError as exc:
         if args.debug:
             traceback.print_exc()
         print(f"headcount: error: {exc.one_line()}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("headcount: interrupted; no report was written", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or stopping.Stopped (SIGTERM, SIGHUP)
+        print(f"headcount: {_stopped_by(exc)}; {_written()}", file=sys.stderr)
+        return stopping.exit_status(exc)
     except BrokenPipeError:
         return _reader_left()
+
+
+def _stopped_by(exc: BaseException) -> str:
+    signame = stopping.name(exc)
+    return "interrupted" if signame == "SIGINT" else f"stopped by {signame}"
+
+
+def _written() -> str:
+    """What a stopped command leaves: nothing, or the report it had committed when the signal came."""
+    committed = sys.modules.get("headcount.store.dataset")
+    done = sorted({str(p) for p in getattr(committed, "COMMITTED", [])})
+    return f"the report was written first ({', '.join(done)})" if done else "no report was written"
 
 
 def _reader_left() -> int:

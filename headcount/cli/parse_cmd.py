@@ -32,6 +32,7 @@ examples:
   headcount parse /shared/rank*.sqlite -o /shared/report --executor ray   one Ray task per file ($RAY_ADDRESS)
   headcount parse trace.json.gz -o report/       a torch.profiler trace (headcount's ranges, or nn.Module ranges + SDPA shapes)
   headcount parse traces/ -o report/ --jobs 4     a directory of torch.profiler traces, one per rank: a run each
+  headcount parse cut.json.gz -o report/ --salvage   a cut trace: the events before the cut, with a notice of what was lost
 """
 
 
@@ -52,6 +53,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--executor", choices=["local", "ray"], default="local",
                    help="ray: one task per file on the Ray cluster at $RAY_ADDRESS (else a local Ray); -o must be shared storage")
     p.add_argument("--keep-going", action="store_true", help="write the files that parsed even if others failed (exit status still 1)")
+    p.add_argument("--salvage", action="store_true",
+                   help="read a cut or partly unreadable recording for what it holds, with a notice (damaged: …) of what "
+                        "was lost; without it such a file is refused (exit 2, nothing written)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--append", action="store_true", help="add to an existing report")
     group.add_argument("--force", action="store_true", help="replace an existing report")
@@ -77,7 +81,8 @@ def run(args) -> int:
     with nullcontext() if parallel else console.status(f"reading {how}…"):
         if parallel:
             console.print(f"reading {how}…", highlight=False)
-        results = batch.parse_into(out, files, ReadOptions(locale=args.locale), jobs=jobs, executor=args.executor, done=done,
+        options = ReadOptions(locale=args.locale, salvage=args.salvage)
+        results = batch.parse_into(out, files, options, jobs=jobs, executor=args.executor, done=done,
                                    plan=plan, keep_going=args.keep_going, append=args.append, force=args.force)
     failed = [r for r in results if r.error]
     runs = [run for r in results if not r.error for run in r.run_ids]  # one per file, or per process of a file

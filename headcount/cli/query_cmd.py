@@ -35,7 +35,12 @@ def add_parser(subparsers):
     g.add_argument("--csv", default=None, help="write the result as CSV to this file ('-': stdout)")
     g.add_argument("--parquet", default=None, help="write the result as Parquet to this file")
     g.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON records to this file ('-': stdout)")
-    p.add_argument("--max-rows", type=int, default=50, help="rows printed (default 50)")
+    p.add_argument("--max-rows", type=int, default=None,
+                   help="rows printed (default 50 in a table, 10 in the vertical layout)")
+    p.add_argument("--layout", choices=["auto", "table", "vertical"], default="auto",
+                   help=f"how a result is printed: a table, or one block of 'column  value' lines per row; auto "
+                        f"(default): vertical for a result of more than {WIDE_COLUMNS} columns (SELECT * of kernels: 73), "
+                        "which wraps unreadably as a table")
     p.set_defaults(func=run)
     return p
 
@@ -64,14 +69,44 @@ def run(args) -> int:
             Path(args.json).write_text(text + "\n", encoding="utf-8")
             terminal.console(stderr=True).print(f"{table.num_rows} rows → {Path(args.json)}")
         return 0
-    shown = Table(show_header=True, header_style="bold", caption=f"{table.num_rows} rows" + (
-        f", first {args.max_rows} shown" if table.num_rows > args.max_rows else ""))
+    vertical = args.layout == "vertical" or (args.layout == "auto" and table.num_columns > WIDE_COLUMNS)
+    rows = args.max_rows if args.max_rows is not None else 10 if vertical else 50
+    caption = f"{table.num_rows} rows" + (f", first {rows} shown" if table.num_rows > rows else "")
+    console = terminal.console()
+    if vertical:
+        _print_vertical(console, table, rows, caption)
+        return 0
+    shown = Table(show_header=True, header_style="bold", caption=caption)
     for name in table.column_names:
         shown.add_column(name, overflow="fold")
-    for row in table.slice(0, args.max_rows).to_pylist():
-        shown.add_row(*("" if v is None else f"{v:,.4g}" if isinstance(v, float) else str(v) for v in row.values()))
-    terminal.console().print(shown)
+    for row in table.slice(0, rows).to_pylist():
+        shown.add_row(*(_cell(v) for v in row.values()))
+    console.print(shown)
     return 0
+
+
+WIDE_COLUMNS = 12  # more columns than this print one block per row (--layout auto)
+
+
+def _cell(value) -> str:
+    return "" if value is None else f"{value:,.4g}" if isinstance(value, float) else str(value)
+
+
+def _print_vertical(console, table, rows: int, caption: str) -> None:
+    """One block per row: a ``── row N ──`` rule, then ``column  value`` lines (nulls left out and counted), as
+    psql's expanded display; for results too wide to read as a table."""
+    width = max(map(len, table.column_names), default=0)
+    for n, row in enumerate(table.slice(0, rows).to_pylist(), 1):
+        console.print(f"── row {n} " + "─" * max(0, min(console.width, 80) - len(f"── row {n} ")), style="dim", highlight=False)
+        nulls = [name for name, value in row.items() if value is None]
+        for name, value in row.items():
+            if value is not None:
+                console.print(f"{name:<{width}}  {_cell(value)}", highlight=False, markup=False, soft_wrap=True)
+        if nulls:
+            console.print(f"{'(null)':<{width}}  {len(nulls)} columns: {', '.join(nulls)}", style="dim", highlight=False,
+                          markup=False)
+    console.print(caption + f"; {table.num_columns} columns, one block per row (--layout table: a table)", style="dim",
+                  highlight=False)
 
 
 def _plain(value):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from headcount.build import run_folder, sources
 from headcount.cli.flags import add_pm_interval
+from headcount.common import stopping
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError, NothingRecorded
 from headcount.common.tables import WRITTEN
@@ -128,16 +129,15 @@ def run(args) -> int:
         if ran.killed or ran.held:  # killed: what the tool had not written is lost; held: the user stopped headcount there
             console.print(f"headcount: {'killed' if ran.killed else 'interrupted'}; no report was written; "
                           f"{_kept(wrapper, raw, out)}", soft_wrap=True, highlight=False)
-            return INTERRUPTED
+            return ran.stopped_status
         return _report(args, console, wrapper, ran, raw, out, run_id, tool_info)
-    except KeyboardInterrupt:  # while the recording is exported, read or committed: nothing half-written, the raw files kept
+    except KeyboardInterrupt as exc:  # while the recording is exported, read or committed: nothing half-written, the raw files kept
         console.print(f"headcount: interrupted; no report was written; {_kept(wrapper, raw, out)}", soft_wrap=True, highlight=False)
-        return INTERRUPTED
+        return stopping.exit_status(exc)
     finally:
         follow_umask(raw)  # what the recorder, the program and the exports wrote
 
 
-INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C, as shells and nsys give it
 
 
 def follow_umask(raw: Path) -> None:
@@ -204,7 +204,7 @@ def _report(args, console, wrapper, ran, raw: Path, out: Path, run_id: str, tool
         note = f" ({'; '.join(notes)})" if notes else ""
         if ran.interrupted:
             console.print(f"headcount: interrupted before anything tagged was recorded{note}")
-            return INTERRUPTED
+            return ran.stopped_status
         if status:
             console.print(f"headcount: error: the program exited with status {status} and nothing tagged was recorded{note}")
             return status
@@ -243,4 +243,4 @@ def _report(args, console, wrapper, ran, raw: Path, out: Path, run_id: str, tool
                                  kernels=first.tables["kernels"], steps=first.tables.get("steps"), findings=first.tables.get("findings"),
                                  collectives=first.tables.get("collectives"))
     terminal.console().print(f"Report: {out}/ ({written} run{'s' if written > 1 else ''}: {', '.join(r.run_id for r in runs)}); raw files: {raw}/")
-    return INTERRUPTED if ran.interrupted else status
+    return ran.stopped_status if ran.interrupted else status

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from headcount.collector.native_log import kineto_lines_dropped
 from headcount.common.errors import HeadcountError
 
 
@@ -72,11 +73,13 @@ class TorchRecorder:
                      "headcount.tag(model) inside it, export its trace (prof.export_chrome_trace('trace.json')) and run "
                      "`headcount parse trace.json`",
             )
-        self._profile.__enter__()
+        with kineto_lines_dropped():
+            self._profile.__enter__()
 
     def stop(self) -> Path:
         """Stop recording and write the Chrome trace; returns its path."""
-        self._profile.__exit__(None, None, None)
+        with kineto_lines_dropped():
+            self._profile.__exit__(None, None, None)
         self._profile.export_chrome_trace(str(self.trace_path))
         return self.trace_path
 

@@ -9,6 +9,8 @@ and exits with :attr:`HeadcountError.exit_code`, without a traceback unless
 
 from __future__ import annotations
 
+DAMAGED = "damaged: "  # the start of every notice of a salvaged recording (what --salvage lost, with counts)
+
 
 class HeadcountError(Exception):
     """A user-facing error: what went wrong, and what to do about it.

@@ -88,7 +88,8 @@ HEADS = pa.schema([
 ])
 
 RUNS = pa.schema([
-    ("implementation", S), ("source", S), ("source_version", S), ("mode", S), ("model", S),
+    ("implementation", S), ("source", S), ("source_version", S), ("mode", S),
+    ("path", S), ("size_bytes", I), ("sha256", S), ("damaged", S), ("model", S), ("program", S),
     ("model_config", S), ("batch", I), ("seq", I), ("dtype", S), ("steps", I), ("backward", B),
     ("device_kind", S), ("device_name", S), ("device_compute_capability", S), ("device_sm_count", I),
     ("device_memory_bandwidth_gbps", F), ("torch", S), ("transformers", S),

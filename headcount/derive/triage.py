@@ -454,7 +454,7 @@ def _dominant_kernel_findings(steps: pd.DataFrame, kernels: pd.DataFrame | None)
     mine = kernels[(kernels["name"].astype(object) == per.index[0]).to_numpy(dtype=bool)]
 
     def med(col):
-        return float(pd.to_numeric(mine[col], errors="coerce").median()) if col in mine else float("nan")
+        return float(pd.to_numeric(mine[col], errors="coerce").astype("float64").median()) if col in mine else float("nan")
 
     verdicts = mine["bound"].dropna() if "bound" in mine else pd.Series(dtype=object)
     limiter = verdicts.mode().iloc[0] if len(verdicts) else None

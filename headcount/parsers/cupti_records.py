@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.common.errors import HeadcountError
+from headcount.parsers.files import unreadable
 from headcount.parsers.kineto_json import COLUMNS
 
 FORMAT = "headcount-cupti-records"
@@ -53,6 +54,39 @@ EXTRA = [
 ]
 
 
+HINT = "pass the cupti-records.jsonl.gz that `headcount profile --backend cupti --trace-dir DIR` or `headcount run --backend cupti` wrote"
+
+
+def read_header(path: str | Path) -> dict:
+    """The header line of a records file alone (``pid``, ``stats``, ``notices``; one line decompressed).
+
+    Raises:
+        HeadcountError: missing, unreadable, not gzip, or not a headcount records file.
+    """
+    path = Path(path)
+    try:
+        with gzip.open(path, "rb") as fh:
+            first = fh.readline(1 << 20)
+    except FileNotFoundError as exc:
+        raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
+    except PermissionError as exc:
+        raise unreadable(path, exc) from exc
+    except (OSError, EOFError, zlib.error) as exc:
+        raise HeadcountError(f"{path}: unreadable or truncated CUPTI records file ({type(exc).__name__}: {exc})",
+                             hint="record it again; a run that was killed leaves no complete file") from exc
+    return _header(path, first)
+
+
+def _header(path: Path, first: bytes) -> dict:
+    try:
+        header = _JSON.decode(first) if first.strip() else None
+    except msgspec.DecodeError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise HeadcountError(f"{path}: not a headcount CUPTI records file", hint=HINT)
+    return header
+
+
 def read_records(path: str | Path) -> tuple[dict, list[dict]]:
     """The header and the records of a records file.
 
@@ -61,16 +95,9 @@ def read_records(path: str | Path) -> tuple[dict, list[dict]]:
             records file.
     """
     path = Path(path)
-    hint = "pass the cupti-records.jsonl.gz that `headcount profile --backend cupti --trace-dir DIR` wrote"
     try:
         with gzip.open(path, "rb") as fh:
-            first = fh.readline()
-            try:
-                header = _JSON.decode(first) if first.strip() else None
-            except msgspec.DecodeError:
-                header = None
-            if not isinstance(header, dict) or header.get("format") != FORMAT:
-                raise HeadcountError(f"{path}: not a headcount CUPTI records file", hint=hint)
+            header = _header(path, fh.readline())
             records = []
             while chunk := fh.readlines(READ_CHUNK_BYTES):  # whole lines, a bounded piece at a time
                 try:
@@ -79,6 +106,8 @@ def read_records(path: str | Path) -> tuple[dict, list[dict]]:
                     records += [json.loads(line) for line in chunk if line.strip()]
     except FileNotFoundError as exc:
         raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
+    except PermissionError as exc:
+        raise unreadable(path, exc) from exc
     except (OSError, EOFError, zlib.error, msgspec.DecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise HeadcountError(f"{path}: unreadable or truncated CUPTI records file ({type(exc).__name__}: {exc})",
                              hint="record it again; a run that was killed leaves no complete file") from exc

@@ -55,7 +55,8 @@ import pandas as pd
 
 from headcount.common import signals
 from headcount.common.device import Device
-from headcount.common.errors import HeadcountError
+from headcount.common.errors import DAMAGED, HeadcountError
+from headcount.parsers.files import damaged, read_chunk, unreadable
 from headcount.parsers.kineto_times import exact_nanoseconds
 
 _KIND_BY_CAT = {
@@ -152,12 +153,8 @@ def _open(path: Path):
         fh = path.open("rb")
         gzipped = fh.read(2) == b"\x1f\x8b"
         fh.seek(0)
-    except FileNotFoundError as exc:
-        raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
-    except PermissionError as exc:
-        raise HeadcountError(f"{path}: permission denied", hint="make the file readable, or copy it somewhere you can read") from exc
     except OSError as exc:
-        raise HeadcountError(f"{path}: cannot be read ({exc.strerror or exc})", hint="check the path") from exc
+        raise unreadable(path, exc) from exc
     return gzip.GzipFile(fileobj=fh) if gzipped else fh
 
 
@@ -198,6 +195,8 @@ def _too_deep(path: Path) -> HeadcountError:
 
 
 def _not_json(path: Path, exc: Exception) -> HeadcountError:
+    if "truncated" in str(exc):  # msgspec: the text ends inside a value
+        return damaged(path, f"truncated torch.profiler trace: its JSON ends early ({exc})")
     return HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: {exc})", hint=_NOT_A_TRACE)
 
 
@@ -323,11 +322,14 @@ def spans(path: str | Path, parts: int) -> list[Span] | None:
     return [Span(k, begin, end, top[:found.end()]) for k, (begin, end) in enumerate(zip([None, *starts], [*starts, None]))]
 
 
-def _event_pieces(path: Path, into: dict, span: Span | None = None):
+def _event_pieces(path: Path, into: dict, span: Span | None = None, salvage: bool = False):
     """The ``traceEvents`` array of a trace (or the ``span`` of it), read :data:`CHUNK_BYTES` at a
     time: yields ``(events, text, first)`` — the decoded events of a piece, its text (a JSON array)
     and the index of its first event in the file (in the span) — then, reading to the file's end,
     puts the trace's other fields in ``into["document"]`` (:class:`_Document`, no events).
+
+    A file cut short (a gzip stream without its end, an events array that never closes) is refused,
+    or with ``salvage`` read to its last whole event, ``into["cut"]`` saying how it ends.
 
     Raises:
         HeadcountError: unreadable, truncated or invalid JSON; no ``traceEvents`` list; an event that
@@ -339,13 +341,16 @@ def _event_pieces(path: Path, into: dict, span: Span | None = None):
             if span is not None and span.stop is not None:
                 size = min(size, span.stop - fh.tell())
             try:
-                return fh.read(size) if size > 0 else b""
-            except (EOFError, OSError) as exc:  # gzip.BadGzipFile is an OSError
+                return read_chunk(fh, size, into if salvage else None)  # salvage: a cut stream's data kept, into["cut"] set
+            except EOFError as exc:
+                raise damaged(path, "truncated torch.profiler trace: the gzip stream ends before its end marker",
+                              kept="the events before the cut") from exc
+            except OSError as exc:  # gzip.BadGzipFile is an OSError
                 raise HeadcountError(f"{path}: not a torch.profiler trace ({exc})", hint=_NOT_A_TRACE) from exc
 
         if span is not None and span.start is not None:
             fh.seek(span.start)
-            yield from _array_pieces(path, into, bytearray(b"["), span.head, read, span.stop is None)
+            yield from _array_pieces(path, into, bytearray(b"["), span.head, read, span.stop is None, salvage)
             return
         text, searched = bytearray(), 0
         while (start := _ARRAY_START.search(text, searched)) is None:  # the key is near the top in torch's files
@@ -361,10 +366,10 @@ def _event_pieces(path: Path, into: dict, span: Span | None = None):
                 return
             text += more
         head, text = bytes(text[:start.end()]), bytearray(b"[") + text[start.end():]
-        yield from _array_pieces(path, into, text, head, read, span is None or span.stop is None)
+        yield from _array_pieces(path, into, text, head, read, span is None or span.stop is None, salvage)
 
 
-def _array_pieces(path: Path, into: dict, text: bytearray, head: bytes, read, to_the_end: bool):
+def _array_pieces(path: Path, into: dict, text: bytearray, head: bytes, read, to_the_end: bool, salvage: bool = False):
     """:func:`_event_pieces` from ``text`` (``[`` and what was read of the events array so far) on,
     ``read`` giving more: to the array's end and the document after it (``to_the_end``), else to
     where ``read`` stops, which must be just past an event and its comma (a span's end)."""
@@ -406,10 +411,21 @@ def _array_pieces(path: Path, into: dict, text: bytearray, head: bytes, read, to
             continue
         if events:
             yield events, piece, first
-        into["document"] = _whole(path, head + b"]" + bytes(text[close + 1:]))
+        try:
+            into["document"] = _whole(path, head + b"]" + bytes(text[close + 1:]))
+        except HeadcountError:
+            if not salvage:
+                raise
+            into["document"], into["cut"] = _whole(path, head + b"]}"), "the fields after its events are cut"
         return
-    raise HeadcountError(f"{path}: not a torch.profiler trace (invalid JSON: truncated or damaged after event {first})",
-                         hint=_NOT_A_TRACE)
+    if not salvage:
+        raise damaged(path, f"truncated or damaged torch.profiler trace: its events array breaks off after event {first} "
+                      "and never closes", kept="the events before the break")
+    found = _last_events(path, text, first)  # the events before the cut: the document's other fields came before them
+    if found:
+        yield found[1], found[2], first
+    into["document"] = _whole(path, head + b"]}")
+    into.setdefault("cut", "its events array breaks off and never closes")
 
 
 def _array_ends(text: bytearray):
@@ -442,17 +458,18 @@ def _batch_frame(path: Path, events: list, text: bytes | bytearray, first: int) 
         return events_frame(_decode_events(path, text, first, exact=True), source=str(path))
 
 
-def frames(path: str | Path, into: dict, span: Span | None = None):
+def frames(path: str | Path, into: dict, span: Span | None = None, salvage: bool = False):
     """The events table of a trace file (or of a :class:`Span` of it) in pieces, as the file is read
     (:data:`CHUNK_BYTES` of its text each, :func:`_event_pieces`); then, where the file was read to
-    its end, ``into`` gets ``devices`` and ``distributed`` (as :func:`read_trace` returns them).
+    its end, ``into`` gets ``devices`` and ``distributed`` (as :func:`read_trace` returns them), and
+    (a cut file read with ``salvage``) ``damaged``: what was lost, a notice.
 
     Raises:
         HeadcountError: the file is missing, not JSON, or not a Chrome trace (Misaligned: the span's
             bounds are not between two events).
     """
-    path, document = Path(path), {}
-    pieces = _event_pieces(path, document, span)
+    path, document, events_read = Path(path), {}, 0
+    pieces = _event_pieces(path, document, span, salvage)
     while True:
         try:
             events, text, first = next(pieces)
@@ -461,11 +478,14 @@ def frames(path: str | Path, into: dict, span: Span | None = None):
             break
         except RecursionError:  # msgspec decodes nested arrays and objects recursively
             raise _too_deep(path) from None
+        events_read += len(events)
         del events, text
         if len(frame):
             yield frame
     if "document" in document:
         into.update(_described(document["document"]))
+    if "cut" in document:
+        into["damaged"] = f"{DAMAGED}the file is cut ({document['cut']}): its {events_read} events before the cut read, the rest lost"
 
 
 def _described(trace: _Document) -> dict:

@@ -51,15 +51,17 @@ class Pieces:
 
     Attributes:
         path: the trace file.
-        notices: what the reader should know about its events (implausible rows dropped).
+        notices: what the reader should know about its events (implausible rows dropped; with ``salvage``, what a
+            cut file lost).
         described: ``devices`` and ``distributed`` of the trace (:func:`headcount.parsers.kineto_json.read_trace`).
         launched: some GPU work of the trace has its launch call in it (see :func:`headcount.build.shared.tables_from_events`).
         count: the groups, once cut.
     """
 
     def __init__(self, path: str | Path, group_rows: int | None = None, held_bytes: int | None = None,
-                 directory: str | Path | None = None):
+                 directory: str | Path | None = None, salvage: bool = False):
         self.path = Path(path)
+        self.salvage = salvage  # a cut trace read to its last whole event, with a notice (else refused)
         self.group_rows = GROUP_ROWS if group_rows is None else group_rows
         self.held_bytes = HELD_BYTES if held_bytes is None else held_bytes
         self.notices: list[str] = []
@@ -106,8 +108,10 @@ class Pieces:
         """
         if span is not None:
             self._name = f"span{span.index}"
-        for frame in kineto.frames(self.path, self.described, span):
+        for frame in kineto.frames(self.path, self.described, span, salvage=self.salvage):
             self._add(drop_implausible(frame, "events", self.notices))
+        if "damaged" in self.described:  # salvaged: what was lost, said first
+            self.notices.insert(0, self.described.pop("damaged"))
         if span is None:
             self.cut()
         return self

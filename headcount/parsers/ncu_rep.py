@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from headcount.common.errors import HeadcountError
+from headcount.common.errors import DAMAGED, HeadcountError
+from headcount.parsers.files import damaged, head_bytes
 from headcount.parsers.ncu_metrics import DEVICE_NAME, METRICS, kernels_frame, to_float
 
 
@@ -104,25 +106,52 @@ def _nvtx_path(action) -> str | None:
     return ";".join(parts) or None
 
 
-def read_report(path: str | Path) -> pd.DataFrame:
+def read_report(path: str | Path, salvage: bool = False) -> pd.DataFrame:
     """Read every profiled kernel of an ``.ncu-rep`` into headcount's kernels table.
 
     NVIDIA's reader is C++ and aborts the whole process on some damaged files,
     so it runs in a child process (:func:`read_here` through ``python -m
-    headcount.parsers.ncu_rep``): an abort becomes one line. Records without a
-    kernel name and without a metric (what damage leaves) are dropped, and
-    ``frame.attrs["notices"]`` says how many.
+    headcount.parsers.ncu_rep``): an abort becomes one line. ``ncu_report``
+    reads a cut file without a word (the kernels before the cut), so the file's
+    own layout says first whether it is whole (:func:`layout`); a cut file, or
+    records without a kernel name and without a metric (what damage leaves),
+    is refused unless ``salvage``, where the kernels read are kept and
+    ``frame.attrs["notices"]`` says how many records were lost.
 
     Raises:
         HeadcountError: no ncu_report module, the file is missing, not a report,
-            empty, or the reader aborted on it.
+            empty, damaged or cut (without ``salvage``), or the reader aborted on it.
     """
     path = Path(path)
     if not path.is_file():
         raise HeadcountError(f"{path}: no such file", hint="check the path")
-    with path.open("rb") as fh:
-        if fh.read(4) != b"NVR\x00":  # the magic of every .ncu-rep seen so far
-            raise HeadcountError(f"{path}: not a readable Nsight Compute report (no NVR header)", hint="pass a file written by `ncu -o`")
+    if head_bytes(path, 4) != b"NVR\x00":  # the magic of every .ncu-rep seen so far
+        raise HeadcountError(f"{path}: not a readable Nsight Compute report (no NVR header)", hint="pass a file written by `ncu -o`")
+    shape = layout(path)
+    try:
+        frame, empty = _read_in_child(path)
+    except HeadcountError as exc:
+        if shape.problem:  # what the reader made of a cut file: the cut says more
+            said = exc.message.removeprefix(f"{path}: ")
+            raise damaged(path, f"damaged or truncated .ncu-rep ({shape.problem}); the reader: {said}") from exc
+        raise
+    read = 0 if frame is None else len(frame)
+    if shape.problem or empty:
+        total = max(shape.records, read + empty)
+        lost = (f"{total - read} of {'at least ' if shape.problem else ''}{total} kernel records unreadable" if total
+                else "no kernel record whole before the cut")
+        why = shape.problem or f"{empty} records without a kernel name or any metric"
+        if not salvage or frame is None:
+            raise damaged(path, f"damaged or truncated .ncu-rep ({why}): {lost}",
+                          kept=f"the {read} readable kernel{'s' if read != 1 else ''}" if read else None)
+        frame.attrs["notices"] = [*frame.attrs.get("notices", []), f"{DAMAGED}{lost}, dropped ({why})"]
+    if frame is None:
+        raise HeadcountError(f"{path}: holds no profiled kernel", hint="check that ncu profiled something, or record it again")
+    return frame
+
+
+def _read_in_child(path: Path) -> tuple[pd.DataFrame | None, int]:
+    """:func:`read_here` in a child process: ``(kernels or None, records dropped as damaged)``."""
     with tempfile.TemporaryDirectory(prefix="headcount-ncu-") as tmp:
         result = Path(tmp) / "kernels.pkl"
         try:
@@ -132,9 +161,7 @@ def read_report(path: str | Path) -> pd.DataFrame:
             raise HeadcountError(f"{path}: the .ncu-rep reader gave no answer in {READ_TIMEOUT_S} s",
                                  hint="export it with `ncu --import R --csv --page raw` and pass the CSV") from exc
         if done.returncode == 0:
-            frame, notices = pd.read_pickle(result)
-            frame.attrs["notices"] = notices
-            return frame
+            return pd.read_pickle(result)
         lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
         said = [ln for ln in lines if ln.startswith(_ERROR)]
         if said:
@@ -146,12 +173,86 @@ def read_report(path: str | Path) -> pd.DataFrame:
                              hint="record it again, or export what ncu can read with `ncu --import R --csv --page raw`")
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What an ``.ncu-rep``'s own framing says of it (:func:`layout`).
+
+    Attributes:
+        records: the kernel (and range, command list, graph) results its block headers declare, the cut block's included.
+        problem: ``None`` for a whole file; else where its framing breaks (a cut block, a header that does not parse).
+    """
+
+    records: int
+    problem: str | None = None
+
+
+def layout(path: Path) -> Layout:
+    """The framing of an ``.ncu-rep`` (``extras/FileFormat/ProfilerReport.proto`` of Nsight Compute): after ``NVR\\0``,
+    a length-prefixed ``FileHeader``, then blocks, each a length-prefixed ``BlockHeader`` whose ``PayloadSize``
+    bytes (sources and results) follow it; ``NumResults``, ``NumRangeResults``, ``NumCmdlistResults`` and
+    ``NumGraphResults`` count its records. A whole file ends where its last block does. Only the headers are
+    read (a seek past each payload)."""
+    size = path.stat().st_size
+    records, block = 0, 0
+    with path.open("rb") as fh:
+        fh.seek(4)
+        at = 8 + int.from_bytes(fh.read(4).ljust(4, b"\xff"), "little")
+        while at < size:
+            fh.seek(at)
+            length = int.from_bytes(fh.read(4).ljust(4, b"\xff"), "little")
+            header = _fields(fh.read(length)) if at + 4 + length <= size else None
+            if header is None:
+                return Layout(records, f"block {block + 1}'s header at byte {at:,} is cut or unreadable (the file ends at {size:,})")
+            records += sum(header.get(k, 0) for k in (2, 7, 8, 9))
+            at, block = at + 4 + length + header.get(5, 0), block + 1
+            if at > size:
+                return Layout(records, f"the file ends at byte {size:,}, inside block {block}, which runs to byte {at:,}")
+    if at > size:
+        return Layout(records, f"the file ends at byte {size:,}, inside its file header")
+    return Layout(records)
+
+
+def _fields(raw: bytes) -> dict[int, int] | None:
+    """The varint fields of a protobuf message (the first of each number); ``None``: not a message."""
+    fields: dict[int, int] = {}
+    at = 0
+    try:
+        while at < len(raw):
+            key, at = _varint(raw, at)
+            wire = key & 7
+            if wire == 0:
+                value, at = _varint(raw, at)
+                fields.setdefault(key >> 3, value)
+            elif wire == 2:
+                length, at = _varint(raw, at)
+                at += length
+            elif wire in (1, 5):
+                at += 8 if wire == 1 else 4
+            else:
+                return None
+    except IndexError:
+        return None
+    return fields if at == len(raw) else None
+
+
+def _varint(raw: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = raw[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80 or shift > 63:
+            return value, at
+
+
 READ_TIMEOUT_S = 600
 _ERROR = "HEADCOUNT-ERROR\t"
 
 
-def read_here(path: Path) -> tuple[pd.DataFrame, list[str]]:
-    """:func:`read_report`'s work, in this process: ``(kernels, notices)``."""
+def read_here(path: Path) -> tuple[pd.DataFrame | None, int]:
+    """:func:`read_report`'s work, in this process: ``(kernels, records without a kernel name or any metric)``
+    (``None``: no kernel)."""
     ncu_report = _module()
     try:
         context = ncu_report.load_report(str(path))
@@ -187,11 +288,7 @@ def read_here(path: Path) -> tuple[pd.DataFrame, list[str]]:
                 "device_name": _text(action, DEVICE_NAME),
                 "metrics": metrics,
             })
-    notices = [f"{empty} records without a kernel name or any metric dropped (a damaged report?)"] if empty else []
-    if not kernels:
-        raise HeadcountError(f"{path}: holds no profiled kernel" + (f" ({empty} damaged records)" if empty else ""),
-                             hint="check that ncu profiled something, or record it again")
-    return kernels_frame(kernels, "ncu"), notices
+    return (kernels_frame(kernels, "ncu") if kernels else None), empty
 
 
 def _main(argv: list[str]) -> int:

@@ -238,7 +238,23 @@ def _read_meta(src, tables) -> dict:
     for meta_table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
         if meta_table in tables:
             meta.update(dict(src.rows(f"SELECT name, value FROM {meta_table}")))
+    if "META_DATA_CAPTURE" in tables:  # the command nsys launched (not its environment: it may hold secrets)
+        meta.update(dict(src.rows("SELECT name, value FROM META_DATA_CAPTURE WHERE name = 'PROCESS_0:COMMAND' "
+                                  "OR name LIKE 'PROCESS_0:ARGUMENT%'")))
     return meta
+
+
+def capture_command(meta: dict) -> str | None:
+    """The command line nsys launched and recorded (``PROCESS_0`` of ``META_DATA_CAPTURE``), shell-quoted; ``None``
+    where the export does not say (an attached process, an older export)."""
+    import shlex
+
+    command = meta.get("PROCESS_0:COMMAND")
+    if not command:
+        return None
+    numbered = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in meta.items()
+                      if k.startswith("PROCESS_0:ARGUMENT_") and k.rsplit("_", 1)[1].isdigit())
+    return shlex.join([str(command), *(str(v) for _, v in numbered)])
 
 
 def last_nvtx(path: str | Path) -> int | None:

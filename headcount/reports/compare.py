@@ -61,30 +61,51 @@ def _vs_uncompiled(row: dict, table: pd.DataFrame) -> float:
     return float(plain["attention_ms_per_step"].iloc[0] / row["attention_ms_per_step"])
 
 
-def _speedups(table: pd.DataFrame, base_impl: str | None, notes: list[str]) -> tuple[list, list]:
+def _speedups(table: pd.DataFrame, base_impl: str | None, said: list[tuple[str, str | None, str]]) -> tuple[list, list]:
     """Each row's speed-up over the baseline implementation and the run it was taken from (module docstring);
-    what is not compared goes to ``notes``."""
+    what is not compared goes to ``said`` as ``(run id, implementation, note)`` (:func:`grouped`)."""
     speedups, against = [], []
     for row in table.to_dict("records"):
         base_rows = table[table["implementation"] == base_impl]
         same = base_rows[base_rows["run_id"] == row["run_id"]]
         different = bool(len(same)) and row["implementation"] != base_impl and same["_work"].iloc[0] != row["_work"]
         if different:
-            notes.append(f"run {row['run_id']}: {row['implementation']} and {base_impl} ran different work (other layers or "
-                         "shapes: e.g. two models of one pipeline): no speed-up between them")
+            said.append((row["run_id"], row["implementation"], f"it and {base_impl} ran different work (other layers "
+                                                                        "or shapes: e.g. two models of one pipeline): no speed-up between them"))
             same = same.iloc[:0]
         elif not len(same):
             same = base_rows[[comparable(row, other) for other in base_rows.to_dict("records")]]
             if len(same) and row["implementation"] != base_impl:
-                notes.append(f"run {row['run_id']} has no {base_impl}: its {row['implementation']} speed-up is against run "
-                             f"{same['run_id'].iloc[0]} (same model config, batch, sequence length, dtype and mode)")
+                said.append((row["run_id"], None, f"no {base_impl} in the run: its {row['implementation']} speed-up is against run "
+                                            f"{same['run_id'].iloc[0]} (same model config, batch, sequence length, dtype and mode)"))
             elif len(base_rows) and row["implementation"] != base_impl:
-                notes.append(f"run {row['run_id']} ({row['implementation']}): no speed-up — the run has no {base_impl} and no run "
-                             f"with {base_impl} matches its model config, batch, sequence length, dtype and mode")
+                said.append((row["run_id"], row["implementation"], f"no speed-up to compute — the run has no {base_impl} "
+                                                                            f"and no run with {base_impl} matches its model config, "
+                                                                            "batch, sequence length, dtype and mode"))
         base = same["attention_ms_per_step"].iloc[0] if len(same) else np.nan
         speedups.append(base / row["attention_ms_per_step"] if row["attention_ms_per_step"] else np.nan)
         against.append(same["run_id"].iloc[0] if len(same) else None)
     return speedups, against
+
+
+def grouped(said: list[tuple[object, str | None, str]], shown: int = 4) -> list[str]:
+    """One line per note said of runs (``(run id, implementation or None, note)``), in the order first said:
+    ``run <id> (<impl>): <note>`` for one run, ``7 runs: <note> (runs <id> (vllm), <id> (sdpa, eager), … 3 more)``
+    for a note several runs share word for word, not one paragraph per run."""
+    notes: dict[str, dict] = {}
+    for run_id, implementation, text in said:
+        impls = notes.setdefault(text, {}).setdefault(run_id, [])
+        if implementation is not None and implementation not in impls:
+            impls.append(implementation)
+    lines = []
+    for text, runs in notes.items():
+        named = [f"{run_id} ({', '.join(map(str, impls))})" if impls else str(run_id) for run_id, impls in runs.items()]
+        if len(named) == 1:
+            lines.append(f"run {named[0]}: {text}")
+        else:
+            listed = ", ".join(named[:shown]) + (f", … {len(named) - shown} more" if len(named) > shown else "")
+            lines.append(f"{len(named)} runs: {text} (runs {listed})")
+    return lines
 
 
 def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = None) -> tuple[pd.DataFrame, list[str]]:
@@ -137,7 +158,9 @@ def comparison(layers: pd.DataFrame, runs: pd.DataFrame, baseline: str | None = 
         notes.append("no implementation is known (attention found by names only: implementation unknown): no baseline, no speed-up")
     elif not (table["implementation"] == base_impl).any():
         notes.append(f"baseline {base_impl} is in no run: no speed-up")
-    speedups, against = _speedups(table, base_impl, notes)
+    said: list[tuple[str, str | None, str]] = []
+    speedups, against = _speedups(table, base_impl, said)
+    notes += grouped(said)
     table["speedup"] = speedups
     table["baseline_run"] = against
     # a baseline row that no other row was compared with is a run against itself: no figure

@@ -93,6 +93,12 @@ def _title(run_id, runs: pd.DataFrame | None) -> str:
     return findings.run_heading(run_id, findings.run_info(runs, run_id))
 
 
+def _damaged(run_id, runs: pd.DataFrame | None) -> str | None:
+    """What ``--salvage`` lost of the run's recording (its ``runs.damaged``), or ``None``."""
+    damaged = findings.run_info(runs, run_id).get("damaged")
+    return None if findings.missing(damaged) else str(damaged)
+
+
 def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: Console | None = None, top: int = 5,
                   kernels: pd.DataFrame | None = None, runs: pd.DataFrame | None = None,
                   ranges: pd.DataFrame | None = None, steps: pd.DataFrame | None = None,
@@ -115,6 +121,8 @@ def print_summary(layers: pd.DataFrame, heads: pd.DataFrame, out_dir, console: C
         run_heads = _by_run(heads, run_id) if run_id is not None else heads
         if len(run_ids) > 1 or runs is not None:
             terminal.heading(console, _title(run_id, runs))
+            if damaged := _damaged(run_id, runs):
+                console.print(f"salvaged from a damaged recording: {damaged}", style="yellow", highlight=False)
         _print_triage(console, _by_run(steps, run_id) if run_id is not None else steps,
                       _by_run(findings, run_id) if run_id is not None else findings)
         run_collectives = _by_run(collectives, run_id) if run_id is not None else collectives
@@ -237,13 +245,27 @@ def _collectives_table(collectives: pd.DataFrame) -> Table:
     return t
 
 
+RANGE_NAME_CHARS = 100  # a range name longer than this is shortened in the console (DLProf's are ~500-character dicts)
+
+
+def shortened(name: str, most: int = RANGE_NAME_CHARS) -> str:
+    """``name`` as the console shows it: whole up to ``most`` characters, else its start and end around
+    ``… (N characters) …``; the full name stays in the ``ranges`` table."""
+    if len(name) <= most:
+        return name
+    middle = f" … ({len(name):,} characters) … "
+    keep = max(most - len(middle), 2)
+    return name[: keep - keep // 3] + middle + name[len(name) - keep // 3:]
+
+
 def _ranges_table(ranges: pd.DataFrame, top: int) -> Table:
     t = Table(title="Ranges by name (NVTX ranges and torch.profiler annotations, not headcount's), by GPU time",
               caption="time: GPU busy time of each range instance (the union of the GPU work launched inside it), or its CPU "
-                      "time without GPU work; per instance: median (p10–p90); nested ranges overlap: do not add rows")
+                      "time without GPU work; per instance: median (p10–p90); nested ranges overlap: do not add rows; names over "
+                      f"{RANGE_NAME_CHARS} characters shortened (in full: the ranges table)")
     for col in ("range", "instances", "total ms", "µs per instance", "GPU ops"):
         t.add_column(col, justify="left" if col == "range" else "right")
     for r in ranges.head(top).itertuples(index=False):
-        t.add_row(str(r.path), _fmt(r.instances, ",.0f"), number(r.duration_ns / 1e6),
+        t.add_row(shortened(str(r.path)), _fmt(r.instances, ",.0f"), number(r.duration_ns / 1e6),
                   with_spread(r.p50_ns, r.p10_ns, r.p90_ns, 1e-3), _fmt(r.gpu_op_count, ",.0f"))
     return t

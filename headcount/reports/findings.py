@@ -269,9 +269,25 @@ def run_info(runs: pd.DataFrame | None, run_id) -> dict:
     return rows.iloc[0].to_dict() if len(rows) else {}
 
 
+def run_named(info: dict) -> str | None:
+    """What a run came from, in a few words: its file's name and its rank (``rank0.json.gz, rank 0 of 2``;
+    a process of a recording of several: ``run.sqlite, process 144``); ``None`` where the run says neither."""
+    import os
+
+    path = info.get("path")
+    facts = [os.path.basename(str(path).rstrip("/")) or str(path)] if not missing(path) else []
+    rank, world = info.get("rank"), info.get("world_size")
+    if not missing(rank):
+        facts.append(f"rank {int(rank)}" + (f" of {int(world)}" if not missing(world) else ""))
+    elif facts and not missing(info.get("pid")) and str(info.get("run_id", "")).endswith(f"-pid{info['pid']}"):
+        facts.append(f"process {info['pid']}")
+    return ", ".join(facts) or None
+
+
 def run_heading(run_id, info: dict) -> str:
-    """``Run <id>: <model>, batch B, seq S, <dtype>, <mode> mode[, torch.compile <mode>], on <device>``
-    (what the run says of itself)."""
+    """``Run <id> (<file>, rank R of W): <model>, batch B, seq S, <dtype>, <mode> mode[, torch.compile <mode>], on <device>``
+    (what the run says of itself: :func:`run_named`, then what ran)."""
+    named = run_named({**info, "run_id": run_id})
     facts = [str(info["model"])] if not missing(info.get("model")) else [f"{info['source']} recording"] if not missing(info.get("source")) else []
     shape = ", ".join(f"{label} {info[k]:.0f}" if isinstance(info.get(k), (int, float)) else f"{label} {info[k]}"
                       for k, label in (("batch", "batch"), ("seq", "seq")) if not missing(info.get(k)))
@@ -280,7 +296,7 @@ def run_heading(run_id, info: dict) -> str:
     for k, fmt in (("dtype", "{}"), ("mode", "{} mode"), ("compile_mode", "torch.compile {}"), ("device_name", "on {}")):
         if not missing(info.get(k)):
             facts.append(fmt.format(info[k]))
-    return f"Run {run_id}" + (": " + ", ".join(facts) if facts else "")
+    return f"Run {run_id}" + (f" ({named})" if named else "") + (": " + ", ".join(facts) if facts else "")
 
 
 # ---------------------------------------------------------------- triage: the opening lines of a run

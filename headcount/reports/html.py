@@ -411,6 +411,8 @@ def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, 
     """Busy and idle time, findings, communication, bottlenecks, heatmaps, roofline and top kernels of one run (nothing
     here adds two runs)."""
     body = [f"<h2>{_e(findings.run_heading(run_id, info))}</h2>"]
+    if not findings.missing(info.get("damaged")):
+        body.append(f'<p class="cap"><b>Salvaged from a damaged recording:</b> {_e(info["damaged"])}</p>')
     body += _triage_section(steps if steps is not None else pd.DataFrame(), found)
     body += _collectives_section(collectives)
     if len(layers):
@@ -486,9 +488,11 @@ def render(out: str | Path, measured_gbps: float | None = None, tables: dict[str
     tables = tables if tables is not None else load_tables(out)
     layers, heads, runs = tables["layers"], tables["heads"], tables["runs"]
     body = [f"<h1>headcount report: {_e(Path(out).name)}</h1>"]
-    body.append("<h2>Runs</h2>" + _table(runs, [("run", "run_id", "s"), ("implementation", "implementation", "s"), ("source", "source", "s"),
-                                                  ("mode", "mode", "s"), ("device", "device_name", "s"), ("model", "model", "s"),
-                                                  ("dtype", "dtype", "s"), ("batch", "batch", ",.0f"), ("seq", "seq", ",.0f")]))
+    named = runs.assign(file=[findings.run_named({"path": p}) for p in runs["path"]]) if "path" in runs else runs
+    body.append("<h2>Runs</h2>" + _table(named, [("run", "run_id", "s"), ("file", "file", "s"), ("rank", "rank", ",.0f"),
+                                                   ("implementation", "implementation", "s"), ("source", "source", "s"),
+                                                   ("mode", "mode", "s"), ("device", "device_name", "s"), ("model", "model", "s"),
+                                                   ("dtype", "dtype", "s"), ("batch", "batch", ",.0f"), ("seq", "seq", ",.0f")]))
     body.append('<p class="cap">Provenance: <b>measured</b> (a counter or timestamp of that very range or kernel), <b>sampled</b> '
                 "(device-wide samples over its window), <b>apportioned</b> (a layer's figure split over its heads), "
                 "<b>analytic</b> (the model from shapes). Units are in every header. Every figure below is computed within one "

@@ -58,7 +58,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from headcount.common.errors import HeadcountError
+from headcount.common import stopping
+from headcount.common.errors import HeadcountError, notice
 from headcount.common.tables import TABLES
 from headcount.store.metadata import SCHEMA_VERSION
 from headcount.store.parquet_pieces import chunk_rows, file_schema, to_arrow, writer_options
@@ -70,6 +71,7 @@ CLAIM = ".claim"  # in a staging directory: flock'ed by the process that will co
 CLAIMING = ".claiming-"  # a staging directory being claimed, renamed to .staging-<id> once its claim is held
 CLAIMING_STALE_S = 600.0  # one left older than this (a writer died while claiming) is removed by recover()
 LOCK_WAIT_S = 600.0  # how long a writer waits for another one's commit
+COMMITTED: list[Path] = []  # the reports this process committed runs to (what a command stopped late has written)
 
 
 def _ours(name: str) -> bool:
@@ -194,7 +196,10 @@ def listed_runs(out: str | Path) -> list[str]:
 def report_lock(out: Path, wait_s: float | None = None):
     """Hold the report's exclusive lock (``OUT/.headcount.lock``, ``flock``):
     one commit at a time. A writer that finds it held says so on stderr, once,
-    and waits up to ``wait_s`` (default :data:`LOCK_WAIT_S`).
+    and waits up to ``wait_s`` (default :data:`LOCK_WAIT_S`). The holder removes
+    the file before it lets go (no lock file stays in a report); a writer that
+    locked a file so removed sees that it is no longer the one at the path, and
+    locks the one there now.
 
     Raises:
         HeadcountError: still held after ``wait_s``; the lock file cannot be made.
@@ -205,34 +210,74 @@ def report_lock(out: Path, wait_s: float | None = None):
     if key in held:  # this process holds it already (a commit recovering first): re-entrant
         yield
         return
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o666)  # less the umask: a colleague in the group may write too
-    except OSError as exc:
-        raise HeadcountError(f"{out}: cannot write the report ({exc.strerror or exc})", hint="check free space and permissions") from exc
-    try:
+    deadline, holder = time.monotonic() + wait_s, None
+    while True:
+        fd = _open_lock(out)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            sys.stderr.write(f"headcount: {out}: the report is being written by PID {holder}, waiting…\n")
-            deadline = time.monotonic() + wait_s
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise HeadcountError(f"{out}: still being written by PID {holder} after {wait_s:.0f} s",
-                                             hint=f"wait for that writer to finish, or write to another directory with {_opt('out')}") from None
-                    time.sleep(0.05)
+            if holder is None:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                sys.stderr.write(f"headcount: {out}: the report is being written by PID {holder}, waiting…\n")
+            os.close(fd)
+            if time.monotonic() > deadline:
+                raise HeadcountError(f"{out}: still being written by PID {holder} after {wait_s:.0f} s",
+                                     hint=f"wait for that writer to finish, or write to another directory with {_opt('out')}") from None
+            time.sleep(0.05)
+            continue
+        if _same_file(fd, out / LOCK):
+            break
+        os.close(fd)  # its holder removed it before we locked it: lock the file that is there now
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         held.add(key)
         yield
     finally:
         held.discard(key)
-        os.close(fd)  # releases the lock
+        try:
+            (out / LOCK).unlink(missing_ok=True)  # removed while held: a writer waiting on it locks it, sees it gone, retries
+        except OSError:
+            pass
+        finally:
+            os.close(fd)  # releases the lock, whatever stopped the removal
+
+
+def _remove_stale_lock(out: Path) -> str | None:
+    """Remove a lock file no process holds (a writer killed before it could remove it: SIGKILL, power loss);
+    returns the PID written in it, or ``None`` where there is none or a live writer holds it."""
+    try:
+        fd = os.open(out / LOCK, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError (an OSError): held by a live writer
+        if not _same_file(fd, out / LOCK):
+            return None
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        (out / LOCK).unlink(missing_ok=True)  # while locked: a writer that opened it meanwhile sees it gone and retries
+        return holder
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _open_lock(out: Path) -> int:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o666)  # less the umask: a colleague in the group may write too
+    except OSError as exc:
+        raise HeadcountError(f"{out}: cannot write the report ({exc.strerror or exc})", hint="check free space and permissions") from exc
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """The open ``fd`` is the file at ``path`` still (not one its last holder removed)."""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 _HELD = threading.local()  # .paths: reports whose lock this thread holds
@@ -309,7 +354,8 @@ def _claimed(staging: Path) -> bool:
 
 class StagedRun:
     """One run's files, written under ``OUT/.staging-<run_id>/`` (hidden from
-    readers) until :func:`commit` moves them into place.
+    readers; made and claimed by the committing process's :class:`Claim`) until
+    :func:`commit` moves them into place.
 
     Tables are appended in pieces (:meth:`write`), each piece converted and
     written as Parquet row groups, so a run larger than memory never exists
@@ -317,7 +363,8 @@ class StagedRun:
     directory.
 
     Raises:
-        HeadcountError: a piece does not fit its table's schema; an I/O error.
+        HeadcountError: the staging folder is not there (no :class:`Claim` made it, or it was discarded);
+            a piece does not fit its table's schema; an I/O error.
     """
 
     def __init__(self, out: str | Path, run_id: str, metadata: dict, part: str = "0", manifest: bool = True,
@@ -333,12 +380,11 @@ class StagedRun:
         self.rows: dict[str, int] = {}
         self._writers: dict[str, pq.ParquetWriter] = {}
         self._meta_json = json.dumps(metadata, sort_keys=True, default=str).encode()
-        try:
-            self.out.mkdir(parents=True, exist_ok=True)
-            self.staging.mkdir(exist_ok=True)  # other writers of this run (worker processes) may be first
-        except OSError as exc:
-            raise HeadcountError(f"{self.out}: cannot write the report ({exc.strerror or exc})",
-                                 hint="check free space and permissions") from exc
+        # the committing process made and claimed the staging folder (Claim): one that is gone was discarded (the
+        # command was stopped, its recover() removed it): a worker that outlived it writes nothing there
+        if not self.staging.is_dir():
+            raise HeadcountError(f"{self.staging}: the staging folder is gone: the command writing this report was "
+                                 "stopped, or it was never claimed", hint="run the command again")
 
     def write(self, name: str, frame: pd.DataFrame) -> None:
         """Append ``frame``'s rows to table ``name`` (columns outside the schema are dropped, missing ones null)."""
@@ -420,8 +466,10 @@ def commit(out: str | Path, run_ids: list[str], append: bool = False, force: boo
                 "trash": f".trash-{run_ids[0]}" if replace else None,
                 "step": "set_aside" if replace else "place",
             }
-            _write_json_atomic(out / JOURNAL, journal)
-            _run_journal(out, journal)
+            with stopping.deferred():  # a signal now waits for the commit's end: never a report half moved
+                _write_json_atomic(out / JOURNAL, journal)
+                _run_journal(out, journal)
+                COMMITTED.append(out)
         except OSError as exc:
             if journal is None:
                 discard(out, staged)
@@ -486,6 +534,8 @@ def recover(out: str | Path) -> bool:
     out = Path(out)
     if not out.is_dir() or not os.access(out, os.W_OK | os.X_OK):
         return False
+    if str(out.absolute()) not in _HELD.__dict__.get("paths", ()) and (holder := _remove_stale_lock(out)):
+        notice(f"{out}: removed the lock a stopped headcount left (PID {holder}, no longer holding it)")
     stale = [e for e in out.iterdir() if e.name.startswith((".staging-", CLAIMING, ".trash-", f".headcount-{MARKER}.",
                                                             f".headcount-{JOURNAL}."))]
     if not (out / JOURNAL).exists() and not stale:
@@ -500,15 +550,22 @@ def recover(out: str | Path) -> bool:
                                      hint=f"a commit was interrupted; remove the journal and check the report, or use {_opt('force')}") from exc
             _run_journal(out, journal)
             completed = True
+        left = []
         for entry in out.iterdir():
             if entry.name.startswith(".staging-") and not _claimed(entry):
                 shutil.rmtree(entry, ignore_errors=True)
+                left.append(entry.name)
             elif entry.name.startswith(CLAIMING) and not _claimed(entry) and _age_s(entry) > CLAIMING_STALE_S:
                 shutil.rmtree(entry, ignore_errors=True)  # a young one is being claimed right now
             elif entry.name.startswith(".trash-"):
                 shutil.rmtree(entry, ignore_errors=True)
             elif entry.name.startswith((f".headcount-{MARKER}.", f".headcount-{JOURNAL}.")):
                 entry.unlink(missing_ok=True)
+        if left:  # a writer killed before it could clean up (SIGKILL, power loss): what it staged was never a report
+            notice(f"{out}: removed {len(left)} staging folder{'s' if len(left) > 1 else ''} a stopped headcount left "
+                   f"({', '.join(sorted(left)[:3])}{', …' if len(left) > 3 else ''}); the report is as it was")
+        if completed:
+            notice(f"{out}: completed a commit a stopped headcount had begun")
         return completed
 
 

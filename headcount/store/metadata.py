@@ -7,18 +7,23 @@ in ``run.json`` beside the tables.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
+import os
 import platform
 import secrets
 import sys
+from functools import lru_cache
+from pathlib import Path
 
 import pandas as pd
 
 from headcount._version import __version__
 from headcount.common.device import Device
 from headcount.common.env import package_version, program_versions
+from headcount.common.errors import DAMAGED
 
-SCHEMA_VERSION = "1.10"  # 1.10: issue 56 (steps: the device view — own_busy_ns, others_busy_ns, windows_overlap, idle_capture_ns, communication_overlapped_ns/exposed_ns, graph_launches/ops/busy_ns; ranges and layers: duration_ns is busy time (duration_basis gpu_busy), gpu_span_ns; torch.profiler annotations in ranges (domain torch.profiler); kernels: collective, msg_in_nelems, msg_out_nelems, group_size, comm_dtype; the collectives table); 1.9: issue 49 (steps queued_kernels_pct, launch_latency_p50_ns, launch_travel_ns: the launch-bound split's measured travel allowance); 1.8: issue 48 (steps idle_other_blocked_ns; untagged calls' model named, several models' layers named apart) and issue 49 (kernels queue_delay_ns, launch_latency_ns only on an idle stream; layers and heads queue_delay_p50/p99_ns, queued_kernels_pct); 1.7: issue 47 (layers: the head-mode split — heads_share_of_layer_pct, split_glue_ns, split_gaps_ns, heads_dram_bytes, heads_bytes_share_of_layer_pct, layer_mode_duration_per_call_ns, split_cost_x; sampled figures null where too few PM samples resolve a range); 1.6: issue 31 (kernels runs_on, bound and Speed of Light columns; layers and heads achieved fractions, waves, shares; heads rank test)
+SCHEMA_VERSION = "1.11"  # 1.11: issue 58 (runs: path, size_bytes, sha256, damaged, program; model and rank filled by parse where the recording says); 1.10: issue 56 (steps: the device view — own_busy_ns, others_busy_ns, windows_overlap, idle_capture_ns, communication_overlapped_ns/exposed_ns, graph_launches/ops/busy_ns; ranges and layers: duration_ns is busy time (duration_basis gpu_busy), gpu_span_ns; torch.profiler annotations in ranges (domain torch.profiler); kernels: collective, msg_in_nelems, msg_out_nelems, group_size, comm_dtype; the collectives table); 1.9: issue 49 (steps queued_kernels_pct, launch_latency_p50_ns, launch_travel_ns: the launch-bound split's measured travel allowance); 1.8: issue 48 (steps idle_other_blocked_ns; untagged calls' model named, several models' layers named apart) and issue 49 (kernels queue_delay_ns, launch_latency_ns only on an idle stream; layers and heads queue_delay_p50/p99_ns, queued_kernels_pct); 1.7: issue 47 (layers: the head-mode split — heads_share_of_layer_pct, split_glue_ns, split_gaps_ns, heads_dram_bytes, heads_bytes_share_of_layer_pct, layer_mode_duration_per_call_ns, split_cost_x; sampled figures null where too few PM samples resolve a range); 1.6: issue 31 (kernels runs_on, bound and Speed of Light columns; layers and heads achieved fractions, waves, shares; heads rank test)
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
@@ -46,6 +51,7 @@ def run_metadata(run_id: str, source: str, source_version: str | None, mode: str
             ``headcount profile``); a parsed file passes what the recording
             says, else nulls. headcount's own version is ``tool_version``.
     """
+    this_process = program is None
     program = program_versions() if program is None else program
     meta = {
         "schema_version": SCHEMA_VERSION,
@@ -64,9 +70,53 @@ def run_metadata(run_id: str, source: str, source_version: str | None, mode: str
         "command_line": list(sys.argv),
         "start_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    if this_process:  # the API, `headcount profile`, a training callback: the recorded program is this one
+        meta["program_command"] = " ".join(sys.argv)
     if extra:
         meta.update(extra)
     return meta
+
+
+HASH_CHUNK_BYTES = 1 << 20  # read and hashed at a time: a multi-GB recording is never held
+
+
+def input_facts(path: str | Path) -> dict:
+    """What names a parsed recording in its ``runs`` row: ``path`` (as given), ``size_bytes`` and ``sha256`` of
+    its contents (a directory, e.g. an nsys parquetdir export: its files, in sorted order of their paths
+    relative to it, each as ``<relative path> NUL <size> NUL <contents>``), read :data:`HASH_CHUNK_BYTES` at
+    a time. Hashed once per file and process (a recording of several processes is several runs of one file).
+
+    A file that cannot be read gives nulls (its parse says why)."""
+    path = Path(path)
+    try:
+        stat = path.stat()
+        if path.is_dir():
+            files = sorted((f for f in path.rglob("*") if f.is_file()), key=lambda f: f.relative_to(path).as_posix())
+            stamp = tuple((f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+        else:
+            stamp = ((".", stat.st_size, stat.st_mtime_ns),)
+        size, digest = _digest(str(path), stamp)
+    except OSError:
+        size, digest = None, None
+    return {"path": str(path), "size_bytes": size, "sha256": digest}
+
+
+@lru_cache(maxsize=64)
+def _digest(path: str, stamp: tuple) -> tuple[int, str]:
+    """``(bytes, sha256 hex)`` of the file or directory ``path`` whose files (relative path, size, mtime) are ``stamp``."""
+    h = hashlib.sha256()
+    buffer = bytearray(HASH_CHUNK_BYTES)
+    view = memoryview(buffer)
+    total = 0
+    for name, size, _ in stamp:
+        file = path if name == "." else os.path.join(path, name)
+        if name != ".":
+            h.update(f"{name}\0{size}\0".encode())
+        with open(file, "rb", buffering=0) as fh:
+            while n := fh.readinto(buffer):
+                h.update(view[:n])
+                total += n
+    return total, h.hexdigest()
 
 
 def runs_row(meta: dict) -> pd.DataFrame:
@@ -82,6 +132,10 @@ def runs_row(meta: dict) -> pd.DataFrame:
         "model_config": json.dumps(config, sort_keys=True, default=str) if config is not None else None,
         "command_line": " ".join(meta.get("command_line") or []),
         "pid": str(meta["pid"]) if meta.get("pid") is not None else None,
+        # the recorded program's command line, where known (the run's process report, the nsys capture, this process)
+        "program": meta.get("program_command") or (" ".join(map(str, meta["argv"])) if meta.get("argv") else None),
+        # what --salvage lost of a cut or partly unreadable recording (the notices that say so); null: read whole
+        "damaged": "; ".join(n.removeprefix(DAMAGED) for n in meta.get("notices") or [] if str(n).startswith(DAMAGED)) or None,
     }
     row = {"run_id": meta["run_id"]}
     for field in RUNS:

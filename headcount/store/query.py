@@ -67,6 +67,7 @@ def range_summary(con: "duckdb.DuckDBPyConnection", top: int = 20) -> pd.DataFra
     grouped without the per-call counters PyTorch's ``emit_nvtx`` appends
     (``, seq = N``, ``, op_id = N``), so that ``aten::copy_`` is one row;
     nested ranges overlap, so totals of different rows must not be added.
+    A range of a named NVTX domain keeps it, as nsys shows it (``TensorRT:ExecutionContext::execute``).
     Columns (the ``path`` column holds the name): ``instances``,
     ``duration_ns`` (total over the instances), ``p10_ns``/``p50_ns``/``p90_ns``
     per instance (null with fewer than two), ``gpu_op_count``,
@@ -79,7 +80,8 @@ def range_summary(con: "duckdb.DuckDBPyConnection", top: int = 20) -> pd.DataFra
     q = ", ".join(f"CASE WHEN count(duration_ns) >= 2 THEN quantile_cont(duration_ns, {p / 100}) END AS p{p}_ns" for p in (10, 50, 90))
     return con.sql(rf"""
         WITH other AS (
-            SELECT run_id, regexp_replace(name, ',\s*(seq|op_id)\s*=\s*\d+', '', 'g') AS label, duration_ns, gpu_op_count,
+            SELECT run_id, CASE WHEN coalesce(domain, '') IN ('', 'torch.profiler') THEN '' ELSE domain || ':' END
+                           || regexp_replace(name, ',\s*(seq|op_id)\s*=\s*\d+', '', 'g') AS label, duration_ns, gpu_op_count,
                    duration_basis
             FROM ranges
             WHERE level = 'other' AND name IS NOT NULL

@@ -72,7 +72,7 @@ class Ran:
     Attributes:
         status: its exit status (the recording tool's, where one wraps it).
         tool_lines: the lines NVIDIA's tools printed (``==ERROR==``, ``==WARNING==``).
-        interrupted: a Ctrl-C reached headcount while it ran (passed on once, as a terminal would).
+        interrupted: a Ctrl-C (or SIGTERM, SIGHUP) reached headcount while it ran (passed on once, as a terminal would).
         killed: a second Ctrl-C killed it and its tool at once: whatever the tool had not written is lost.
         held: the Ctrl-C came once the program had ended, while its tool wrote its report: it was held
             until the tool finished (the report is whole; the user asked headcount to stop there).
@@ -83,8 +83,15 @@ class Ran:
     interrupted: bool = False
     killed: bool = False
     held: bool = False
+    signum: int = 0
+
+    @property
+    def stopped_status(self) -> int:
+        """The exit status of a command this run's first signal stopped: 128 + its number (130 for Ctrl-C)."""
+        return 128 + (self.signum or signal.SIGINT)
 
 
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each passed to the program as one interrupt
 GROUP_WAIT_S = 30.0  # after the tool exits, how long its helpers (nsys's agent) may take to end before they are killed
 
 
@@ -123,6 +130,7 @@ def run(argv: list[str], env: dict, route=None) -> Ran:
     ended = getattr(route, "program_ended", lambda: False)
 
     def forward(signum, frame):
+        ran.signum = ran.signum or signum
         if ran.interrupted and not ran.killed:
             ran.killed = True
             notice("second interrupt: the program and its recorder are killed")
@@ -137,7 +145,10 @@ def run(argv: list[str], env: dict, route=None) -> Ran:
         notice("interrupt passed to the program: it stops, and what it recorded is written (Ctrl-C again to kill it at once)")
         _signal_group(proc.pid, signal.SIGINT)
 
-    previous = signal.signal(signal.SIGINT, forward) if threading.current_thread() is threading.main_thread() else None
+    # SIGTERM (kill, timeout, a scheduler) and SIGHUP (a closed terminal) stop the program as Ctrl-C does: what
+    # it recorded is written, marked incomplete; one ignored already (SIGHUP under nohup) stays ignored
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, forward) for sig in STOPPING if signal.getsignal(sig) is not signal.SIG_IGN} if main else {}
     try:
         ran.status = proc.wait()
         _wait_group(proc.pid, 0.0 if ran.killed else GROUP_WAIT_S)
@@ -147,8 +158,8 @@ def run(argv: list[str], env: dict, route=None) -> Ran:
         _wait_group(proc.pid, 0.0)
         raise
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         for t in threads:
             t.join(timeout=10)
     return ran
