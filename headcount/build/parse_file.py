@@ -98,7 +98,7 @@ def _nsys_file(path: Path, export: AbstractContextManager, options: ReadOptions,
         stack.close()
         raise NothingRecorded(f"{path}: holds neither NVTX ranges nor GPU activity", hint="record with `nsys profile --trace=cuda,nvtx`")
     parsed = Parsed({}, nsys_sqlite.describe_device(plan.devices, plan.gpu_devices), plan.meta.get("EXPORT_PRODUCT_VERSION"),
-                    run=_known({"program_command": nsys_sqlite.capture_command(plan.meta)}))
+                    run={"program_command": command} if (command := nsys_sqlite.capture_command(plan.meta)) else {})
     children = _call_logs(path)
     if children:  # a `headcount run` raw folder: its ranks' call logs as the run would have read them
         with stack:
@@ -172,10 +172,6 @@ def _rank_parsed(path: Path, rank, whole: Parsed) -> Parsed:
                   notices=list(info.get("notices", [])), run=run)
 
 
-def _known(facts: dict) -> dict:
-    return {k: v for k, v in facts.items() if v is not None}
-
-
 def process_facts(pid, processes: int) -> dict:
     """What the run of one process of a recording of several says of itself (its runs row's ``pid``)."""
     return {"pid": pid, "processes_in_recording": processes}
@@ -242,11 +238,9 @@ def from_cupti_records(path: Path, run_id: str, options: ReadOptions) -> Parsed:
         parsed = _rank_parsed(path, rank, Parsed({}, None, header.get("cupti_python")))
         parsed.notices = [*child["notices"], *for_run]
     else:
-        kernels = rank.tables.get("kernels", pd.DataFrame())
-        busy = int((kernels["duration_ns"][(kernels["kind"].astype(object) == "kernel").to_numpy(dtype=bool)]).sum()) if len(kernels) else 0
-        line = (f"{path}: {int((kernels['kind'].astype(object) == 'kernel').sum()) if len(kernels) else 0} kernels "
-                f"({busy / 1e6:,.3f} ms), {len(rank.tables.get('layers', []))} layer rows, CUPTI records without a call log "
-                "(no shapes: FLOPs and analytic bytes unknown)")
+        kinds = rank.tables.get("kernels", pd.DataFrame(columns=["kind"]))["kind"].astype(object)
+        line = (f"{path}: {int((kinds == 'kernel').sum())} kernels, {len(rank.tables.get('layers', []))} layer rows, "
+                "CUPTI records without a call log (no shapes: FLOPs and analytic bytes unknown)")
         parsed = Parsed(rank.tables, None, header.get("cupti_python"), lines=[line], notices=list(dict.fromkeys(for_run)),
                         run={"pid": header.get("pid"), "implementation": rank.info.get("implementation"),
                              "complete": header.get("stats", {}).get("complete", True)})

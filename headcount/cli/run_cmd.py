@@ -138,8 +138,6 @@ def run(args) -> int:
         follow_umask(raw)  # what the recorder, the program and the exports wrote
 
 
-
-
 def follow_umask(raw: Path) -> None:
     """Give the raw files the recorder and the program wrote the mode this user's files get (0666 less
     headcount's umask), as the report's files have: nsys starts the program with a umask of its own

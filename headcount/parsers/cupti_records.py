@@ -67,9 +67,7 @@ def read_header(path: str | Path) -> dict:
     try:
         with gzip.open(path, "rb") as fh:
             first = fh.readline(1 << 20)
-    except FileNotFoundError as exc:
-        raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
-    except PermissionError as exc:
+    except (FileNotFoundError, PermissionError) as exc:
         raise unreadable(path, exc) from exc
     except (OSError, EOFError, zlib.error) as exc:
         raise HeadcountError(f"{path}: unreadable or truncated CUPTI records file ({type(exc).__name__}: {exc})",
@@ -104,9 +102,7 @@ def read_records(path: str | Path) -> tuple[dict, list[dict]]:
                     records += _JSON.decode_lines(b"".join(chunk))
                 except msgspec.DecodeError:  # NaN, as files the json module wrote (headcount before 2026-12-05) may hold
                     records += [json.loads(line) for line in chunk if line.strip()]
-    except FileNotFoundError as exc:
-        raise HeadcountError(f"{path}: no such file", hint="check the path") from exc
-    except PermissionError as exc:
+    except (FileNotFoundError, PermissionError) as exc:
         raise unreadable(path, exc) from exc
     except (OSError, EOFError, zlib.error, msgspec.DecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise HeadcountError(f"{path}: unreadable or truncated CUPTI records file ({type(exc).__name__}: {exc})",

@@ -9,6 +9,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from headcount.common import shown_names
 from headcount.common.numbers import number, with_spread
 from headcount.reports import findings, terminal
 
@@ -245,27 +246,17 @@ def _collectives_table(collectives: pd.DataFrame) -> Table:
     return t
 
 
-RANGE_NAME_CHARS = 100  # a range name longer than this is shortened in the console (DLProf's are ~500-character dicts)
-
-
-def shortened(name: str, most: int = RANGE_NAME_CHARS) -> str:
-    """``name`` as the console shows it: whole up to ``most`` characters, else its start and end around
-    ``… (N characters) …``; the full name stays in the ``ranges`` table."""
-    if len(name) <= most:
-        return name
-    middle = f" … ({len(name):,} characters) … "
-    keep = max(most - len(middle), 2)
-    return name[: keep - keep // 3] + middle + name[len(name) - keep // 3:]
+RANGE_NAME_CHARS = 100  # a range name longer than this is cut in the console (shown_names.cut)
 
 
 def _ranges_table(ranges: pd.DataFrame, top: int) -> Table:
     t = Table(title="Ranges by name (NVTX ranges and torch.profiler annotations, not headcount's), by GPU time",
               caption="time: GPU busy time of each range instance (the union of the GPU work launched inside it), or its CPU "
                       "time without GPU work; per instance: median (p10–p90); nested ranges overlap: do not add rows; names over "
-                      f"{RANGE_NAME_CHARS} characters shortened (in full: the ranges table)")
+                      f"{RANGE_NAME_CHARS} characters cut (in full: the ranges table)")
     for col in ("range", "instances", "total ms", "µs per instance", "GPU ops"):
         t.add_column(col, justify="left" if col == "range" else "right")
     for r in ranges.head(top).itertuples(index=False):
-        t.add_row(shortened(str(r.path)), _fmt(r.instances, ",.0f"), number(r.duration_ns / 1e6),
+        t.add_row(shown_names.cut(str(r.path), RANGE_NAME_CHARS), _fmt(r.instances, ",.0f"), number(r.duration_ns / 1e6),
                   with_spread(r.p50_ns, r.p10_ns, r.p90_ns, 1e-3), _fmt(r.gpu_op_count, ",.0f"))
     return t
