@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from headcount.build import process_notices
+from headcount.common import progress
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError
 from headcount.common.tables import WRITTEN
@@ -272,8 +273,8 @@ def stage_groups(path: str, out: str, run_id: str, meta: dict, pieces, which: li
     return result
 
 
-def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, options: ReadOptions) -> FileResult:
-    """A large torch.profiler trace across the pool's workers: its spans read in parallel into one
+def _stage_trace_in_spans(pool, slot: int, path: str, out: str, run_id: str, spans: list, options: ReadOptions) -> FileResult:
+    """A large torch.profiler trace (input ``slot`` of the progress count) across the pool's workers: its spans read in parallel into one
     temporary directory, cut into groups of steps here, the groups built and staged in parallel,
     then the whole trace's layers, heads, findings and runs rows here. A span that cannot be read
     (bounds inside a string, a damaged file): the file is read whole by one worker instead."""
@@ -290,9 +291,9 @@ def _stage_trace_in_spans(pool, path: str, out: str, run_id: str, spans: list, o
 
     directory = tempfile.mkdtemp(prefix="headcount-trace-")
     try:
-        parts = [f.result() for f in [pool.submit(read_span, path, span, directory) for span in spans]]
+        parts = [f.result() for f in [pool.submit(progress.task, slot, read_span, path, span, directory) for span in spans]]
         if any(part is None for part in parts):
-            return pool.submit(stage_file, path, out, run_id, options).result()
+            return pool.submit(progress.task, slot, stage_file, path, out, run_id, options).result()
         pieces = Pieces(path, directory=directory)
         for part in parts:
             pieces.add(part)
@@ -457,13 +458,15 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
     """
     done = done or (lambda result: None)
     if executor == "ray":
+        progress.workers_started()  # none here: the tasks run on the cluster
         return _on_ray(files, out, options, done)
     plan = plan or split(files, jobs)
     shards, workers = plan.shards, plan.workers
     if workers <= 1:
+        progress.workers_started()
         results = []
-        for path, run_id in files:
-            results.append(stage_file(path, out, run_id, options))
+        for i, (path, run_id) in enumerate(files):
+            results.append(progress.task(i, stage_file, path, out, run_id, options))
             done(results[-1])
         return results
     from concurrent.futures import as_completed
@@ -477,7 +480,7 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
         futures, metas, parts, traces = {}, {}, {}, []
         for i, ((path, run_id), (m, export_plan)) in enumerate(zip(files, shards)):
             if m == 1:
-                futures[pool.submit(stage_file, path, out, run_id, options)] = (i, None)
+                futures[pool.submit(progress.task, i, stage_file, path, out, run_id, options)] = (i, None)
                 continue
             if isinstance(export_plan, list):  # a large torch.profiler trace: read in spans once the pool is fed
                 traces.append((i, export_plan))
@@ -486,9 +489,9 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
             metas[i] = _metadata(path, run_id, "nsys", export_plan.meta.get("EXPORT_PRODUCT_VERSION"), device, [])
             parts[i] = []
             for k in range(m):
-                futures[pool.submit(stage_shard, path, out, run_id, metas[i], k, m, export_plan, options)] = (i, k)
+                futures[pool.submit(progress.task, i, stage_shard, path, out, run_id, metas[i], k, m, export_plan, options)] = (i, k)
         for i, spans in traces:
-            results[i] = _stage_trace_in_spans(pool, files[i][0], out, files[i][1], spans, options)
+            results[i] = _stage_trace_in_spans(pool, i, files[i][0], out, files[i][1], spans, options)
             done(results[i])
         for future in as_completed(futures):
             i, k = futures[future]
@@ -511,15 +514,23 @@ def _pool(workers: int, context):
     into a staging folder after it was discarded."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from headcount.common import stopping
-
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=stopping.worker_init)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init, initargs=(progress.shared(),))
     try:
+        pool.submit(int)  # with fork, the first task starts every worker at once: none is forked after this
+        progress.workers_started()
         yield pool
     except BaseException:
         end_workers(pool)
         raise
     pool.shutdown(wait=True)
+
+
+def _worker_init(counts) -> None:
+    """What a worker process does first: leave stopping to its parent, count what it reads into ``counts``."""
+    from headcount.common import stopping
+
+    stopping.worker_init()
+    progress.attach(counts)
 
 
 def end_workers(pool) -> None:

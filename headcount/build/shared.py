@@ -491,7 +491,7 @@ def overlap_notice(steps: pd.DataFrame | None) -> str | None:
     """What a reader must know where steps' GPU windows overlap (pipelined work), else ``None``."""
     if steps is None or not len(steps) or "windows_overlap" not in steps:
         return None
-    overlap = steps["windows_overlap"].fillna(False).astype(bool)
+    overlap = steps["windows_overlap"].eq(True)  # NaN (no windows) is no overlap
     if not overlap.any():
         return None
     return (f"{int(overlap.sum())} of {int(steps['step'].notna().sum())} steps' GPU windows overlap a neighbour's (pipelined "

@@ -139,7 +139,9 @@ def _report_of(path: str, stack: ExitStack) -> Path:
     """
     from headcount.build import batch, sources
     from headcount.cli.parse_cmd import progress
+    from headcount.parsers.files import stored_bytes
     from headcount.parsers.options import ReadOptions
+    from headcount.reports.progress_view import Meter
     from headcount.store.dataset import MARKER
     from headcount.store.metadata import new_run_id
 
@@ -157,5 +159,7 @@ def _report_of(path: str, stack: ExitStack) -> Path:
                              hint=exc.hint or "pass a report directory or a recording") from exc
     out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="headcount-diff-"))) / "report"
     files = [(name, new_run_id()) for name in names]
-    batch.parse_into(out, files, ReadOptions(), jobs=1, done=progress(terminal.console(stderr=True), len(files)))
+    console = terminal.console(stderr=True)
+    with Meter(console, [stored_bytes(Path(name)) for name, _ in files], path) as meter:
+        batch.parse_into(out, files, ReadOptions(), jobs=1, done=progress(console, files, meter))
     return out

@@ -33,8 +33,8 @@ def run(args) -> int:
     from headcount.reports.trace_export import export_traces
 
     out = Path(args.output) if args.output else Path(args.report) / "traces"
-    written, skipped = export_traces(args.report, out, args.run)
     err = terminal.console(stderr=True)
+    written, skipped = export_traces(args.report, out, args.run, console=err)
     for line in skipped:
         err.print(f"headcount: skipped {line}")
     for path in written:

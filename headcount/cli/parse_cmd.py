@@ -10,13 +10,15 @@ failure writes nothing, unless ``--keep-going``.
 from __future__ import annotations
 
 import argparse
-from contextlib import nullcontext
+from pathlib import Path
 from typing import Callable
 
 from headcount.build import batch, sources
 from headcount.common.errors import HeadcountError, notice
+from headcount.parsers.files import stored_bytes
 from headcount.parsers.options import ReadOptions
 from headcount.reports import terminal
+from headcount.reports.progress_view import Meter
 from headcount.store import dataset
 from headcount.store.metadata import new_run_id
 
@@ -71,18 +73,12 @@ def run(args) -> int:
     names = sources.inputs(args.files)  # every input is checked before any work starts
     files = [(name, new_run_id()) for name in names]
     jobs = args.jobs or batch.default_jobs()
-    done = progress(console, len(files))
-
     plan = batch.split(files, jobs) if args.executor == "local" else None
     what = files[0][0] if len(files) == 1 else f"{len(files)} files"
     how = f"{what} on Ray" if plan is None else f"{what}, {plan.workers} worker processes" if plan.workers > 1 else what
-    # a spinner is a thread: none while worker processes may be forked (a fork would inherit its locks)
-    parallel = plan is None or plan.workers > 1
-    with nullcontext() if parallel else console.status(f"reading {how}…"):
-        if parallel:
-            console.print(f"reading {how}…", highlight=False)
+    with Meter(console, [stored_bytes(Path(name)) for name, _ in files], how) as meter:
         options = ReadOptions(locale=args.locale, salvage=args.salvage)
-        results = batch.parse_into(out, files, options, jobs=jobs, executor=args.executor, done=done,
+        results = batch.parse_into(out, files, options, jobs=jobs, executor=args.executor, done=progress(console, files, meter),
                                    plan=plan, keep_going=args.keep_going, append=args.append, force=args.force)
     failed = [r for r in results if r.error]
     runs = [run for r in results if not r.error for run in r.run_ids]  # one per file, or per process of a file
@@ -97,10 +93,12 @@ def run(args) -> int:
     return 0
 
 
-def progress(console, total: int) -> Callable[[batch.FileResult], None]:
-    """What the user sees as each of ``total`` files is staged: its notices, its lines, and (of several files) a count.
-    ``headcount parse`` and the recordings ``headcount diff`` parses say the same."""
+def progress(console, files: list[tuple[str, str]], meter: Meter) -> Callable[[batch.FileResult], None]:
+    """What the user sees as each of ``files`` (``(path, run id)``) is staged: its notices, its lines, (of several
+    files) a count, and the ``meter`` moved on. ``headcount parse`` and the recordings ``headcount diff`` parses say the same."""
     finished = []
+    index = {run_id: i for i, (_, run_id) in enumerate(files)}
+    total = len(files)
 
     def done(result: batch.FileResult) -> None:
         finished.append(result)
@@ -111,5 +109,6 @@ def progress(console, total: int) -> Callable[[batch.FileResult], None]:
         if total > 1:
             state = "failed" if result.error else "staged"
             console.print(f"[{len(finished)}/{total}] {result.path}: {state}", soft_wrap=True, highlight=False)
+        meter.file_done(index[result.run_id])
 
     return done

@@ -7,9 +7,13 @@ from pathlib import Path
 
 from headcount.common.errors import HeadcountError
 from headcount.machine import calibrate
+from headcount.parsers.files import stored_bytes
 from headcount.reports import console as console_report
 from headcount.reports import terminal
 from headcount.reports.html import load_tables, render
+from headcount.reports.progress_view import Steps
+
+REPORT_SHOWN_FROM_BYTES = 64 << 20  # a report folder from this size shows the phases of its page being made
 
 
 def add_parser(subparsers):
@@ -29,15 +33,24 @@ def run(args) -> int:
         stored = calibrate.load(args.report)
         if stored and str(stored.get("device", "")).startswith("cuda"):
             ceiling, ceiling_device = stored["copy_ceiling_gbps"], stored.get("device_name")
-    tables = load_tables(args.report)
-    page = render(args.report, ceiling, tables, measured_device=ceiling_device)
     target = Path(args.output) if args.output else Path(args.report) / "report.html"
-    tmp = target.with_name(target.name + ".tmp")
-    try:
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise HeadcountError(f"{target}: cannot write the page ({exc.strerror or exc})", hint="choose a writable path with -o") from exc
+    # a big report shows its phases (no bytes to count: DuckDB reads); the three phases are the bar's steps
+    big = stored_bytes(Path(args.report)) >= REPORT_SHOWN_FROM_BYTES
+    with Steps(terminal.console(stderr=True), 3, "report", "phases", shown_from=0 if big else 4) as steps:
+        steps.phase("reading the report's tables")
+        tables = load_tables(args.report)
+        steps.advance()
+        steps.phase("drawing the page")
+        page = render(args.report, ceiling, tables, measured_device=ceiling_device)
+        steps.advance()
+        steps.phase(f"writing {target}")
+        tmp = target.with_name(target.name + ".tmp")
+        try:
+            tmp.write_text(page, encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise HeadcountError(f"{target}: cannot write the page ({exc.strerror or exc})", hint="choose a writable path with -o") from exc
+        steps.advance()
     console_report.print_summary(tables["layers"], tables["heads"], None, console=terminal.console(), runs=tables["runs"],
                                  ranges=tables["ranges_summary"], steps=tables["steps"], findings=tables["findings"],
                                  collectives=tables.get("collectives"))

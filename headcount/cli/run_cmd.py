@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from headcount.build import run_folder, sources
@@ -20,8 +21,10 @@ from headcount.common import stopping
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError, NothingRecorded
 from headcount.common.tables import WRITTEN
+from headcount.parsers.files import stored_bytes
 from headcount.reports import console as console_report
 from headcount.reports import terminal
+from headcount.reports.progress_view import size as _size
 from headcount.store import dataset
 from headcount.store.metadata import new_run_id, run_metadata, runs_row
 from headcount.wrap import child as child_mod
@@ -117,7 +120,8 @@ def run(args) -> int:
     argv, details = wrapper.argv(args, raw, command, console)
     tool_info.update(details)
     tool_info["tool_command"] = argv
-    console.print(f"headcount run: {args.backend}, {args.mode} mode{f', steps {args.steps}' if args.steps else ''}; raw files in {raw}/")
+    _phase(console, f"recording the program under {args.backend}, {args.mode} mode{f', steps {args.steps}' if args.steps else ''}; "
+                    f"raw files in {raw}/")
 
     started = time.monotonic()
     try:
@@ -136,6 +140,11 @@ def run(args) -> int:
         return stopping.exit_status(exc)
     finally:
         follow_umask(raw)  # what the recorder, the program and the exports wrote
+
+
+def _phase(console, text: str) -> None:
+    """Say which phase ``run`` is in (recording, reading, writing): one line, on a terminal or in a log alike."""
+    console.print(f"headcount run: {text}", soft_wrap=True, highlight=False)
 
 
 def follow_umask(raw: Path) -> None:
@@ -185,8 +194,12 @@ def _report(args, console, wrapper, ran, raw: Path, out: Path, run_id: str, tool
     """Read what the program's run recorded and commit it as the report (one run per rank)."""
     status = ran.status
     wrapper.check(raw, ran.tool_lines, tool_info)
+    ended = "was stopped" if ran.interrupted else f"exited with status {status}"
+    _phase(console, f"the program {ended} after {tool_info['program_wall_s']:.1f} s; reading what {args.backend} recorded "
+                    f"({_size(stored_bytes(raw))})…")
     try:
-        runs, notes = wrapper.assemble(raw, run_id, console), []
+        with console.status(f"reading what {args.backend} recorded…") if console.is_terminal else nullcontext():
+            runs, notes = wrapper.assemble(raw, run_id, console), []
     except NothingRecorded as exc:  # e.g. an nsys report of a program that stopped before its first range
         runs, notes = [], [exc.message]
     for line in tool_info.get("cost_notices", []):
@@ -234,6 +247,7 @@ def _report(args, console, wrapper, ran, raw: Path, out: Path, run_id: str, tool
                 run.write("runs", runs_row(meta))
         return dataset.Staged(staged)
 
+    _phase(console, "writing the report…")
     dataset.write_runs(out, [r.run_id for r in runs], stage, append=args.append, force=args.force)
     written = len(staged)
     first = next(r for r in runs if not run_folder.empty(r.tables))

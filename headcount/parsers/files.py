@@ -111,3 +111,13 @@ def read_to_cut(fh, size: int) -> tuple[bytes, bool]:
         parts.append(part)
         got += len(part)
     return b"".join(parts), False
+
+
+def stored_bytes(path: Path) -> int:
+    """The bytes ``path`` holds as stored: a file's size, a directory's files together (0 where it cannot be read)."""
+    try:
+        if not path.is_dir():
+            return path.stat().st_size
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    except OSError:
+        return 0

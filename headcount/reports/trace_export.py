@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
 
 from headcount.common.errors import HeadcountError
 from headcount.common.numbers import missing
+from headcount.reports import terminal
+from headcount.reports.progress_view import Steps
 
 _RANGE_COLUMNS = ("range_id", "name", "path", "level", "domain", "pid", "tid", "start_ns", "end_ns", "step", "phase",
                   "layer", "head", "implementation")
@@ -84,11 +86,12 @@ def _step_spans(ranges: pd.DataFrame, kernels: pd.DataFrame) -> Iterator[dict]:
                "ts": _us(start), "dur": _us(end - start), "args": {"step": int(step), "span": "first to last CPU-side time of the step's rows"}}
 
 
-def run_events(ranges: pd.DataFrame, kernels: pd.DataFrame) -> Iterator[dict]:
-    """The trace events of one run (see the module docstring)."""
+def run_events(ranges: pd.DataFrame, kernels: pd.DataFrame, tick: Callable[[], None] = lambda: None) -> Iterator[dict]:
+    """The trace events of one run (see the module docstring); ``tick`` is called once per row of ``ranges`` and ``kernels`` (progress)."""
     threads: set[tuple[int, int]] = set()
     yield from _step_spans(ranges, kernels)
     for r in ranges.itertuples(index=False):
+        tick()
         if missing(r.start_ns) or missing(r.end_ns):
             continue
         pid, tid = _pid(r.pid), _int(r.tid, 0)
@@ -102,6 +105,7 @@ def run_events(ranges: pd.DataFrame, kernels: pd.DataFrame) -> Iterator[dict]:
                "ts": _us(r.start_ns), "dur": _us(r.end_ns - r.start_ns), "args": args}
     gpus: dict[int, set[int]] = {}
     for k in kernels.itertuples(index=False):
+        tick()
         if missing(k.start_ns) or missing(k.end_ns):
             continue
         where = {key: getattr(k, key) for key in ("step", "phase", "layer", "head") if not missing(getattr(k, key))}
@@ -166,8 +170,10 @@ def write_trace(path: Path, run: dict, events: Iterator[dict]) -> int:
     return count
 
 
-def export_traces(report: str | Path, out: str | Path, run_ids: list[str] | None = None) -> tuple[list[Path], list[str]]:
-    """Write ``OUT/<run id>/trace.json`` for each run of ``report`` (or of ``run_ids``).
+def export_traces(report: str | Path, out: str | Path, run_ids: list[str] | None = None,
+                  console=None) -> tuple[list[Path], list[str]]:
+    """Write ``OUT/<run id>/trace.json`` for each run of ``report`` (or of ``run_ids``), with progress on ``console``
+    where given (rows of ranges and kernels done of all, :class:`headcount.reports.progress_view.Steps`).
 
     Returns:
         ``(files written, runs skipped with the reason)``.
@@ -186,27 +192,53 @@ def export_traces(report: str | Path, out: str | Path, run_ids: list[str] | None
         raise HeadcountError(f"{report}: no run {unknown[0]}", hint=f"choose from {', '.join(known)}" if known else "the report holds no run")
     out = Path(out)
     written, skipped = [], []
-    for run_id in wanted:
-        ranges = _table(con, "ranges", _RANGE_COLUMNS, run_id)
-        kernels = _table(con, "kernels", _KERNEL_COLUMNS, run_id)
-        if not (ranges["start_ns"].notna().any() or kernels["start_ns"].notna().any()):
-            skipped.append(f"{run_id}: no timeline (no range or kernel has a start time; ncu measures kernels one at a time)")
-            continue
-        row = runs[runs["run_id"].astype(str) == run_id].iloc[0].to_dict()
-        run = {"run_id": run_id, **{k: (None if missing(v) else v) for k, v in row.items()
-                                   if k in ("implementation", "source", "mode", "model", "device_name", "rank", "world_size")}}
-        folder = out / run_id
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise HeadcountError(f"{folder}: cannot be created ({exc.strerror or exc})", hint="choose a writable directory with -o") from exc
-        path = folder / "trace.json"
-        write_trace(path, run, run_events(ranges, kernels))
-        written.append(path)
+    rows = sum(_rows(con, name, wanted) for name in ("ranges", "kernels"))
+    with Steps(console or terminal.console(stderr=True, quiet=True), rows, f"exporting {len(wanted)} run(s)", "rows",
+               shown_from=EXPORT_SHOWN_FROM_ROWS) as steps:
+        for k, run_id in enumerate(wanted):
+            steps.phase(f"exporting run {k + 1} of {len(wanted)} ({run_id})")
+            path, reason = _export_run(con, runs, run_id, out, steps.advance)
+            if path:
+                written.append(path)
+            else:
+                skipped.append(reason)
     if not written:
         raise HeadcountError(f"{report}: no run has a timeline to export ({'; '.join(skipped)})",
                              hint="export a run recorded by profile, run --backend nsys|cupti, or parse of an nsys or torch.profiler file")
     return written, skipped
+
+
+EXPORT_SHOWN_FROM_ROWS = 50_000  # rows of ranges and kernels from which an export shows its progress (about a second of work)
+
+
+def _rows(con, name: str, run_ids: list[str]) -> int:
+    """Rows of table ``name`` in the runs ``run_ids`` (0 where the report has no such table)."""
+    if not _has_view(con, name):
+        return 0
+    return int(con.execute(f"SELECT count(*) FROM {name} WHERE run_id IN (SELECT unnest(?))", [run_ids]).fetchall()[0][0])
+
+
+def _export_run(con, runs: pd.DataFrame, run_id: str, out: Path, tick: Callable[[], None]) -> tuple[Path | None, str | None]:
+    """Write ``out/<run id>/trace.json`` of one run: ``(its path, None)``, or ``(None, why it was skipped)``.
+
+    Raises:
+        HeadcountError: the folder or the file cannot be written.
+    """
+    ranges = _table(con, "ranges", _RANGE_COLUMNS, run_id)
+    kernels = _table(con, "kernels", _KERNEL_COLUMNS, run_id)
+    if not (ranges["start_ns"].notna().any() or kernels["start_ns"].notna().any()):
+        return None, f"{run_id}: no timeline (no range or kernel has a start time; ncu measures kernels one at a time)"
+    row = runs[runs["run_id"].astype(str) == run_id].iloc[0].to_dict()
+    run = {"run_id": run_id, **{k: (None if missing(v) else v) for k, v in row.items()
+                               if k in ("implementation", "source", "mode", "model", "device_name", "rank", "world_size")}}
+    folder = out / run_id
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HeadcountError(f"{folder}: cannot be created ({exc.strerror or exc})", hint="choose a writable directory with -o") from exc
+    path = folder / "trace.json"
+    write_trace(path, run, run_events(ranges, kernels, tick))
+    return path, None
 
 
 def _has_view(con, name: str) -> bool:
