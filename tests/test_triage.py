@@ -299,7 +299,8 @@ def test_a_slow_implementation_is_named_with_compares_speed_up(cpu_report, capsy
     found = pd.read_parquet(cpu_report / "findings")
     slow = found[found["kind"] == "slow_implementation"]
     steps = pd.read_parquet(cpu_report / "steps")
-    per_step = {impl: g.groupby("step")["attention_gpu_ns"].sum() for impl, g in steps.groupby("implementation")}
+    per_step = {impl: g.groupby("step")["attention_cpu_ns"].sum() for impl, g in steps.groupby("implementation")}  # a CPU run
+    assert steps["attention_gpu_ns"].isna().all()  # no GPU ran: no CPU time in a GPU column
     layers = pd.read_parquet(cpu_report / "layers")
     ratio = (layers[layers["implementation"] == "eager"]["duration_ns"].sum() / layers[layers["implementation"] == "sdpa"]["duration_ns"].sum())
     holds = ratio >= triage.SLOWER_MIN and per_step["eager"].quantile(0.1) > per_step["sdpa"].quantile(0.9)

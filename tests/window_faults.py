@@ -59,3 +59,20 @@ def commit_then_hold_while_lowered(recording, out, metadata, attention_stats, ap
     write_stats(out, recording.run_id, {}, metadata, append=append)
     while True:
         time.sleep(0.01)
+
+
+def stage_then_wait(recording, out, metadata, attention_stats, append):
+    """Stage the window's first table, say so (a file ``staging`` beside the report), then never finish: the worker
+    is in the middle of a write when the test's signal comes."""
+    from headcount.store import dataset
+
+    original = dataset.StagedRun.write
+
+    def write(self, name, frame):
+        original(self, name, frame)
+        (Path(out).parent / "staging").touch()
+        while True:
+            time.sleep(0.01)
+
+    dataset.StagedRun.write = write
+    return write_window(recording, out, metadata, attention_stats, append)

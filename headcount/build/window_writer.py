@@ -165,9 +165,17 @@ def serve(inbox: Connection, outbox: Connection, priority: str = "normal") -> No
 
 def main(argv: list[str]) -> None:
     """Entry of the worker process (:data:`ENTRY`): the file descriptors of its two pipes, jobs in, answers
-    out, and its priority (``idle``, ``low`` or ``normal``)."""
+    out, and its priority (``idle``, ``low`` or ``normal``). Ctrl-C is the training process's to handle
+    (a terminal sends it to the whole group); SIGTERM and SIGHUP (``kill``, ``timeout``, a scheduler, a closed
+    terminal) stop the window in hand with its staging removed (never a half-written report), exit 128 + the signal."""
+    from headcount.common import stopping
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    serve(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False), priority=argv[2])
+    try:
+        with stopping.handled():
+            serve(Connection(int(argv[0]), writable=False), Connection(int(argv[1]), readable=False), priority=argv[2])
+    except stopping.Stopped as exc:
+        sys.exit(stopping.exit_status(exc))
 
 
 class _Worker:
@@ -271,6 +279,7 @@ class WindowWriter:
     _failures_said: int = 0  # close() says each failure once
 
     def __post_init__(self):
+        remove_stale_jobs()
         lowered = self.idle and hasattr(os, "SCHED_IDLE")
         self._workers = self._start(("idle", "low") if lowered else ("normal",))
         if lowered and not all(worker.lowered for worker in self._workers.values()):
@@ -331,8 +340,8 @@ class WindowWriter:
         A file that cannot be moved loses its window (in :attr:`failed`, said at :meth:`close`): a training
         run never stops for its profile.
         """
-        if self._jobs_dir is None:
-            self._jobs_dir = tempfile.mkdtemp(prefix="headcount-windows-")  # private (0700): recordings and call logs
+        if self._jobs_dir is None:  # private (0700): recordings and call logs; the owner's pid names it (remove_stale_jobs)
+            self._jobs_dir = tempfile.mkdtemp(prefix=f"{JOBS_PREFIX}{os.getpid()}-")
         taken = Path(self._jobs_dir) / f"step{step}-{Path(recording.path).name}"
         try:
             shutil.move(recording.path, taken)
@@ -491,6 +500,35 @@ class WindowWriter:
             return []
         self.written_by[step] = queued.kind
         return [f"step {step}: {line}" for line in value]
+
+
+JOBS_PREFIX = "headcount-windows-"  # then the training process's pid: what each writer's jobs folder is named
+
+
+def remove_stale_jobs(say: Callable[[str], None] = notice) -> list[Path]:
+    """Remove the jobs folders (windows not yet written: their recordings and call logs) that a training process
+    stopped before its writer's close (SIGTERM, SIGKILL, a closed terminal: no ``finally`` runs) left in the
+    temporary directory: those whose process is gone. Said in one line each; returns what was removed."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{JOBS_PREFIX}*-*"):
+        pid = folder.name[len(JOBS_PREFIX):].split("-")[0]
+        if not pid.isdigit() or _alive(int(pid)) or not folder.is_dir():
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists():
+            removed.append(folder)
+            say(f"removed {folder}: the windows a stopped training process (PID {pid}) had not written yet")
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive, and not ours to remove
+        return True
+    return True
 
 
 def _cpu_seconds(pid: int) -> float | None:

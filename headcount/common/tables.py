@@ -111,7 +111,7 @@ STEPS = pa.schema([
     ("idle_unknown_ns", F), ("idle_other_blocked_ns", F), ("idle_capture_ns", F),
     ("own_busy_ns", F), ("own_busy_pct", F), ("others_busy_ns", F), ("others_busy_pct", F), ("windows_overlap", pa.bool_()),
     ("kernels", I), ("kernel_ns", F), ("kernel_p50_ns", F), ("memcpy_ns", F), ("memset_ns", F),
-    ("attention_gpu_ns", F), ("attention_share_pct", F), ("communication_ns", F),
+    ("attention_gpu_ns", F), ("attention_cpu_ns", F), ("attention_share_pct", F), ("communication_ns", F),
     ("communication_overlapped_ns", F), ("communication_exposed_ns", F), ("graph_launches", I), ("graph_ops", I),
     ("graph_busy_ns", F),
     ("launches", I), ("cpu_launch_cost_p50_ns", F), ("sync_calls", I), ("queued_kernels_pct", F), ("launch_latency_p50_ns", F),

@@ -60,7 +60,9 @@ The rules, all on one process's work on one device within one step:
 
 - ``attention_gpu_ns``: the union of the operations attributed to attention
   (``layer_name`` set); ``attention_share_pct`` = that ÷ busy. Null when the
-  recording has no attention at all (never 0 for "not found").
+  recording has no attention at all (never 0 for "not found"), and on a CPU
+  run, whose attention time is ``attention_cpu_ns`` (the union of its
+  attention ranges; ``attention_share_pct`` then its share of the step's wall time).
 - ``communication_ns``: the union of collective kernels (NCCL/RCCL by name,
   :data:`COMMUNICATION`) and peer-to-peer copies.
 - ``launches``: distinct launch calls of the step's operations (a CUDA graph
@@ -128,7 +130,7 @@ COLUMNS = [
     *KEYS, "basis", "window_start_ns", "window_end_ns", "window_ns", "gpu_busy_ns", "gpu_busy_pct",
     "idle_ns", "idle_launch_bound_ns", "idle_sync_ns", "idle_host_ns", "idle_other_ns", "idle_unknown_ns",
     "idle_other_blocked_ns", "idle_capture_ns", "own_busy_ns", "own_busy_pct", "others_busy_ns", "others_busy_pct",
-    "windows_overlap", "kernels", "kernel_ns", "kernel_p50_ns", "memcpy_ns", "memset_ns", "attention_gpu_ns", "attention_share_pct",
+    "windows_overlap", "kernels", "kernel_ns", "kernel_p50_ns", "memcpy_ns", "memset_ns", "attention_gpu_ns", "attention_cpu_ns", "attention_share_pct",
     "communication_ns", "communication_overlapped_ns", "communication_exposed_ns", "graph_launches", "graph_ops",
     "graph_busy_ns", "launches", "cpu_launch_cost_p50_ns", "sync_calls", "queued_kernels_pct", "launch_latency_p50_ns",
     "launch_travel_ns", "provenance", "note",
@@ -506,14 +508,15 @@ def cpu_steps(steps: pd.DataFrame, attention: pd.DataFrame, implementation: str,
         else:
             codes = pd.Series(pd.array(attention["step"], dtype="Int64")).map({s: i for i, s in enumerate(out["step"]) if pd.notna(s)})
         ok = codes.notna().to_numpy()
-        out["attention_gpu_ns"] = union_length(codes[ok].to_numpy(np.int64), attention["start_ns"].to_numpy(np.float64)[ok],
+        out["attention_cpu_ns"] = union_length(codes[ok].to_numpy(np.int64), attention["start_ns"].to_numpy(np.float64)[ok],
                                                attention["end_ns"].to_numpy(np.float64)[ok], len(out))
     else:
-        out["attention_gpu_ns"] = 0.0 if attention_found else np.nan
+        out["attention_cpu_ns"] = 0.0 if attention_found else np.nan
+    out["attention_gpu_ns"] = np.nan  # no GPU ran: CPU time never goes in a GPU column
     with np.errstate(divide="ignore", invalid="ignore"):
-        out["attention_share_pct"] = np.where(out["window_ns"] > 0, 100.0 * out["attention_gpu_ns"] / out["window_ns"], np.nan)
+        out["attention_share_pct"] = np.where(out["window_ns"] > 0, 100.0 * out["attention_cpu_ns"] / out["window_ns"], np.nan)
     out["provenance"] = "measured"
-    out["note"] = ("CPU run: no GPU, so no busy or idle figures; attention_gpu_ns is the union of the step's attention ranges "
+    out["note"] = ("CPU run: no GPU, so no busy or idle figures; attention_cpu_ns is the union of the step's attention ranges "
                    "on the CPU and attention_share_pct its share of the step's wall time")
     return out.reindex(columns=COLUMNS)
 

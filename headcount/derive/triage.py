@@ -292,9 +292,13 @@ def _dominant_suggestion(running) -> str:
 
 
 def _per_step_attention(steps: pd.DataFrame, implementation) -> pd.Series:
-    """Attention time of each step of one implementation (ns; summed over its processes and devices)."""
-    rows = steps[(steps["implementation"] == implementation) & steps["step"].notna() & steps["attention_gpu_ns"].notna()]
-    return rows.groupby("step")["attention_gpu_ns"].sum()
+    """Attention time of each step of one implementation (ns; summed over its processes and devices): GPU busy time,
+    or on a CPU run its CPU time (``attention_cpu_ns``; only ever compared with other runs of the same kind)."""
+    time = steps["attention_gpu_ns"]
+    if "attention_cpu_ns" in steps:
+        time = time.fillna(steps["attention_cpu_ns"])
+    rows = (steps["implementation"] == implementation) & steps["step"].notna() & time.notna()
+    return time[rows].groupby(steps.loc[rows, "step"]).sum()
 
 
 def _implementation_findings(layers: pd.DataFrame, steps: pd.DataFrame, step_time: dict) -> list[dict]:
