@@ -210,3 +210,43 @@ def test_a_lock_left_by_a_killed_writer_is_removed_by_the_next_command(tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"{out}: removed the lock a stopped headcount left (PID {killed.pid}, no longer holding it)" in done.stderr
     assert not (out / LOCK).exists()
+
+
+@pytest.fixture(scope="module")
+def big_report(tmp_path_factory) -> Path:
+    """A report of a 50 MB trace (ten copies of the real H100 step, ``benchmarks/kineto_scale.build``): 60,000
+    rows of ranges and kernels, an export long enough to show its progress lines (the signal points)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import kineto_scale
+
+    folder = tmp_path_factory.mktemp("big")
+    kineto_scale.build(folder / "trace.json", 10)
+    done = subprocess.run([sys.executable, "-m", "headcount.cli.main", "parse", str(folder / "trace.json"), "-o",
+                           str(folder / "report")], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return folder
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_an_export_stopped_mid_write_leaves_no_trace(tmp_path, big_report, sig):
+    """``headcount export`` stopped after its third progress line (a fifth of the rows written): exit 128 + the
+    signal, the one line, and no trace (nor its temporary file, nor its folder) in the output directory."""
+    traces = tmp_path / "traces"
+    status, output = _stop_at(["export", str(big_report / "report"), "-o", str(traces)], 3, sig)
+    assert status == STATUS[sig], output
+    assert f"stopped by {signal.Signals(sig).name}" in output or "interrupted" in output, output
+    assert "Traceback" not in output
+    assert not traces.exists() or not list(traces.rglob("*")), sorted(map(str, traces.rglob("*")))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_diff_of_recordings_stopped_while_reading_leaves_no_temporary_report(tmp_path, big_report, sig):
+    """``headcount diff A B`` of two recordings, stopped after its third progress line while it reads A: exit
+    128 + the signal and its temporary report removed (TMPDIR empty afterwards)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    trace = str(big_report / "trace.json")
+    status, output = _stop_at(["diff", trace, trace], 3, sig, env={**os.environ, "TMPDIR": str(tmp)})
+    assert status == STATUS[sig], output
+    assert "Traceback" not in output
+    assert not list(tmp.iterdir()), sorted(p.name for p in tmp.iterdir())

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import pandas as pd
@@ -167,6 +168,9 @@ def write_trace(path: Path, run: dict, events: Iterator[dict]) -> int:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise HeadcountError(f"{path}: cannot write the trace ({exc.strerror or exc})", hint="choose a writable directory with -o") from exc
+    except BaseException:  # Ctrl-C, SIGTERM, SIGHUP (headcount.common.stopping): no half-written trace stays
+        tmp.unlink(missing_ok=True)
+        raise
     return count
 
 
@@ -232,12 +236,19 @@ def _export_run(con, runs: pd.DataFrame, run_id: str, out: Path, tick: Callable[
     run = {"run_id": run_id, **{k: (None if missing(v) else v) for k, v in row.items()
                                if k in ("implementation", "source", "mode", "model", "device_name", "rank", "world_size")}}
     folder = out / run_id
+    made = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise HeadcountError(f"{folder}: cannot be created ({exc.strerror or exc})", hint="choose a writable directory with -o") from exc
     path = folder / "trace.json"
-    write_trace(path, run, run_events(ranges, kernels, tick))
+    try:
+        write_trace(path, run, run_events(ranges, kernels, tick))
+    except BaseException:
+        if made:  # nor does the folder of a trace never written
+            with suppress(OSError):
+                folder.rmdir()
+        raise
     return path, None
 
 
