@@ -67,9 +67,8 @@ from headcount.attribute.untagged_shapes import eager_shape, operator_shape
 from headcount.common import signals
 from headcount.common.call_log import CallLog
 from headcount.common.naming import DOMAIN, MODULE
+from headcount.common.process_ids import REPLAY_LANE
 
-REPLAY_LANE = " (graph replay)"
-"""Suffix of the ``tid`` of a graph replay's call ranges: the launching thread's id, then this."""
 CALL_KEY = "call_key"
 """Column of :attr:`Found.ranges`: which call's kernels are assigned to the range by name (-1: none, the launch rule)."""
 TORCH_PROFILER, NSYS = "torch.profiler", "nsys"

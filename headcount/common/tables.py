@@ -26,7 +26,7 @@ _SHAPE = [
 ]
 
 KERNELS = pa.schema([
-    ("source", S), ("implementation", S), ("kind", S), ("runs_on", S), ("name", S), ("pid", S), ("tid", S),
+    ("source", S), ("implementation", S), ("kind", S), ("runs_on", S), ("name", S), ("pid", I), ("tid", I),
     ("device", S), ("stream", I), ("correlation_id", I), ("step", I),
     ("start_ns", I), ("end_ns", I), ("duration_ns", I),
     ("api_start_ns", I), ("api_end_ns", I), ("launch_latency_ns", F), ("queue_delay_ns", F), ("cpu_launch_cost_ns", F),
@@ -46,7 +46,7 @@ KERNELS = pa.schema([
 
 RANGES = pa.schema([
     ("implementation", S), ("step", I), ("range_id", I), ("parent_range_id", I), ("domain", S),
-    ("name", S), ("path", S), ("depth", I), ("level", S), ("pid", S), ("tid", S),
+    ("name", S), ("path", S), ("depth", I), ("level", S), ("pid", I), ("tid", I), ("lane", S),
     ("start_ns", I), ("end_ns", I), ("duration_ns", F), ("duration_basis", S),
     ("op_count", I), ("cpu_ops_ns", F), ("cpu_op_start_ns", I), ("cpu_op_end_ns", I),
     ("gpu_start_ns", I), ("gpu_end_ns", I), ("gpu_op_count", I), ("external_id", I), ("replay_of", I), ("graph_capture", B),
@@ -94,7 +94,7 @@ RUNS = pa.schema([
     ("device_kind", S), ("device_name", S), ("device_compute_capability", S), ("device_sm_count", I),
     ("device_memory_bandwidth_gbps", F), ("torch", S), ("transformers", S),
     ("tool_version", S), ("schema_version", S), ("command_line", S), ("start_time", S),
-    ("rank", I), ("world_size", I), ("pid", S), ("complete", B), ("program_exit_status", I),
+    ("rank", I), ("world_size", I), ("pid", I), ("complete", B), ("program_exit_status", I),
     ("compile_mode", S),
 ])
 
@@ -105,7 +105,7 @@ ATTENTION_STATS = pa.schema([
 ])
 
 STEPS = pa.schema([
-    ("implementation", S), ("pid", S), ("device", S), ("step", I), ("basis", S),
+    ("implementation", S), ("pid", I), ("device", S), ("step", I), ("basis", S),
     ("window_start_ns", I), ("window_end_ns", I), ("window_ns", F), ("gpu_busy_ns", F), ("gpu_busy_pct", F),
     ("idle_ns", F), ("idle_launch_bound_ns", F), ("idle_sync_ns", F), ("idle_host_ns", F), ("idle_other_ns", F),
     ("idle_unknown_ns", F), ("idle_other_blocked_ns", F), ("idle_capture_ns", F),
@@ -121,7 +121,7 @@ STEPS = pa.schema([
 (:mod:`headcount.derive.steps`)."""
 
 COLLECTIVES = pa.schema([
-    ("implementation", S), ("pid", S), ("device", S), ("step", I), ("kind", S), ("library", S), ("calls", I),
+    ("implementation", S), ("pid", I), ("device", S), ("step", I), ("kind", S), ("library", S), ("calls", I),
     ("time_ns", F), ("busy_ns", F), ("sized_calls", I), ("sized_time_ns", F), ("bytes", F), ("group_size", I),
     ("dtype", S), ("algbw_gbps", F), ("busbw_gbps", F), ("provenance", S),
 ])

@@ -279,7 +279,7 @@ def kernel_summary(con, top: int = 15) -> pd.DataFrame:
 
     return con.sql(f"""
         WITH k AS (
-            SELECT run_id, {col('pid', "coalesce(pid, '')")} AS pid, coalesce(phase, '') AS phase,
+            SELECT run_id, {col('pid', "coalesce(CAST(pid AS VARCHAR), '')")} AS pid, coalesce(phase, '') AS phase,
                    coalesce(layer_name, '') AS layer_name, name,
                    count(*) AS kernels, sum(duration_ns) AS time_ns,
                    {col('dram_bytes', 'sum(dram_bytes)')} AS dram_bytes,

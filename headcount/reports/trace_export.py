@@ -34,7 +34,7 @@ from headcount.common.numbers import missing
 from headcount.reports import terminal
 from headcount.reports.progress_view import Steps
 
-_RANGE_COLUMNS = ("range_id", "name", "path", "level", "domain", "pid", "tid", "start_ns", "end_ns", "step", "phase",
+_RANGE_COLUMNS = ("range_id", "name", "path", "level", "domain", "pid", "tid", "lane", "start_ns", "end_ns", "step", "phase",
                   "layer", "head", "implementation")
 _KERNEL_COLUMNS = ("kind", "name", "pid", "tid", "device", "stream", "correlation_id", "start_ns", "end_ns",
                    "api_start_ns", "api_end_ns", "grid", "block", "registers_per_thread", "shared_memory_bytes",
@@ -89,14 +89,18 @@ def _step_spans(ranges: pd.DataFrame, kernels: pd.DataFrame) -> Iterator[dict]:
 
 def run_events(ranges: pd.DataFrame, kernels: pd.DataFrame, tick: Callable[[], None] = lambda: None) -> Iterator[dict]:
     """The trace events of one run (see the module docstring); ``tick`` is called once per row of ``ranges`` and ``kernels`` (progress)."""
-    threads: set[tuple[int, int]] = set()
+    threads: dict[tuple[int, int], str] = {}  # (pid, tid) → the thread's name
     yield from _step_spans(ranges, kernels)
     for r in ranges.itertuples(index=False):
         tick()
         if missing(r.start_ns) or missing(r.end_ns):
             continue
         pid, tid = _pid(r.pid), _int(r.tid, 0)
-        threads.add((pid, tid))
+        name = f"thread {tid}"
+        if not missing(r.lane):  # a graph replay's calls: a lane of their own beside the thread, as in the tables
+            name = f"thread {tid} ({r.lane})"
+            tid = _pid(name)
+        threads[(pid, tid)] = name
         args = {"level": r.level, "domain": r.domain}
         for key in ("step", "phase", "layer", "head"):
             value = getattr(r, key)
@@ -113,7 +117,7 @@ def run_events(ranges: pd.DataFrame, kernels: pd.DataFrame, tick: Callable[[], N
         where = {key: value if isinstance(value, str) else _int(value) for key, value in where.items()}
         if k.kind == "op":
             pid, tid = _pid(k.pid), _int(k.tid, 0)
-            threads.add((pid, tid))
+            threads.setdefault((pid, tid), f"thread {tid}")
             yield {"ph": "X", "cat": "cpu_op", "name": str(k.name), "pid": pid, "tid": tid, "ts": _us(k.start_ns),
                    "dur": _us(k.end_ns - k.start_ns), "args": {"External id": _int(k.external_id), **where}}
             continue
@@ -134,7 +138,7 @@ def run_events(ranges: pd.DataFrame, kernels: pd.DataFrame, tick: Callable[[], N
                "ts": ts, "dur": _us(k.end_ns - k.start_ns), "args": args}
         if correlation >= 0 and not missing(k.api_start_ns) and not missing(k.api_end_ns) and not missing(k.pid):
             pid, tid = _pid(k.pid), _int(k.tid, 0)
-            threads.add((pid, tid))
+            threads.setdefault((pid, tid), f"thread {tid}")
             launch = _us(k.api_start_ns)
             yield {"ph": "X", "cat": "cuda_runtime", "name": "launch", "pid": pid, "tid": tid, "ts": launch,
                    "dur": _us(k.api_end_ns - k.api_start_ns), "args": {"correlation": correlation}}
@@ -142,8 +146,8 @@ def run_events(ranges: pd.DataFrame, kernels: pd.DataFrame, tick: Callable[[], N
             yield {"ph": "f", "id": correlation, "pid": device, "tid": stream, "ts": ts, "cat": "ac2g", "name": "ac2g", "bp": "e"}
     for pid in sorted({pid for pid, _ in threads}):
         yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"process {pid}"}}
-    for pid, tid in sorted(threads):
-        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"thread {tid}"}}
+    for (pid, tid), name in sorted(threads.items()):
+        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
     for device, streams in sorted(gpus.items()):
         yield {"ph": "M", "name": "process_name", "pid": device, "tid": 0, "args": {"name": f"GPU {device}"}}
         for stream in sorted(streams):

@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from headcount.common import process_ids
 from headcount.common.errors import HeadcountError
 
 CHUNK_BYTES = 48 << 20  # Arrow bytes converted and written at a time (one Parquet row group): bounds the copy
@@ -80,6 +81,7 @@ def to_arrow(frame: pd.DataFrame, schema: pa.Schema, table: str, words_of: dict 
     Raises:
         HeadcountError: a column's values do not fit its type.
     """
+    frame = process_ids.as_integers(frame, table)
     columns = {}
     for field in schema:
         if field.name in frame.columns:

@@ -1,0 +1,49 @@
+"""Process and thread ids as the tables hold them: whole numbers (``int64``), so that a join with another tool's
+integer pids (nsys's, a scheduler's, ``os.getpid()``) works, and a graph replay's lane in a column of its own.
+
+Inside a build ids stay as the recording gave them (text: a key that pandas groups and merges alike whatever the
+source), and a graph replay's call ranges sit on a lane of their own, the launching thread's id then
+:data:`REPLAY_LANE`, so that no range of the thread re-attributes their kernels. On the way out (the Parquet
+tables, the API's DataFrames) :func:`as_integers` turns ``"144"`` into 144 and ``"144 (graph replay)"`` into tid
+144 with ``lane`` ``graph replay``.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from headcount.common.errors import HeadcountError
+
+REPLAY_LANE = " (graph replay)"
+"""Suffix of the ``tid`` of a graph replay's call ranges inside a build: the launching thread's id, then this."""
+ID_COLUMNS = ("pid", "tid")
+
+
+def as_integers(frame: pd.DataFrame, table: str) -> pd.DataFrame:
+    """``frame`` with ``pid`` and ``tid`` as nullable ``Int64``, a replay lane's suffix moved from ``tid`` to ``lane``
+    (``graph replay``; null elsewhere). Columns already numeric, or absent, are left as they are.
+
+    Raises:
+        HeadcountError: an id that is not a whole number (naming the table, the column and the value).
+    """
+    present = [c for c in ID_COLUMNS if c in frame.columns and not pd.api.types.is_numeric_dtype(frame[c].dtype)]
+    if not present:
+        return frame
+    frame = frame.copy(deep=False)
+    for column in present:
+        text = frame[column].astype(object)
+        given = text.notna()
+        text = text.where(given, None)
+        if column == "tid":
+            replay = text.map(lambda v: isinstance(v, str) and v.endswith(REPLAY_LANE)).astype(bool)
+            if replay.any():
+                text = text.where(~replay, text[replay].str[:-len(REPLAY_LANE)])
+                frame["lane"] = pd.Series(["graph replay" if r else None for r in replay], index=frame.index, dtype=object)
+        numbers = pd.to_numeric(text, errors="coerce")
+        bad = given & (numbers.isna() | (numbers.fillna(0) % 1 != 0))
+        if bad.any():
+            raise HeadcountError(f"table {table}: {column} {text[bad].iloc[0]!r} is not a whole number "
+                                 f"({int(bad.sum())} rows): process and thread ids are integers in headcount's tables",
+                                 hint="report the recording that gave it (its ids are not a process's)")
+        frame[column] = numbers.astype("Int64")
+    return frame
