@@ -41,20 +41,22 @@ def _send(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _stop_at(args: list[str], line_no: int, sig: int, env: dict | None = None) -> tuple[int, str]:
+def _stop_at(args: list[str], line_no: int, sig: int, env: dict | None = None, after: str | None = None) -> tuple[int, str]:
     """Start ``headcount args`` as a terminal does (leader of its own session and process group), send ``sig`` once
-    it has printed ``line_no`` lines; its exit status and output. Fails if it never printed that many."""
+    it has printed ``line_no`` lines (or a line starting with ``after``); its exit status and output. Fails if it
+    never printed that many (that line)."""
     proc = subprocess.Popen([sys.executable, "-m", "headcount.cli.main", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=ROOT, env=env)
-    lines = []
+    lines, sent = [], False
     for line in proc.stdout:
         lines.append(line)
-        if len(lines) == line_no:
+        if len(lines) == line_no or (after is not None and line.startswith(after)):
             _send(proc, sig)
+            sent = True
             break
     rest = proc.stdout.read()
     status = proc.wait(timeout=300)
-    assert len(lines) == line_no, f"only {len(lines)} lines came:\n" + "".join(lines)
+    assert sent, f"the point never came ({len(lines)} lines):\n" + "".join(lines)
     _assert_nothing_left(proc.pid)
     return status, "".join(lines) + rest
 
@@ -250,3 +252,30 @@ def test_a_diff_of_recordings_stopped_while_reading_leaves_no_temporary_report(t
     assert status == STATUS[sig], output
     assert "Traceback" not in output
     assert not list(tmp.iterdir()), sorted(p.name for p in tmp.iterdir())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_parse_on_ray_stopped_cancels_its_tasks_and_writes_nothing(tmp_path, sig):
+    """``--executor ray`` (a real local Ray, started by the command) stopped by SIGTERM (to headcount) or Ctrl-C (to
+    the group, Ray's processes too) once the first file is staged: the tasks left are cancelled, Ray is shut down,
+    exit 128 + the signal, nothing written, no process of the session left (Ray's own processes included). Ray
+    installs its own SIGTERM handler, which ended the command at once (exit 15) before headcount put its own back."""
+    pytest.importorskip("ray")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    status, output = _stop_at(["parse", *map(str, TRACES), "-o", str(out), "--executor", "ray"], 0, sig, env=env,
+                              after="[1/6]")
+    assert status == STATUS[sig], output
+    assert "no report was written" in output and "Traceback" not in output, output
+    assert not out.exists() or not list(out.iterdir()), sorted(p.name for p in out.iterdir())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_profile_stopped_while_it_profiles_writes_nothing(tmp_path, sig):
+    """``headcount profile`` (the embedded default on CPU) stopped once it has said which model it profiles: exit
+    128 + the signal, the one line, no report folder, nothing of headcount's left running."""
+    out = tmp_path / "out"
+    status, output = _stop_at(["profile", "--steps", "50", "-o", str(out)], 0, sig, after="model: default")
+    assert status == STATUS[sig], output
+    assert "no report was written" in output and "Traceback" not in output, output
+    assert not out.exists() or not list(out.iterdir())

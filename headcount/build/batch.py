@@ -573,14 +573,24 @@ def _on_ray(files, out, options, done) -> list[FileResult]:
         import ray
     except ImportError as exc:
         raise HeadcountError("--executor ray needs Ray", hint="pip install 'headcount[ray]'", exit_code=3) from exc
+    import signal
+    import threading
+
+    from headcount.common import stopping
+
     started = False
     if not ray.is_initialized():
+        ours = {each: signal.getsignal(each) for each in (signal.SIGINT, *stopping.HANDLED)}
         try:  # RAY_ADDRESS names a cluster; without it Ray starts one on this machine
             ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False, log_to_driver=False,
                      logging_level="ERROR")
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise HeadcountError(f"no Ray cluster at {os.environ.get('RAY_ADDRESS') or 'this machine'} ({exc})",
                                  hint="check RAY_ADDRESS, or unset it to start a local Ray", exit_code=3) from exc
+        finally:  # Ray installs its own (a SIGTERM would end the command at once, tasks running, staging left)
+            for each, handler in ours.items():
+                if handler is not None and threading.current_thread() is threading.main_thread():
+                    signal.signal(each, handler)
         started = True
     try:
         task = ray.remote(stage_file)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from headcount.common import progress
 from headcount.common.errors import HeadcountError
 
 
@@ -75,8 +76,9 @@ def damaged(path: Path, what: str, kept: str | None = None) -> HeadcountError:
 
 
 def read_chunk(fh, size: int, cut: dict | None = None) -> bytes:
-    """Up to ``size`` bytes of ``fh`` (``b""`` at its end). With ``cut`` (``--salvage``), a gzip stream cut short
-    gives what it holds before the cut, then ``b""``, and ``cut["cut"]`` says so.
+    """Up to ``size`` bytes of ``fh`` (``b""`` at its end), the bytes of the file as stored that it took counted
+    (:func:`headcount.common.progress.advance`: a gzip file's compressed bytes). With ``cut`` (``--salvage``), a
+    gzip stream cut short gives what it holds before the cut, then ``b""``, and ``cut["cut"]`` says so.
 
     Raises:
         EOFError: a gzip stream cut short (without ``cut``). OSError: the file cannot be read, or is not gzip.
@@ -85,11 +87,15 @@ def read_chunk(fh, size: int, cut: dict | None = None) -> bytes:
 
     if size <= 0:
         return b""
+    stored = getattr(fh, "fileobj", fh)  # under a GzipFile, the file it decompresses
+    before = stored.tell()
     if cut is None or not isinstance(fh, gzip.GzipFile):
-        return fh.read(size)
-    data, ended = read_to_cut(fh, size)
-    if ended:
-        cut["cut"] = "the gzip stream ends before its end marker"
+        data = fh.read(size)
+    else:
+        data, ended = read_to_cut(fh, size)
+        if ended:
+            cut["cut"] = "the gzip stream ends before its end marker"
+    progress.advance(stored.tell() - before)
     return data
 
 

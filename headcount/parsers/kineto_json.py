@@ -53,7 +53,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from headcount.common import progress, signals
+from headcount.common import signals
 from headcount.common.device import Device
 from headcount.common.errors import DAMAGED, HeadcountError
 from headcount.parsers.files import damaged, read_chunk, unreadable
@@ -336,17 +336,12 @@ def _event_pieces(path: Path, into: dict, span: Span | None = None, salvage: boo
             does not fit. Misaligned: the span does not end between two events.
     """
     with _open(path) as fh:
-        stored = getattr(fh, "fileobj", fh)  # the file as stored: progress counts its bytes, not gzip's output
-
         def read() -> bytes:
             size = min(CHUNK_BYTES, 64 << 20)  # a piece may take several reads
             if span is not None and span.stop is not None:
                 size = min(size, span.stop - fh.tell())
             try:
-                before = stored.tell()
-                data = read_chunk(fh, size, into if salvage else None)  # salvage: a cut stream's data kept, into["cut"] set
-                progress.advance(stored.tell() - before)
-                return data
+                return read_chunk(fh, size, into if salvage else None)  # salvage: a cut stream's data kept, into["cut"] set
             except EOFError as exc:
                 raise damaged(path, "truncated torch.profiler trace: the gzip stream ends before its end marker",
                               kept="the events before the cut") from exc
