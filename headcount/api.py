@@ -20,7 +20,7 @@ from headcount.build.sources import RECORDERS
 from headcount.collector import Recorder, cupti_load, cupti_source, pm_sampler
 from headcount.collector.compile_watch import CompileWatch
 from headcount.collector.torch_source import TorchRecorder
-from headcount.common import env, process_ids
+from headcount.common import env
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError, notice
 from headcount.common.naming import STEP_DOMAIN
@@ -488,8 +488,7 @@ class AttentionProfiler:
         window.collector_info = built.info or None
         for line in built.notices:
             notice(line)
-        stats = {name: process_ids.as_integers(frame, name) if isinstance(frame, pd.DataFrame) else frame
-                 for name, frame in built.tables.items()}  # ids as in the Parquet tables
+        stats = built.tables
         if not len(stats["layers"]):
             notice(f"{NO_ATTENTION} (no attention call was tagged in the profiled block: run a transformers model, or a "
                    "function decorated with headcount.tag_attention, inside `with profiler:`)")

@@ -24,7 +24,7 @@ def test_parse_two_exports_into_one_report(tmp_path, capsys):
     runs = pd.read_parquet(out / "runs")
     # the H100 export's two processes (ranks) ran GPU work: a run each (as `headcount run` makes them); the A100's one
     assert len(runs) == 3 and set(runs["source"]) == {"nsys"}
-    assert sorted(runs["pid"].dropna()) == ["111", "112"] and runs["run_id"].str.endswith(("-pid111", "-pid112")).sum() == 2
+    assert sorted(runs["pid"].dropna().astype(int)) == [111, 112] and runs["run_id"].str.endswith(("-pid111", "-pid112")).sum() == 2
     versions = sorted(runs["source_version"])
     assert versions[0].startswith("2024.5") and versions[1:] == ["2026.2.1.210"] * 2
     kernels = pd.read_parquet(out / "kernels")

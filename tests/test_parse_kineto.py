@@ -14,6 +14,7 @@ import torch
 from headcount import tag, untag
 from headcount.build import sources
 from headcount.cli.main import main
+from headcount.common import process_ids
 from headcount.common.errors import HeadcountError
 from headcount.parsers.options import ReadOptions
 
@@ -298,7 +299,9 @@ def _replicated(tmp_path, copies: int) -> Path:
 
 def _comparable(frame: pd.DataFrame) -> pd.DataFrame:
     """A table with its rows in a fixed order, range ids left out (each group numbers its own) and
-    text columns as objects with one null (a group's concatenation gives None where the whole gives NaN)."""
+    text columns as objects with one null (a group's concatenation gives None where the whole gives NaN); ids as the
+    tables hold them (a streamed piece is typed on its way to Parquet, a whole build at its end)."""
+    frame = process_ids.as_integers(frame, "compared")
     frame = frame.drop(columns=[c for c in ("run_id", "range_id", "parent_range_id") if c in frame])
     keys = [c for c in ("start_ns", "pid", "tid", "kind", "name", "step", "phase", "layer_name", "head", "subject") if c in frame]
     frame = frame.sort_values(keys, kind="stable").reset_index(drop=True)

@@ -150,7 +150,7 @@ def test_ranges_left_open_end_alike_in_a_split_parse(tmp_path, monkeypatch, caps
     assert "2 shards in parallel" in capsys.readouterr().err
     a, b = tables(one), tables(split)
     last = nsys_sqlite.last_nvtx(cut)
-    open_rows = b["ranges"][(b["ranges"]["pid"] == "111") & (b["ranges"]["end_ns"] == last)]
+    open_rows = b["ranges"][(b["ranges"]["pid"] == 111) & (b["ranges"]["end_ns"] == last)]
     assert len(open_rows) >= opened and (open_rows["start_ns"] <= at).all()
     assert_same(a, b)
 

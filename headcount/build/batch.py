@@ -514,7 +514,7 @@ def _pool(workers: int, context):
     into a staging folder after it was discarded."""
     from concurrent.futures import ProcessPoolExecutor
 
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init, initargs=(progress.shared(),))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init, initargs=(progress.shared(context),))
     try:
         pool.submit(int)  # with fork, the first task starts every worker at once: none is forked after this
         progress.workers_started()

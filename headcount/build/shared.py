@@ -24,6 +24,7 @@ import pandas as pd
 from headcount.attribute import attribution, graphs, labels, nesting, untagged, untagged_calls
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.build.user_ranges import user_ranges
+from headcount.common import process_ids
 from headcount.common.device import Device
 from headcount.common.naming import DOMAIN, STEP_DOMAIN, USER_DOMAIN
 from headcount.derive import aggregate, analytic, collectives, launch, occupancy, sampling, triage
@@ -53,7 +54,8 @@ def finished(tables: dict[str, pd.DataFrame], run_id: str, device: Device | None
     """How every build ends: each table gets its ``run_id``, the layers and heads
     their ``roofline_class`` (:func:`add_roofline`), the run its launch summary
     and its findings (:func:`with_findings`; kept where the build derived them
-    already: :func:`nsys_pieces` does, for the files it streams)."""
+    already: :func:`nsys_pieces` does, for the files it streams), and pid/tid become integers
+    (:func:`headcount.common.process_ids.as_integers`: the API's DataFrames as the Parquet tables)."""
     for table in tables.values():
         if "run_id" not in table:
             table.insert(0, "run_id", run_id)
@@ -68,6 +70,9 @@ def finished(tables: dict[str, pd.DataFrame], run_id: str, device: Device | None
         said = overlap_notice(tables.get("steps"))
         if said:
             notices.append(said)
+    for name, table in tables.items():  # the ids as the tables hold them, whichever way the tables go on
+        if isinstance(table, pd.DataFrame):
+            tables[name] = process_ids.as_integers(table, name)
     return Built(tables, notices, info or {})
 
 

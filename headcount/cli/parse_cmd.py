@@ -10,6 +10,7 @@ failure writes nothing, unless ``--keep-going``.
 from __future__ import annotations
 
 import argparse
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -76,7 +77,11 @@ def run(args) -> int:
     plan = batch.split(files, jobs) if args.executor == "local" else None
     what = files[0][0] if len(files) == 1 else f"{len(files)} files"
     how = f"{what} on Ray" if plan is None else f"{what}, {plan.workers} worker processes" if plan.workers > 1 else what
-    with Meter(console, [stored_bytes(Path(name)) for name, _ in files], how) as meter:
+    meter = Meter(console, [stored_bytes(Path(name)) for name, _ in files], how)
+    parallel = plan is None or plan.workers > 1
+    if not meter.shown and parallel:  # small inputs: one line, no bar (a spinner is a thread: none where workers fork)
+        console.print(f"reading {how}…", highlight=False)
+    with meter, console.status(f"reading {how}…") if not meter.shown and not parallel else nullcontext():
         options = ReadOptions(locale=args.locale, salvage=args.salvage)
         results = batch.parse_into(out, files, options, jobs=jobs, executor=args.executor, done=progress(console, files, meter),
                                    plan=plan, keep_going=args.keep_going, append=args.append, force=args.force)

@@ -29,6 +29,7 @@ def share(inputs: int, listener: Callable[[], None] | None = None, ready: Callab
 
     global _counts, _listener, _ready
     _counts = mp.Array("q", max(1, inputs))
+    _counts._headcount_context = mp.get_start_method()
     _listener, _ready = listener, ready
     return _counts
 
@@ -42,8 +43,17 @@ def workers_started() -> None:
         ready()
 
 
-def shared():
-    """The count a worker pool hands to its workers (``None``: nothing is counted)."""
+def shared(context=None):
+    """The count a worker pool of multiprocessing ``context`` hands to its workers (``None``: nothing is counted).
+    A count's lock belongs to the context that made it (a fork's cannot go to a forkserver's workers): opened
+    in another, it is made again in ``context``, what it had counted carried over."""
+    global _counts
+    if _counts is None or context is None or getattr(_counts, "_headcount_context", None) == context.get_start_method():
+        return _counts
+    again = context.Array("q", len(_counts))
+    again[:] = _counts[:]
+    again._headcount_context = context.get_start_method()
+    _counts = again
     return _counts
 
 

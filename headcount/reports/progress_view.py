@@ -60,7 +60,7 @@ class Meter:
     def __enter__(self) -> "Meter":
         if self.shown:
             progress.share(len(self.sizes), listener=self._advanced, ready=self._start)
-        if not self.shown or not self.console.is_terminal:
+        if self.shown and not self.console.is_terminal:
             self.console.print(f"reading {self.what} ({size(self.total)})…", highlight=False, soft_wrap=True)
         return self
 
