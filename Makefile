@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 PROFILE_ARGS ?= --force
 PYTEST_ARGS ?=
 
-.PHONY: setup profile test lint bench clean gpu-wheels gpu-check-dry test-cupti-pins readme-picture
+.PHONY: setup profile test lint bench clean gpu-wheels gpu-check-dry test-cupti-pins test-torch-215 readme-picture
 
 setup: $(VENV)/.installed
 
@@ -56,5 +56,9 @@ gpu-check-dry: setup
 test-cupti-pins:
 	PYTHON=$(PYTHON) bash scripts/cupti_pins.sh
 
+# the tests of torch 2.15's own profiler APIs (PM-sample counter events, its Chrome writer), in .venv-torch215 (scripts/torch_215.sh)
+test-torch-215:
+	PYTHON=$(PYTHON) bash scripts/torch_215.sh
+
 clean:
-	rm -rf $(VENV) headcount-report .pytest_cache .hypothesis gpu_check_out gpu_check_dry_out .whl/site-* .venv-cupti-*
+	rm -rf $(VENV) headcount-report .pytest_cache .hypothesis gpu_check_out gpu_check_dry_out .whl/site-* .venv-cupti-* .venv-torch215*

@@ -262,7 +262,7 @@ def stage_groups(path: str, out: str, run_id: str, meta: dict, pieces, which: li
     try:
         with dataset.StagedRun(out, run_id, meta, part=f"g{worker}", manifest=False) as staged:
             for group, events in pieces.groups(which):
-                for name, frame in kineto_group_pieces(events, group, device, pieces.launched, result.parts):
+                for name, frame in kineto_group_pieces(events, group, device, pieces.launched, result.parts, pieces.pm):
                     if name == "kernels":
                         result.kernels += int((frame["kind"].astype(object) == "kernel").sum())
                     staged.write(name, frame)
@@ -282,6 +282,7 @@ def _stage_trace_in_spans(pool, slot: int, path: str, out: str, run_id: str, spa
     import tempfile
 
     from headcount.build import parse_file
+    from headcount.build.in_process import trace_samples
     from headcount.build.kineto import kineto_aggregates
     from headcount.build.shared import run_facts
     from headcount.parsers import kineto_json as kineto
@@ -303,7 +304,9 @@ def _stage_trace_in_spans(pool, slot: int, path: str, out: str, run_id: str, spa
         except HeadcountError as exc:
             return FileResult(path, run_id, **_failure(path, exc))
         device = kineto.run_device(pieces.described["devices"])
-        notices = list(pieces.notices)
+        pieces.pm, said = trace_samples(pieces.counters, device)
+        pieces.counters = []  # the workers get the samples, not the events they were made of
+        notices = list(pieces.notices) + said
         meta = _metadata(path, run_id, "torch", None, device or Device("cpu"), notices, pieces.described["distributed"])
         which = [list(range(k, pieces.count, len(spans))) for k in range(min(len(spans), pieces.count))]  # round robin
         results = [f.result() for f in [pool.submit(stage_groups, path, out, run_id, meta, pieces, mine, k) for k, mine in enumerate(which)]]
@@ -311,7 +314,7 @@ def _stage_trace_in_spans(pool, slot: int, path: str, out: str, run_id: str, spa
         if failed:
             return FileResult(path, run_id, error=failed.error, hint=failed.hint, exit_code=failed.exit_code)
         groups = sorted((part for r in results for part in r.parts), key=lambda part: part.group)
-        whole = kineto_aggregates(groups, device, notices)  # its notices go to the list the metadata holds
+        whole = kineto_aggregates(groups, device, notices, pieces.pm)  # its notices go to the list the metadata holds
         meta.update(run_facts(whole["calls"]))
         with dataset.StagedRun(out, run_id, meta) as staged:
             for name in ("steps", "layers", "heads", "findings"):  # steps: the work outside every step

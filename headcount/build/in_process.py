@@ -82,46 +82,76 @@ def tables_from_cupti(path, calls, run_id: str, implementation: str, limits=None
     return finished(tables, run_id, device, calls, new, info)
 
 
-def _pm_resolution(tables: dict, pm: pd.DataFrame, device: Device | None, info: dict) -> list[str]:
-    """What the PM samples resolve in a recording (:data:`headcount.derive.sampling.MIN_WHOLE_SAMPLES`) and
-    how many single samples read above the device's DRAM ceiling; the facts go to ``info["pm_sampling"]``,
-    the notices are returned."""
-    notices = []
+def _pm_resolution(tables: dict, pm: pd.DataFrame, device: Device | None, info: dict, finer: str = sampling.FINER_OWN) -> list[str]:
+    """What the PM samples resolve in a recording and how many single samples read above the device's DRAM
+    ceiling (:func:`pm_resolution`, :func:`pm_ceiling`); the facts go to ``info["pm_sampling"]``, the notices are returned."""
+    facts = info.setdefault("pm_sampling", {})
+    return pm_resolution(tables, pm, facts, finer) + pm_ceiling(pm, device, facts)
+
+
+def pm_resolution(tables: dict, pm: pd.DataFrame, facts: dict, finer: str = sampling.FINER_OWN) -> list[str]:
+    """The notice for the attention ranges and kernels of ``tables`` the PM samples do not resolve
+    (:data:`headcount.derive.sampling.MIN_WHOLE_SAMPLES`), if any, ``finer`` naming how to sample more often;
+    the counts go to ``facts["resolution"]``."""
     kernels, ranges = tables["kernels"], tables["ranges"]
     gpu = kernels[(kernels["kind"] == "kernel").to_numpy(dtype=bool)] if "kind" in kernels else kernels.iloc[0:0]
     attention = ranges[ranges["level"].isin(["layer", "head"]).to_numpy(dtype=bool) & (ranges["gpu_op_count"].fillna(0) > 0).to_numpy(dtype=bool)]
     # unresolved: sampled, but no figure (too few whole samples inside, or not all of it covered by the samples)
     short = {name: int((frame["pm_whole_samples"].notna() & frame["dram_read_sampled_bytes"].isna()).sum())
-             if "pm_whole_samples" in frame else 0 for name, frame in (("kernels", gpu), ("ranges", attention))}
+             if "pm_whole_samples" in frame and "dram_read_sampled_bytes" in frame else 0
+             for name, frame in (("kernels", gpu), ("ranges", attention))}
     interval = float(np.median(pm["end_ns"] - pm["start_ns"]))
-    facts = info.setdefault("pm_sampling", {})
     facts["resolution"] = {"min_whole_samples": sampling.MIN_WHOLE_SAMPLES, "median_window_ns": interval,
                            "kernels": len(gpu), "kernels_unresolved": short["kernels"],
                            "attention_ranges": len(attention), "attention_ranges_unresolved": short["ranges"]}
-    said = sampling.unresolved_notice(len(gpu), short["kernels"], len(attention), short["ranges"], interval)
-    if said:
-        notices.append(said)
+    said = sampling.unresolved_notice(len(gpu), short["kernels"], len(attention), short["ranges"], interval, finer)
+    return [said] if said else []
+
+
+def pm_ceiling(pm: pd.DataFrame, device: Device | None, facts: dict) -> list[str]:
+    """The notice for single PM samples that read more DRAM traffic than the device's ceiling, if any
+    (:func:`headcount.derive.sampling.above_ceiling`); the counts go to ``facts["above_ceiling"]``."""
     peaks = device_peaks.peaks_for(device.name) if device is not None and device.is_gpu else None
     reported = device_peaks.ceiling_gbps(device)  # the recording's own figure for its device, else the datasheet's
     ceiling = reported or (peaks.dram_gbps if peaks else None)
     above = sampling.above_ceiling(pm, ceiling)
     facts["above_ceiling"] = {**above, "ceiling_basis": "device" if reported else ("datasheet" if peaks else None)}
-    if above["count"]:
-        notices.append(f"{above['count']} of {above['samples']} PM samples read more DRAM traffic than the device's ceiling "
-                       f"({ceiling:,.0f} GB/s, {facts['above_ceiling']['ceiling_basis']}): the highest {above['max_gbps']:,.0f} GB/s; "
-                       "single samples are not bounded by it (their windows' edges), figures over several samples are")
-    return notices
+    if not above["count"]:
+        return []
+    return [f"{above['count']} of {above['samples']} PM samples read more DRAM traffic than the device's ceiling "
+            f"({ceiling:,.0f} GB/s, {facts['above_ceiling']['ceiling_basis']}): the highest {above['max_gbps']:,.0f} GB/s; "
+            "single samples are not bounded by it (their windows' edges), figures over several samples are"]
+
+
+def trace_samples(counters: list[tuple], device: Device | None) -> tuple[pd.DataFrame | None, list[str]]:
+    """A torch trace's PM samples (:func:`headcount.parsers.kineto_counters.pm_samples` of its counter events), % of
+    peak metrics converted with the device's peak DRAM bandwidth: the trace's own figure, else the datasheet's."""
+    from headcount.parsers.kineto_counters import pm_samples
+
+    if not counters:
+        return None, []
+    reported = device_peaks.ceiling_gbps(device)
+    peaks = device_peaks.peaks_for(device.name) if device is not None and device.is_gpu else None
+    if reported:
+        return pm_samples(counters, reported, "the trace's device properties")
+    return pm_samples(counters, peaks.dram_gbps, f"datasheet of {device.name}") if peaks else pm_samples(counters)
 
 
 def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None,
                       device: Device | None = None, exclude_steps=(), void_steps=()) -> Built:
     """The torch source's trace (written by :class:`~headcount.collector.torch_source.TorchRecorder`)
-    → headcount's tables, with ``roofline_class`` for ``device``."""
-    from headcount.parsers.kineto_json import load_trace
+    → headcount's tables, with ``roofline_class`` for ``device``; PM samples torch wrote into it (its counter
+    events, :mod:`headcount.parsers.kineto_counters`) go through the same path as the cupti source's."""
+    from headcount.parsers.kineto_json import read_trace
 
-    tables = tables_from_events(load_trace(path), calls, implementation, limits=limits, exclude_steps=exclude_steps,
-                                void_steps=void_steps, sm_count=device.sm_count if device else None)
-    return finished(tables, run_id, device, calls)
+    trace = read_trace(path)
+    pm, new = trace_samples(trace["counters"], device)
+    tables = tables_from_events(trace.pop("events"), calls, implementation, limits=limits, pm_samples=pm,
+                                exclude_steps=exclude_steps, void_steps=void_steps, sm_count=device.sm_count if device else None)
+    info: dict = {}
+    if pm is not None:
+        new += _pm_resolution(tables, pm, device, info, sampling.FINER_TORCH)
+    return finished(tables, run_id, device, calls, new, info)
 
 
 @dataclass

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.attribute import labels, untagged
+from headcount.build.in_process import pm_ceiling, pm_resolution, trace_samples
 from headcount.build.shared import (
     NO_ATTENTION,
     Built,
@@ -28,7 +29,7 @@ from headcount.build.shared import (
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError
 from headcount.common.naming import DOMAIN, STEP_DOMAIN
-from headcount.derive import aggregate, collectives
+from headcount.derive import aggregate, collectives, sampling
 from headcount.derive import steps as step_view
 from headcount.parsers.plausible import drop_implausible
 
@@ -46,7 +47,9 @@ def tables_from_kineto(trace: dict, run_id: str) -> Built:
         raise HeadcountError("the trace holds no complete event (ph \"X\")", hint="record with torch.profiler.profile() around some work")
     events = drop_implausible(events, "events", notices)  # a negative duration: no such event happened
     found: dict = {}
-    whole = collected(kineto_pieces([(0, events)], trace.get("devices") or [], notices, found=found))
+    pm, said = trace_samples(trace.get("counters") or [], kineto.run_device(trace.get("devices") or []))
+    notices += said
+    whole = collected(kineto_pieces([(0, events)], trace.get("devices") or [], notices, found=found, pm=pm))
     steps = whole["steps"]  # the work outside every step first, as gpu_steps orders it
     whole["steps"] = steps.iloc[np.argsort(steps["step"].notna().to_numpy(dtype=bool), kind="stable")].reset_index(drop=True)
     whole.setdefault("attention_breakdown", found["attention_breakdown"])
@@ -67,9 +70,11 @@ class GroupFigures:
     calls: list
     notices: list[str]
     tagged: bool  # it has headcount's ranges
+    pm_counts: dict | None = None  # what the trace's PM samples resolve in it (build.in_process.pm_resolution)
 
 
-def kineto_pieces(groups, devices: list[dict], notices: list[str], launched: bool | None = None, found: dict | None = None):
+def kineto_pieces(groups, devices: list[dict], notices: list[str], launched: bool | None = None, found: dict | None = None,
+                  pm: pd.DataFrame | None = None):
     """Headcount's tables from a torch.profiler trace, a group of whole steps at a time
     (:class:`headcount.parsers.kineto_steps.Pieces`): one trace headcount kept with
     ``--trace-dir``, one a user recorded with ``torch.profiler`` around a tagged model,
@@ -95,6 +100,8 @@ def kineto_pieces(groups, devices: list[dict], notices: list[str], launched: boo
         notices: where the notices go, once the last group is built (each group's counts summed).
         launched: whether the trace has GPU work whose launch it holds (``None``: each group says).
         found: filled with ``calls`` (the calls found, in order) and ``attention_breakdown``.
+        pm: the trace's PM samples (:func:`headcount.parsers.kineto_counters.pm_samples`): sampled DRAM bytes and
+            warps active for its kernels and ranges, as the cupti source's samples give them.
 
     Yields:
         ``ranges``, ``kernels`` and ``steps`` of each group (:func:`kineto_group_pieces`), then
@@ -105,21 +112,25 @@ def kineto_pieces(groups, devices: list[dict], notices: list[str], launched: boo
     device = kineto.run_device(devices)
     parts: list[GroupFigures] = []
     for group, events in groups:
-        yield from kineto_group_pieces(events, group, device, launched, parts)
+        yield from kineto_group_pieces(events, group, device, launched, parts, pm)
         del events
-    whole = kineto_aggregates(parts, device, notices)
+    whole = kineto_aggregates(parts, device, notices, pm)
     if found is not None:
         found.update(calls=whole.pop("calls"), attention_breakdown=whole.pop("attention_breakdown"))
     yield from ((name, whole[name]) for name in ("steps", "layers", "heads", "findings"))
 
 
 def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None, launched: bool | None,
-                        parts: list[GroupFigures]):
+                        parts: list[GroupFigures], pm: pd.DataFrame | None = None):
     """``ranges``, ``kernels`` and ``steps`` of one group of a trace's steps (range ids from
-    ``group`` · 2³², unique across the groups); what the whole trace's tables need of it goes to ``parts``."""
-    tables, calls, notices, tagged = _kineto_group(events, device, launched)
+    ``group`` · 2³², unique across the groups); what the whole trace's tables need of it goes to ``parts``;
+    ``pm``: the trace's PM samples (:func:`kineto_pieces`)."""
+    tables, calls, notices, tagged = _kineto_group(events, device, launched, pm)
     del events
     ranges, kernels, figures = tables["ranges"], tables["kernels"], tables.pop("figures")
+    facts: dict = {}
+    if pm is not None:  # the counts only: the groups' are summed into one notice (kineto_aggregates)
+        pm_resolution(tables, pm, facts)
     offset = group << 32
     if offset:  # each group numbers its ranges from 0
         for frame in (ranges, kernels, figures):
@@ -140,16 +151,18 @@ def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None,
         outside = (kernels.loc[gpu & unstepped, [c for c in step_view.WORK_COLUMNS if c in kernels]],
                    syncs[syncs["step"].isna().to_numpy(dtype=bool)])
         steps = steps[steps["step"].notna().to_numpy(dtype=bool)].reset_index(drop=True)
-    parts.append(GroupFigures(group, figures, attention_kernels, steps, outside, launching, calls, notices, tagged))
+    parts.append(GroupFigures(group, figures, attention_kernels, steps, outside, launching, calls, notices, tagged,
+                              facts.get("resolution")))
     yield "ranges", ranges
     yield "kernels", kernels
     yield "collectives", collectives.collectives(kernels)
     yield "steps", steps
 
 
-def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices: list[str]) -> dict:
+def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices: list[str], pm: pd.DataFrame | None = None) -> dict:
     """``layers``, ``heads``, ``findings`` and ``attention_breakdown`` of a whole trace from its groups
-    (in order), with ``calls``: every call found; the groups' notices, counts summed, go to ``notices``."""
+    (in order), with ``calls``: every call found; the groups' notices, counts summed, go to ``notices``, with
+    (``pm``, the trace's PM samples) the count of single samples above the DRAM ceiling."""
     from headcount.parsers.kineto_steps import merged
 
     calls = [c for part in parts for c in part.calls]
@@ -161,6 +174,8 @@ def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices:
     untagged_provenance(attention, ranges)
     add_roofline(attention, device, calls)
     notices += merged([n for part in parts for n in part.notices])
+    if pm is not None:
+        notices += _pm_notices(parts, pm, device)
     captured = any(untagged.CAPTURED in n for part in parts for n in part.notices)
     if not calls and not any(part.tagged for part in parts) and not captured:
         notices.append(NO_ATTENTION + " (neither headcount's ranges nor an attention operator, module or kernel that "
@@ -169,6 +184,16 @@ def kineto_aggregates(parts: list[GroupFigures], device: Device | None, notices:
     unstepped = _unstepped(parts, attention_found=bool(calls) or any(part.tagged for part in parts))
     findings = run_findings([*(part.steps for part in parts), unstepped], attention["layers"], attention["heads"], notices)
     return {**attention, "steps": unstepped, "findings": findings, "calls": calls}
+
+
+def _pm_notices(parts: list[GroupFigures], pm: pd.DataFrame, device: Device | None) -> list[str]:
+    """What the trace's PM samples do not resolve, over all its groups, and the single samples above the DRAM ceiling."""
+    counts = [part.pm_counts for part in parts if part.pm_counts]
+    total = {key: sum(c[key] for c in counts) for key in ("kernels", "kernels_unresolved", "attention_ranges", "attention_ranges_unresolved")}
+    said = sampling.unresolved_notice(total["kernels"], total["kernels_unresolved"], total["attention_ranges"],
+                                      total["attention_ranges_unresolved"], counts[0]["median_window_ns"] if counts else None,
+                                      finer=sampling.FINER_TORCH)
+    return ([said] if said else []) + pm_ceiling(pm, device, {})
 
 
 def _unstepped(parts: list[GroupFigures], attention_found: bool) -> pd.DataFrame:
@@ -202,7 +227,7 @@ def _concat_categories(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | None):
+def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | None, pm: pd.DataFrame | None = None):
     """One group of a trace's events (:func:`kineto_pieces`) → ``(tables, calls, notices, tagged)``:
     its tables (:func:`tables_from_events`, with ``figures``), the calls found in it, the notices
     of what it holds, and whether it has headcount's ranges."""
@@ -234,7 +259,7 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
                        "around the graph launch (often none); record with `--backend cupti` or `nsys --cuda-graph-trace=node` "
                        "to attribute them to their layers")
     tables = tables_from_events(events, calls, implementation_of(calls), source="torch", limits=device.limits() if device else None,
-                                launched=launched, with_figures=True, sm_count=device.sm_count if device else None)
+                                launched=launched, with_figures=True, sm_count=device.sm_count if device else None, pm_samples=pm)
     untagged_provenance(tables, tables["ranges"])
     return tables, calls, notices, tagged
 

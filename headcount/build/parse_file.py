@@ -267,6 +267,7 @@ def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     """A torch.profiler trace: read a piece at a time (:class:`~headcount.parsers.kineto_steps.Pieces`),
     then built a group of whole steps at a time (:func:`headcount.build.kineto.kineto_pieces`) as the pieces
     are consumed."""
+    from headcount.build.in_process import trace_samples
     from headcount.parsers import kineto_json as kineto
     from headcount.parsers.kineto_steps import Pieces
 
@@ -277,7 +278,8 @@ def from_torch_trace(path: Path, run_id: str, options: ReadOptions) -> Parsed:
         pieces.close()
         raise
     device = kineto.run_device(pieces.described["devices"]) or Device("cpu")
-    parsed = Parsed({}, device, None, notices=list(pieces.notices), run=pieces.described["distributed"])
+    pieces.pm, said = trace_samples(pieces.counters, device)
+    parsed = Parsed({}, device, None, notices=list(pieces.notices) + said, run=pieces.described["distributed"])
     parsed.stream = _torch_stream(path, pieces, parsed.lines, parsed.notices, parsed.run)
     return parsed
 
@@ -289,7 +291,7 @@ def _torch_stream(path: Path, pieces, lines: list[str], notices: list[str], run:
     kernels, layers, calls = 0, pd.DataFrame(), {}
     with pieces:
         for name, frame in kineto_pieces(pieces.groups(), pieces.described["devices"], notices, launched=pieces.launched,
-                                         found=calls):
+                                         found=calls, pm=pieces.pm):
             if name == "kernels":
                 kernels += int((frame["kind"].astype(object) == "kernel").sum())
             elif name == "layers":

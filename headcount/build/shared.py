@@ -177,7 +177,7 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
     if is_gpu:
         gpu_rows = _gpu_rows(gpu, gpu_inner)
         if pm_samples is not None and len(pm_samples):
-            per_kernel = sampling.window_totals(pm_samples, gpu_rows["start_ns"].to_numpy(np.float64), gpu_rows["end_ns"].to_numpy(np.float64))
+            per_kernel = sampling.window_totals(pm_samples, gpu_rows["start_ns"], gpu_rows["end_ns"])
             gpu_rows = pd.concat([gpu_rows, per_kernel], axis=1)
         frames.append(gpu_rows)
     kernels = launch.kernel_columns(_kernels_table(frames, projected, steps, source, implementation, launched))
@@ -258,8 +258,7 @@ def _with_gpu_figures(projected: pd.DataFrame, gpu: pd.DataFrame, gpu_inner: np.
     projected = projected.merge(launch_figures, on="range_id", how="left")
     projected["kernel_count"] = projected["gpu_op_count"]
     if pm_samples is not None and len(pm_samples):
-        sampled = sampling.window_totals(pm_samples, pd.to_numeric(projected["gpu_start_ns"]).to_numpy(np.float64, na_value=np.nan),
-                                         pd.to_numeric(projected["gpu_end_ns"]).to_numpy(np.float64, na_value=np.nan))
+        sampled = sampling.window_totals(pm_samples, pd.to_numeric(projected["gpu_start_ns"]), pd.to_numeric(projected["gpu_end_ns"]))
         projected = pd.concat([projected.reset_index(drop=True), sampled], axis=1)
     return projected
 

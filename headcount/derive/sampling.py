@@ -103,12 +103,18 @@ def unresolved_kernels_notice(kernels: pd.DataFrame) -> str | None:
 
 
 
+def _relative(values, origin: int) -> np.ndarray:
+    """Times (ns) as float64 after ``origin``, null as NaN: exact for whole numbers (an absolute CUPTI time,
+    ~1.8e18 ns, is only 256 ns fine as a float64: a 50 µs sample's share would be off by up to 0.5 %)."""
+    series = pd.Series(values) if not isinstance(values, pd.Series) else values
+    if pd.api.types.is_float_dtype(series.dtype):
+        return series.to_numpy(np.float64, na_value=np.nan) - float(origin)
+    return (pd.array(series, dtype="Int64") - origin).to_numpy(np.float64, na_value=np.nan)
 
-def _cumulative(samples: pd.DataFrame, values: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """∫ of a piecewise-constant rate up to each time in ``t``: each sample
-    spreads ``values[i]`` evenly over [start_i, end_i); nothing between samples."""
-    s = samples["start_ns"].to_numpy(np.float64)
-    e = samples["end_ns"].to_numpy(np.float64)
+
+def _cumulative(s: np.ndarray, e: np.ndarray, values: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """∫ of a piecewise-constant rate up to each time in ``t``: each sample [s_i, e_i)
+    spreads ``values[i]`` evenly over it; nothing between samples."""
     cum = np.concatenate([[0.0], np.cumsum(values)])
     i = np.searchsorted(s, t, side="right") - 1
     ok = i >= 0
@@ -117,10 +123,8 @@ def _cumulative(samples: pd.DataFrame, values: np.ndarray, t: np.ndarray) -> np.
     return np.where(ok, cum[j] + values[j] * frac, 0.0)
 
 
-def whole_samples(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """How many sample windows lie wholly inside each [start, end] (ns); samples sorted, not overlapping."""
-    s = samples["start_ns"].to_numpy(np.float64)
-    e = samples["end_ns"].to_numpy(np.float64)
+def whole_samples(s: np.ndarray, e: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """How many sample windows [s_i, e_i) lie wholly inside each [start, end] (ns); samples sorted, not overlapping."""
     first = np.searchsorted(s, start, side="left")  # first sample starting at or after the window's start
     last = np.searchsorted(e, end, side="right")  # samples ending at or before the window's end
     count = (last - first).astype(np.float64)
@@ -128,9 +132,9 @@ def whole_samples(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> 
     return np.clip(count, 0, None)
 
 
-def window_totals(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray,
-                  min_whole: int = MIN_WHOLE_SAMPLES) -> pd.DataFrame:
-    """PM-sampled figures over time windows [start, end] (ns): counters as
+def window_totals(samples: pd.DataFrame, start, end, min_whole: int = MIN_WHOLE_SAMPLES) -> pd.DataFrame:
+    """PM-sampled figures over time windows [start, end] (ns, whole numbers or nullable; floats are taken as
+    they are, as fine as float64 holds them): counters as
     totals, percentages as time-weighted means, from the samples the window
     overlaps, each weighted by the part of it the window covers; null where
     fewer than ``min_whole`` whole samples lie inside the window (the
@@ -144,16 +148,17 @@ def window_totals(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray,
     kernels twice.
     """
     out = pd.DataFrame(index=range(len(start)))
-    start = np.asarray(start, dtype=np.float64)
-    end = np.asarray(end, dtype=np.float64)
     if samples is None or not len(samples) or not len(start):
         for col in (*PM_COUNTERS.values(), *PM_PERCENTS.values()):
             out[col] = np.nan
         out["pm_whole_samples"] = np.nan if samples is None or not len(samples) else 0.0
         return out
-    length = (samples["end_ns"] - samples["start_ns"]).to_numpy(np.float64)
-    covered = _cumulative(samples, length, end) - _cumulative(samples, length, start)
-    whole = whole_samples(samples, start, end)
+    origin = int(samples["start_ns"].iloc[0])
+    s, e = _relative(samples["start_ns"], origin), _relative(samples["end_ns"], origin)
+    start, end = _relative(start, origin), _relative(end, origin)
+    length = e - s
+    covered = _cumulative(s, e, length, end) - _cumulative(s, e, length, start)
+    whole = whole_samples(s, e, start, end)
     # the samples must cover the whole window (not past their first or last, not across a gap in sampling): a
     # window they cover in part would get the traffic of that part only, an undercount
     whole_window = covered >= 0.999 * (end - start)
@@ -161,14 +166,14 @@ def window_totals(samples: pd.DataFrame, start: np.ndarray, end: np.ndarray,
     for metric, col in PM_COUNTERS.items():
         if metric in samples:
             v = samples[metric].to_numpy(np.float64)
-            out[col] = np.where(has, _cumulative(samples, v, end) - _cumulative(samples, v, start), np.nan)
+            out[col] = np.where(has, _cumulative(s, e, v, end) - _cumulative(s, e, v, start), np.nan)
         else:
             out[col] = np.nan
     for metric, col in PM_PERCENTS.items():
         if metric in samples:
             v = samples[metric].to_numpy(np.float64) * length
             with np.errstate(divide="ignore", invalid="ignore"):
-                out[col] = np.where(has, (_cumulative(samples, v, end) - _cumulative(samples, v, start)) / covered, np.nan)
+                out[col] = np.where(has, (_cumulative(s, e, v, end) - _cumulative(s, e, v, start)) / covered, np.nan)
         else:
             out[col] = np.nan
     out["pm_whole_samples"] = whole
@@ -193,8 +198,14 @@ def above_ceiling(samples: pd.DataFrame, ceiling_gbps: float | None) -> dict:
             "ceiling_gbps": ceiling_gbps}
 
 
-def unresolved_notice(kernels: int, kernels_short: int, ranges: int, ranges_short: int, interval_ns: float | None) -> str | None:
-    """The notice for windows the PM samples do not resolve (:data:`MIN_WHOLE_SAMPLES`), or ``None``."""
+FINER_OWN = "a finer --pm-interval-us"
+FINER_TORCH = "a shorter sampling_interval_ms in torch's PerformanceMetricsConfig"
+
+
+def unresolved_notice(kernels: int, kernels_short: int, ranges: int, ranges_short: int, interval_ns: float | None,
+                      finer: str = FINER_OWN) -> str | None:
+    """The notice for windows the PM samples do not resolve (:data:`MIN_WHOLE_SAMPLES`), or ``None``; ``finer``:
+    how the samples' recorder samples more often."""
     if not kernels_short and not ranges_short:
         return None
     interval = f"{interval_ns / 1e3:g} µs samples" if interval_ns else "PM samples"
@@ -202,7 +213,7 @@ def unresolved_notice(kernels: int, kernels_short: int, ranges: int, ranges_shor
             f"{kernels} kernels (fewer than {MIN_WHOLE_SAMPLES} whole samples inside each, or not all of it sampled): their "
             "sampled DRAM bytes and "
             "warps active are null, not a share of a neighbour's sample; exact bytes per kernel, layer and head: "
-            "headcount run --backend ncu -o OUT -- python train.py (or a finer --pm-interval-us)")
+            f"headcount run --backend ncu -o OUT -- python train.py (or {finer})")
 
 
 def sample_gaps(samples: pd.DataFrame) -> dict:

@@ -57,6 +57,7 @@ from headcount.common import signals
 from headcount.common.device import Device
 from headcount.common.errors import DAMAGED, HeadcountError
 from headcount.parsers.files import damaged, read_chunk, unreadable
+from headcount.parsers.kineto_counters import counter_rows
 from headcount.parsers.kineto_times import exact_nanoseconds
 
 _KIND_BY_CAT = {
@@ -103,6 +104,7 @@ class _Args(msgspec.Struct, gc=False):
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
     group_size: Any = msgspec.field(default=None, name="Group size")
     dtype: Any = None
+    counter: Any = msgspec.field(default=None, name="")  # a counter event's value (kineto_counters)
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -133,11 +135,9 @@ def _message(a: _Args) -> dict:
 
 
 def _launch_dims(value) -> str | None:
-    if value is None:
-        return None
     if isinstance(value, (list, tuple)):
         return "(" + ", ".join(str(int(v)) for v in value) + ")"
-    return str(value)
+    return None if value is None else str(value)
 
 
 _NOT_A_TRACE = "pass the file written by torch.profiler's export_chrome_trace"
@@ -462,7 +462,8 @@ def frames(path: str | Path, into: dict, span: Span | None = None, salvage: bool
     """The events table of a trace file (or of a :class:`Span` of it) in pieces, as the file is read
     (:data:`CHUNK_BYTES` of its text each, :func:`_event_pieces`); then, where the file was read to
     its end, ``into`` gets ``devices`` and ``distributed`` (as :func:`read_trace` returns them), and
-    (a cut file read with ``salvage``) ``damaged``: what was lost, a notice.
+    (a cut file read with ``salvage``) ``damaged``: what was lost, a notice. ``into["counters"]``: the
+    GPU counter events read (:func:`headcount.parsers.kineto_counters.counter_rows`).
 
     Raises:
         HeadcountError: the file is missing, not JSON, or not a Chrome trace (Misaligned: the span's
@@ -479,6 +480,7 @@ def frames(path: str | Path, into: dict, span: Span | None = None, salvage: bool
         except RecursionError:  # msgspec decodes nested arrays and objects recursively
             raise _too_deep(path) from None
         events_read += len(events)
+        into.setdefault("counters", []).extend(counter_rows(events))
         del events, text
         if len(frame):
             yield frame
@@ -498,8 +500,7 @@ def _described(trace: _Document) -> dict:
 
 
 def _frame_of(path: Path) -> tuple[pd.DataFrame, dict]:
-    """The events table of a trace file, built a piece at a time as the file is read, and what
-    the trace's other fields say (:func:`_described`)."""
+    """The events table of a trace file, built a piece at a time, and what else it holds (:func:`frames`)."""
     into: dict = {}
     pieces = list(frames(path, into))
     if not pieces:
@@ -517,9 +518,9 @@ def load_trace(path: str | Path) -> pd.DataFrame:
 
 
 def read_trace(path: str | Path) -> dict:
-    """A trace file as ``{"events": events table, "devices": deviceProperties
-    (list of dicts, empty for a CPU trace), "distributed": {"rank", "world_size"}
-    from its ``distributedInfo``, those that are whole numbers (empty for one process)}``.
+    """A trace file as ``{"events": events table, "devices": deviceProperties (list of dicts, empty for a CPU
+    trace), "distributed": {"rank", "world_size"} from its ``distributedInfo``, those that are whole numbers
+    (empty for one process), "counters": its GPU counter events}`` (:func:`frames`).
 
     Raises:
         HeadcountError: the file is missing, not JSON, or not a Chrome trace.

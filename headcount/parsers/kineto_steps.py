@@ -56,6 +56,8 @@ class Pieces:
         described: ``devices`` and ``distributed`` of the trace (:func:`headcount.parsers.kineto_json.read_trace`).
         launched: some GPU work of the trace has its launch call in it (see :func:`headcount.build.shared.tables_from_events`).
         count: the groups, once cut.
+        counters: the trace's GPU counter events (:func:`headcount.parsers.kineto_counters.counter_rows`).
+        pm: its PM samples, as the build made them of ``counters`` (:func:`headcount.build.in_process.trace_samples`).
     """
 
     def __init__(self, path: str | Path, group_rows: int | None = None, held_bytes: int | None = None,
@@ -68,6 +70,8 @@ class Pieces:
         self.described: dict = {"devices": [], "distributed": {}}
         self.launched = False
         self.count = 0
+        self.counters: list[tuple] = []
+        self.pm = None
         self._held: list[pd.DataFrame | Path] = []  # a piece, or the file it was written to
         self._index: dict[str, list[np.ndarray]] = {name: [] for name in _INDEX}
         self._steps: dict[str, list[np.ndarray]] = {"headcount": [], "profiler": []}
@@ -110,6 +114,7 @@ class Pieces:
             self._name = f"span{span.index}"
         for frame in kineto.frames(self.path, self.described, span, salvage=self.salvage):
             self._add(drop_implausible(frame, "events", self.notices))
+        self.counters += self.described.pop("counters", [])
         if "damaged" in self.described:  # salvaged: what was lost, said first
             self.notices.insert(0, self.described.pop("damaged"))
         if span is None:
@@ -124,6 +129,7 @@ class Pieces:
         for source in self._steps:
             self._steps[source] += part._steps[source]
         self.notices += part.notices
+        self.counters += part.counters
         if part.described["devices"] or part.described["distributed"]:
             self.described = part.described
 
