@@ -29,7 +29,7 @@ from headcount.build.shared import (
 from headcount.common.device import Device
 from headcount.common.errors import HeadcountError
 from headcount.common.naming import DOMAIN, STEP_DOMAIN
-from headcount.derive import aggregate, collectives, sampling
+from headcount.derive import aggregate, collectives, inductor, sampling
 from headcount.derive import steps as step_view
 from headcount.parsers.plausible import drop_implausible
 
@@ -246,6 +246,9 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
             else:
                 found.ranges = found.ranges.drop(columns=untagged.CALL_KEY)
             events = pd.concat([events, found.ranges], ignore_index=True)
+    events, said = inductor.with_kernel_estimates(events)
+    if said:
+        notices.append(said)
     gpu = events["kind"].isin(["kernel", "memcpy", "memset"]).to_numpy(dtype=bool)
     orphan = gpu & ~launched_in(events)
     if orphan.any():

@@ -41,6 +41,7 @@ KERNELS = pa.schema([
     ("block_threads", I), ("shared_memory_static_bytes", F), ("shared_memory_dynamic_bytes", F),
     ("shared_memory_config_bytes", F), ("local_memory_per_thread_bytes", I), ("graph_id", I),
     ("graph_node_id", I), ("collective", S), ("msg_in_nelems", I), ("msg_out_nelems", I), ("group_size", I), ("comm_dtype", S),
+    ("estimated_flop", F), ("estimated_min_bytes", F), ("estimate_provenance", S),
     *_ATTRIBUTION,
 ])
 

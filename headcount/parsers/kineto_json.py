@@ -30,6 +30,10 @@ Output columns (one row per complete ``"ph": "X"`` event):
                       its forward op's); null otherwise
 ``graph_node_id``     a kernel replayed from a CUDA graph: its node (Kineto's
                       ``graph node id``); null otherwise
+``external_ref``      Kineto's ``External id`` of a kernel and of an op with estimates
+                      (a kernel's is that of the operator that launched it)
+``estimated_flop``, ``estimated_num_gb``  Inductor's ``kernel_flop`` / ``kernel_num_gb``
+                      (GB = 1e9 bytes) where the op or kernel carries them; null otherwise
 ====================  =========================================================
 
 ``kind`` ``module`` marks an ``nn.Module: <Class>_<k>`` range of a trace
@@ -45,7 +49,6 @@ from __future__ import annotations
 import gzip
 import re
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,7 @@ from headcount.common.device import Device
 from headcount.common.errors import DAMAGED, HeadcountError
 from headcount.parsers.files import damaged, read_chunk, unreadable
 from headcount.parsers.kineto_counters import counter_rows
+from headcount.parsers.kineto_events import Args, Event, ExactEvent
 from headcount.parsers.kineto_times import exact_nanoseconds
 
 _KIND_BY_CAT = {
@@ -74,61 +78,13 @@ _KIND_BY_CAT = {
 COLUMNS = [
     "kind", "name", "pid", "tid", "start_ns", "end_ns", "correlation_id", "device", "stream",
     "grid", "block", "registers_per_thread", "shared_memory_bytes", "est_achieved_occupancy_pct", "args", "graph_node_id",
-    "sequence",
+    "sequence", "external_ref", "estimated_flop", "estimated_num_gb",
 ]
 _GPU_SIDE = {"kernel", "memcpy", "memset", "runtime"}
 MODULE_PREFIX = "nn.Module: "
 
 
-class _Args(msgspec.Struct, gc=False):
-    """The ``args`` of an event that the events table keeps (others are skipped unread)."""
-
-    correlation: Any = None
-    device: Any = None
-    stream: Any = None
-    grid: Any = None
-    block: Any = None
-    registers: Any = msgspec.field(default=None, name="registers per thread")
-    shared: Any = msgspec.field(default=None, name="shared memory")
-    occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
-    # an op's inputs, kept as their JSON text (decoded only for the few ops whose shapes are read: decoding
-    # every op's nested lists took two thirds of the decode)
-    input_dims: msgspec.Raw = msgspec.field(default=None, name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=None, name="Input type")
-    concrete: msgspec.Raw = msgspec.field(default=None, name="Concrete Inputs")
-    graph_node: Any = msgspec.field(default=None, name="graph node id")
-    sequence: Any = msgspec.field(default=None, name="Sequence number")
-    # a collective's message, on its kernel (and its record_param_comms operator)
-    collective: Any = msgspec.field(default=None, name="Collective name")
-    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
-    group_size: Any = msgspec.field(default=None, name="Group size")
-    dtype: Any = None
-    counter: Any = msgspec.field(default=None, name="")  # a counter event's value (kineto_counters)
-
-
-class _Event(msgspec.Struct, gc=False):
-    """One trace event; ``ts``/``dur`` as float64 (exact nanoseconds are recovered by :func:`~headcount.parsers.kineto_times.exact_nanoseconds`)."""
-
-    ph: Any = None
-    cat: Any = ""
-    name: Any = ""
-    pid: Any = None
-    tid: Any = None
-    ts: float | None = None
-    dur: float | None = None
-    args: _Args | None = None
-
-
-class _ExactEvent(_Event, gc=False):
-    """An event whose ``ts``/``dur`` are decoded from the JSON number's own digits
-    (the fallback where float64 cannot pin a nanosecond)."""
-
-    ts: Decimal | None = None
-    dur: Decimal | None = None
-
-
-def _message(a: _Args) -> dict:
+def _message(a: Args) -> dict:
     """A collective kernel's message, kept in the ``args`` column (a few rows: no column for every event)."""
     return {"Collective name": a.collective, "In msg nelems": a.in_nelems, "Out msg nelems": a.out_nelems,
             "Group size": a.group_size, "dtype": a.dtype}
@@ -171,7 +127,7 @@ class _Document(msgspec.Struct):
     distributedInfo: Any = None  # {"rank", "world_size", "backend", …} where torch.distributed ran
 
 
-_DECODERS = {False: msgspec.json.Decoder(list[_Event]), True: msgspec.json.Decoder(list[_ExactEvent])}
+_DECODERS = {False: msgspec.json.Decoder(list[Event]), True: msgspec.json.Decoder(list[ExactEvent])}
 _SYNTAX = msgspec.json.Decoder(list[msgspec.Raw])  # a piece's JSON checked, not decoded
 _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
 _EVENT_END = re.compile(rb"\}\s*,\s*\{")  # where one event may end and the next begin (checked by decoding)
@@ -552,7 +508,7 @@ def _times(kept: list, source: str) -> tuple[np.ndarray, np.ndarray]:
     if missing is not None:
         raise HeadcountError(f"{source}: event {missing.name!r} has no valid ts/dur", hint="the trace is damaged; record it again")
     try:
-        if kept and isinstance(kept[0], _ExactEvent):  # microseconds with three decimals → integer nanoseconds, from the digits
+        if kept and isinstance(kept[0], ExactEvent):  # microseconds with three decimals → integer nanoseconds, from the digits
             start = np.array([int(v.scaleb(3)) for v in ts], dtype=np.int64)
             length = np.array([int(v.scaleb(3)) if v is not None else 0 for v in dur], dtype=np.int64)
         else:
@@ -625,7 +581,7 @@ def _hashable(values: list) -> list:
 
 
 def _json(value):
-    """An input field's value: decoded from its JSON text (:class:`_Args`), as is when given decoded."""
+    """An input field's value: decoded from its JSON text (:class:`Args`), as is when given decoded."""
     return msgspec.json.decode(value) if isinstance(value, msgspec.Raw) else value
 
 
@@ -638,7 +594,7 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
         _Inexact: (decoded events with float times) a time not pinned to one nanosecond.
     """
     if events and isinstance(events[0], dict):
-        text = msgspec.json.encode(events)  # as the file would hold them: the inputs are kept as JSON text (_Args)
+        text = msgspec.json.encode(events)  # as the file would hold them: the inputs are kept as JSON text (Args)
         try:
             return events_frame(_DECODERS[False].decode(text), source)
         except msgspec.ValidationError as exc:
@@ -678,6 +634,10 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
                   "Concrete Inputs": _json(kept[i].args.concrete)} for i in ops if names[i] in shaped}
     inputs.update({i: _message(kept[i].args) for i in gpu if kept[i].args.collective is not None and kinds[i] == "kernel"})
     sequence = _spread([kept[i].args.sequence for i in ops], ops, n, "Int64")
+    # Inductor's estimates: on the operator around a Triton launch, or on the kernel itself (an augmented trace)
+    estimated_ops = [i for i in ops if kept[i].args.kernel_flop is not None or kept[i].args.kernel_num_gb is not None]
+    estimated = estimated_ops + [i for i in gpu if kept[i].args.kernel_flop is not None or kept[i].args.kernel_num_gb is not None]
+    refs = estimated_ops + [i for i in gpu if kinds[i] == "kernel"]
     frame = pd.DataFrame({
         "kind": kinds,
         "name": names,
@@ -696,5 +656,8 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
         "args": [inputs.get(i) for i in range(n)] if inputs else [None] * n,
         "graph_node_id": column([a.graph_node or None for a in gpu_args], "Int64"),  # 0: not from a graph
         "sequence": sequence,
+        "external_ref": _spread([kept[i].args.external for i in refs], refs, n, "Int64"),
+        "estimated_flop": _spread([kept[i].args.kernel_flop for i in estimated], estimated, n, "Float64"),
+        "estimated_num_gb": _spread([kept[i].args.kernel_num_gb for i in estimated], estimated, n, "Float64"),
     }, columns=COLUMNS)
     return frame

@@ -139,18 +139,24 @@ def heatmap(frame: pd.DataFrame, value: str, title: str, unit: str, provenance: 
     return "".join(parts)
 
 
-def roofline(points: pd.DataFrame, device_name: str | None, dtype: str | None, measured_gbps: float | None = None) -> str:
+def roofline(points: pd.DataFrame, device_name: str | None, dtype: str | None, measured_gbps: float | None = None,
+             estimated: pd.DataFrame | None = None) -> str:
     """An SVG roofline (log–log): FLOP/byte across, achieved FLOP/s up, one
-    point per layer row, with the device's bandwidth and compute ceilings."""
-    pts = points.dropna(subset=["intensity_flop_per_byte", "flop", "duration_ns"])
+    point per layer row, with the device's bandwidth and compute ceilings; ``estimated``: kernels whose FLOPs
+    and minimum bytes are Inductor's estimates (``name``, ``estimated_flop``, ``estimated_min_bytes``, ``time_ns``,
+    ``kernels``), grey crosses."""
+    pts = points.dropna(subset=["intensity_flop_per_byte", "flop", "duration_ns"]) if len(points) else pd.DataFrame(
+        columns=["intensity_flop_per_byte", "flop", "duration_ns", "implementation", "phase", "layer_name"])
     pts = pts[(pts["intensity_flop_per_byte"] > 0) & (pts["duration_ns"] > 0) & (pts["flop"] > 0)]
+    est = _estimated_points(estimated)
     peaks = device_peaks.peaks_for(device_name)
     bw = (measured_gbps or (peaks.dram_gbps if peaks else None))
     peak = peaks.tflops.get(dtype) * 1e12 if peaks and dtype in peaks.tflops else None
     xs = pts["intensity_flop_per_byte"].to_numpy(float)
     ys = (pts["flop"] / (pts["duration_ns"] * 1e-9)).to_numpy(float)
-    x_lo, x_hi = (xs.min() / 4, xs.max() * 4) if len(xs) else (0.1, 1000.0)
-    y_vals = list(ys) + ([peak] if peak else [])
+    all_x = np.concatenate([xs, est["x"].to_numpy(float)])
+    x_lo, x_hi = (all_x.min() / 4, all_x.max() * 4) if len(all_x) else (0.1, 1000.0)
+    y_vals = list(ys) + list(est["y"]) + ([peak] if peak else [])
     y_lo, y_hi = (min(y_vals) / 4, max(y_vals) * 4) if y_vals else (1e6, 1e15)
     if peak and bw:
         x_hi = max(x_hi, peak / (bw * 1e9) * 4)
@@ -195,7 +201,11 @@ def roofline(points: pd.DataFrame, device_name: str | None, dtype: str | None, m
         tip = (f"{row.implementation} {row.phase} {label}: {exact(x) if x >= 1000 else f'{x:,.4g}'} FLOP/byte, {human(y, 'FLOP/s')} "
                f"(FLOPs analytic; bytes {bytes_prov if not missing(bytes_prov) else '–'}; time {time_prov if not missing(time_prov) else '–'})")
         parts.append(_marker(shapes[str(row.implementation)], px(x), py(y), colour, hollow=is_head, size=2.8 if is_head else 4.5, tip=tip))
-    parts.append(_legend(w + 8, m, [p for p in _PHASE_COLOURS if p in set(pts["phase"])], shapes, any_head))
+    for row in est.itertuples(index=False):
+        tip = (f"{names.shown(row.name)} ({int(row.kernels)} launches): {row.x:,.4g} FLOP/byte, {human(row.y, 'FLOP/s')} "
+               "(FLOPs and minimum bytes: inductor estimate; time measured)")
+        parts.append(_cross(px(row.x), py(row.y), tip))
+    parts.append(_legend(w + 8, m, [p for p in _PHASE_COLOURS if p in set(pts["phase"])], shapes, any_head, len(est) > 0))
     parts.append("</svg>")
     return "".join(parts)
 
@@ -218,8 +228,24 @@ def _marker(shape: str, x: float, y: float, colour: str, hollow: bool = False, s
     return f'<polygon points="{pts}" {paint}>{title}</polygon>'
 
 
-def _legend(x: float, y: float, phases: list[str], shapes: dict[str, str], heads: bool) -> str:
-    """What the colours (phases), shapes (implementations) and rings (heads) mean."""
+def _estimated_points(kernels: pd.DataFrame | None) -> pd.DataFrame:
+    """Kernels with both Inductor estimates, as roofline points: ``x`` FLOP/byte, ``y`` FLOP/s over their measured time."""
+    columns = ["name", "kernels", "x", "y"]
+    if kernels is None or not len(kernels) or "estimated_flop" not in kernels:
+        return pd.DataFrame(columns=columns)
+    k = kernels.dropna(subset=["estimated_flop", "estimated_min_bytes", "time_ns"])
+    k = k[(k["estimated_flop"] > 0) & (k["estimated_min_bytes"] > 0) & (k["time_ns"] > 0)]
+    return pd.DataFrame({"name": k["name"], "kernels": k["kernels"], "x": k["estimated_flop"] / k["estimated_min_bytes"],
+                         "y": k["estimated_flop"] / (k["time_ns"] * 1e-9)}, columns=columns)
+
+
+def _cross(x: float, y: float, tip: str) -> str:
+    return (f'<path d="M{x - 3:.1f},{y - 3:.1f}L{x + 3:.1f},{y + 3:.1f}M{x - 3:.1f},{y + 3:.1f}L{x + 3:.1f},{y - 3:.1f}" '
+            f'stroke="#777" stroke-width="1.5"><title>{_e(tip)}</title></path>')
+
+
+def _legend(x: float, y: float, phases: list[str], shapes: dict[str, str], heads: bool, estimated: bool = False) -> str:
+    """What the colours (phases), shapes (implementations), rings (heads) and crosses (estimated kernels) mean."""
     rows = [f'<text x="{x}" y="{y + 4}" font-size="11" font-weight="600">legend</text>']
     at = y + 22
     for phase in phases:
@@ -233,6 +259,9 @@ def _legend(x: float, y: float, phases: list[str], shapes: dict[str, str], heads
     if heads:
         rows.append(_marker("circle", x + 6, at - 4, "#444", hollow=True, size=2.8)
                     + f'<text x="{x + 18}" y="{at}" font-size="11">a head (head mode)</text>')
+        at += 18
+    if estimated:
+        rows.append(_cross(x + 6, at - 4, "") + f'<text x="{x + 18}" y="{at}" font-size="11">a kernel (Inductor est.)</text>')
         at += 18
     rows.append(f'<line x1="{x}" y1="{at - 4}" x2="{x + 12}" y2="{at - 4}" stroke="#c0392b" stroke-width="2"/>'
                 f'<text x="{x + 18}" y="{at}" font-size="11">ceilings</text>')
@@ -288,7 +317,11 @@ def kernel_summary(con, top: int = 15) -> pd.DataFrame:
                    {col('dram_throughput_pct', 'avg(dram_throughput_pct)')} AS dram_throughput_pct,
                    {col('sm_throughput_pct', 'avg(sm_throughput_pct)')} AS sm_throughput_pct,
                    {col('memory_throughput_pct', 'avg(memory_throughput_pct)')} AS memory_throughput_pct,
-                   {col('bound', 'mode(bound)')} AS bound
+                   {col('bound', 'mode(bound)')} AS bound,
+                   -- Inductor's estimates: a total only where every launch of the row has one
+                   {col('estimated_flop', 'CASE WHEN count(estimated_flop) = count(*) THEN sum(estimated_flop) END')} AS estimated_flop,
+                   {col('estimated_min_bytes', 'CASE WHEN count(estimated_min_bytes) = count(*) THEN sum(estimated_min_bytes) END')}
+                       AS estimated_min_bytes
             FROM kernels WHERE kind = 'kernel' GROUP BY ALL)
         SELECT * EXCLUDE (n) FROM (
             SELECT *, row_number() OVER (PARTITION BY run_id ORDER BY time_ns DESC NULLS LAST, dram_bytes DESC NULLS LAST) AS n FROM k)
@@ -435,7 +468,8 @@ def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, 
             if "achieved_occupancy_pct" in g and g["achieved_occupancy_pct"].notna().any():
                 charts.append(heatmap(g, "achieved_occupancy_pct", "achieved occupancy", "%", "/".join(sorted(set(g["achieved_occupancy_provenance"].dropna())))))
             body.append(f"<h3>Layer × head: {_e(impl)}, {_e(phase)}</h3><div class=\"grid\">" + "".join(c for c in charts if c) + "</div>")
-    if len(layers):
+    estimated = _estimated_points(kernels)
+    if len(layers) or len(estimated):
         device = info.get("device_name") if info.get("device_kind") == "cuda" and not missing(info.get("device_name")) else None
         dtype = str(info["dtype"]) if not missing(info.get("dtype")) else None
         reported = info.get("device_memory_bandwidth_gbps")
@@ -450,10 +484,12 @@ def _run_section(run_id, layers: pd.DataFrame, heads: pd.DataFrame, info: dict, 
             caption = f"no ceilings: the device ({device or info.get('device_name') or 'unknown'}) is not a GPU of the device table"
         measured_heads = heads[heads["provenance"] == "measured"] if len(heads) else heads
         points = pd.concat([layers, measured_heads], ignore_index=True) if len(measured_heads) else layers
-        body.append("<h3>Roofline</h3>" + roofline(points, device, dtype, ceiling) +
+        crosses = (" Grey crosses: the top kernels whose FLOPs and minimum bytes are Inductor's own estimates (kernels table "
+                   "<code>estimate_provenance</code>), over their measured time." if len(estimated) else "")
+        body.append("<h3>Roofline</h3>" + roofline(points, device, dtype, ceiling, kernels) +
                     f'<p class="cap">Filled: one point per layer row; rings: heads measured on their own (head mode); colour: '
                     f"phase; shape: implementation (legend); {_e(caption)}. FLOPs are analytic; bytes as in the tables' "
-                    "provenance; hover a point for its exact values.</p>")
+                    f"provenance; hover a point for its exact values.{crosses}</p>")
     if kernels is not None:
         body += _kernels_section(kernels)
     return body
