@@ -18,7 +18,8 @@ PERMISSION_HINT = (
 )
 HOLDER_HINT = (
     "only one CUPTI subscriber per process: do not run headcount's cupti backend under nsys, ncu, DCGM profiling "
-    "or inside torch.profiler; use `headcount run --backend nsys|ncu` for those tools, or --backend torch"
+    "or inside torch.profiler; use `headcount run --backend nsys|ncu` for those tools, or --backend torch (torch 2.15+ "
+    "can sample PM itself: `headcount doctor` names the route)"
 )
 
 # CUPTI status names (cupti.cupti.Result) → (message, hint)

@@ -228,6 +228,11 @@ class CuptiRecorder:
             HeadcountError: no GPU or driver, driver too old, CUPTI held by
                 another profiler, counters not permitted, libcupti mismatch.
         """
+        from headcount.collector import torch_pm
+
+        holder = torch_pm.cupti_holder()  # said in one line, not as CUPTI's ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+        if holder is not None:
+            raise torch_pm.holder_error(holder)
         cupti = self.cupti
         began = time.perf_counter()
         kinds = self._activity_kinds()

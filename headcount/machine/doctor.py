@@ -224,9 +224,55 @@ def check_tools() -> list[Check]:
     return out
 
 
+def check_torch_pm(gpu: bool) -> Check:
+    """Whether torch.profiler samples PM counters itself here (:func:`headcount.collector.torch_pm.route`)."""
+    from headcount.collector import torch_pm
+
+    chosen = torch_pm.route(cuda=gpu)
+    if chosen.name:
+        return Check("torch PM sampling", "ok", f"{chosen.name}: {chosen.detail}")
+    return Check("torch PM sampling", "info", chosen.detail,
+                 "sampled DRAM per layer and head: --backend cupti (headcount cupti install); exact: --backend ncu")
+
+
 def run_checks() -> list[Check]:
     """All checks, in the order ``headcount doctor`` prints them."""
-    return [*check_packages(), *check_gpu(), *check_cupti(), check_counters(), check_nvtx_injection(), *check_tools()]
+    gpu = check_gpu()
+    has_gpu = not any(c.status == "fail" for c in gpu)
+    return [*check_packages(), *gpu, *check_cupti(), check_counters(), check_nvtx_injection(), check_torch_pm(has_gpu),
+            *check_tools()]
+
+
+def routes(checks: list[Check]) -> dict[str, bool]:
+    """Which recording routes this environment has, from the checks: torch.profiler's own PM sampling (``torch
+    (Kineto PM)``, ``torch (Cuspy PM)``), headcount's cupti source, ncu, nsys; ``torch`` (timings) everywhere."""
+    by_name = {c.name: c for c in checks}
+    pm = by_name.get("torch PM sampling")
+    gpu = not {c.name for c in checks if c.status == "fail"} & {"gpu", "driver"}
+    return {"torch (Kineto PM)": bool(pm and pm.status == "ok" and pm.detail.startswith("kineto:")),
+            "torch (Cuspy PM)": bool(pm and pm.status == "ok" and pm.detail.startswith("cuspy:")),
+            "cupti": usable(checks, "cupti"),
+            "ncu": gpu and by_name.get("ncu") is not None and by_name["ncu"].status == "ok",
+            "nsys": by_name.get("nsys") is not None and by_name["nsys"].status == "ok",
+            "torch": usable(checks, "torch")}
+
+
+def recommended(available: dict[str, bool]) -> str:
+    """The route to use here, and why, from :func:`routes`: per-layer and per-head DRAM first, with as few CUPTI
+    clients and libraries as give it."""
+    if available["torch (Kineto PM)"]:
+        return ("--backend torch: torch.profiler samples DRAM and warps itself (Kineto's CUPTI PM sampling: one CUPTI "
+                "subscriber, torch's own libcupti), per layer and head where the samples resolve them")
+    if available["cupti"]:
+        return "--backend cupti: kernels, launch latency, occupancy and PM-sampled DRAM per layer and head"
+    if available["torch (Cuspy PM)"]:
+        return "--backend torch: PM samples through Cuspy (experimental), per layer and head where they resolve them"
+    if available["ncu"]:
+        return "headcount run --backend ncu: exact counters per kernel, layer and head (kernels serialized: no concurrency)"
+    if available["nsys"]:
+        return "headcount run --backend nsys: timeline, kernels and device-wide GPU metrics"
+    return ("--backend torch: operator (and, on a GPU, kernel) times only; for counters, record on a GPU machine and "
+            "`headcount parse` the recording here")
 
 
 def usable(checks: list[Check], backend: str) -> bool:
