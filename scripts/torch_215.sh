@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 venv=.venv-torch215
 constraints="$venv.constraints.txt"
-TESTS=(tests/test_torch_pm_samples.py tests/test_torch_pm_route.py)
+TESTS=(tests/test_torch_pm_samples.py tests/test_torch_pm_route.py tests/test_graph_annotations.py)
 configured=$("$PYTHON" -m pip config list 2>/dev/null | sed -n "s/^[a-z:.]*constraint='\(.*\)'$/\1/p")
 { for f in $configured ${PIP_CONSTRAINT:-}; do
     if [ -f "$f" ]; then grep -viE '^(torch|torchvision|torchaudio)([<>=!~ ]|$)' "$f" || true; fi; done; } > "$constraints"

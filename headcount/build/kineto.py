@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from headcount.attribute import labels, untagged
+from headcount.attribute import graph_annotations, labels, untagged
 from headcount.build.in_process import pm_ceiling, pm_resolution, trace_samples
 from headcount.build.shared import (
     NO_ATTENTION,
@@ -233,6 +233,8 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
     of what it holds, and whether it has headcount's ranges."""
     notices: list[str] = []
     events = _profiler_steps(events)
+    events, said = graph_annotations.with_annotated_ranges(events)  # a replay's kernels labelled at capture
+    notices += said
     tagged = bool(((events["kind"] == "range") & events["name"].astype(str).str.startswith(DOMAIN + "@")).any())
     calls = []
     if not tagged:
@@ -241,9 +243,12 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
         calls = found.calls
         if len(found.ranges):
             keys = untagged.assigned_keys(found, len(events))
+            keyed = untagged.CALL_KEY in events
             if keys is not None:  # a replay's attention kernels: given to their call by name, not by the graph launch
+                if keyed:  # beside the kernels an annotation gave its region
+                    keys = np.where(keys >= 0, keys, pd.array(events[untagged.CALL_KEY], dtype="Int64").to_numpy(np.int64, na_value=-1))
                 events = events.assign(**{untagged.CALL_KEY: keys})
-            else:
+            elif not keyed:
                 found.ranges = found.ranges.drop(columns=untagged.CALL_KEY)
             events = pd.concat([events, found.ranges], ignore_index=True)
     events, said = inductor.with_kernel_estimates(events)
@@ -256,11 +261,14 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
         notices.append(f"{int(orphan.sum())} GPU operations ({kernels} kernels) have no launch call in the trace (launched "
                        "before it started): counted, attributed to no range")
     replayed = gpu & events["graph_node_id"].notna().to_numpy(dtype=bool)
+    if untagged.CALL_KEY in events:  # those a CUDA-graph annotation gave a region are theirs
+        replayed &= ~(pd.array(events[untagged.CALL_KEY], dtype="Int64").to_numpy(np.int64, na_value=-1) >= graph_annotations.KEY_BASE)
     if replayed.any():
         notices.append(f"{int(replayed.sum())} GPU operations were replayed from CUDA graphs: a torch.profiler trace does not "
                        "record which range captured them, so (attention kernels found by name aside) they count for the range "
-                       "around the graph launch (often none); record with `--backend cupti` or `nsys --cuda-graph-trace=node` "
-                       "to attribute them to their layers")
+                       "around the graph launch (often none); capture with torch.cuda.graph(g, enable_annotations=True) and "
+                       "export with cuda_graph_annotations=get_kernel_annotations() (torch 2.15+, CUDA 13.1+: headcount marks its "
+                       "calls), or record with `--backend cupti` or `nsys --cuda-graph-trace=node`, to attribute them to their layers")
     tables = tables_from_events(events, calls, implementation_of(calls), source="torch", limits=device.limits() if device else None,
                                 launched=launched, with_figures=True, sm_count=device.sm_count if device else None, pm_samples=pm)
     untagged_provenance(tables, tables["ranges"])

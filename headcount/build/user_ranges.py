@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.attribute import attribution, labels, nesting
+from headcount.attribute.untagged import CALL_KEY
 from headcount.derive import launch
 
 
@@ -37,7 +38,10 @@ def user_ranges(user: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, st
     if not len(user):
         return user, None
     columns = [c for c in ("kind", "name", "correlation_id", "start_ns", "end_ns", "device", "stream") if c in gpu]
-    projected, work, _ = attribution.attribute(user, gpu[columns].assign(pid=None), runtime)
+    assigned = None
+    if CALL_KEY in gpu and CALL_KEY in user:  # a graph replay's annotated regions hold their kernels by key
+        assigned = attribution.by_call_key(user, pd.array(gpu[CALL_KEY], dtype="Int64").to_numpy(np.int64, na_value=-1))
+    projected, work, _ = attribution.attribute(user, gpu[columns].assign(pid=None), runtime, assigned=assigned)
     if len(work):
         levels = nesting.ancestor_rows(projected, work["range_id"].to_numpy(np.int64))
         figures = launch.per_range(projected, work, levels)

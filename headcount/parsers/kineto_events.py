@@ -42,6 +42,10 @@ class Args(msgspec.Struct, gc=False):
     kernel_flop: Any = None
     kernel_num_gb: Any = None
     external: Any = msgspec.field(default=None, name="External id")  # joins a kernel to the operator that launched it
+    # a CUDA-graph kernel annotation baked into a replayed kernel's args (torch 2.15's mark_kernels, exported with
+    # export_chrome_trace(cuda_graph_annotations=…)): its region name and, for backward work, its autograd phase
+    annotation: Any = msgspec.field(default=None, name="name")
+    autograd_phase: Any = None
 
 
 class Event(msgspec.Struct, gc=False):

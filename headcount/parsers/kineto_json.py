@@ -34,6 +34,8 @@ Output columns (one row per complete ``"ph": "X"`` event):
                       (a kernel's is that of the operator that launched it)
 ``estimated_flop``, ``estimated_num_gb``  Inductor's ``kernel_flop`` / ``kernel_num_gb``
                       (GB = 1e9 bytes) where the op or kernel carries them; null otherwise
+``graph_annotation``, ``autograd_phase``  a replayed kernel's CUDA-graph annotation baked into
+                      its args (``name``, ``autograd_phase``); null otherwise
 ====================  =========================================================
 
 ``kind`` ``module`` marks an ``nn.Module: <Class>_<k>`` range of a trace
@@ -78,7 +80,7 @@ _KIND_BY_CAT = {
 COLUMNS = [
     "kind", "name", "pid", "tid", "start_ns", "end_ns", "correlation_id", "device", "stream",
     "grid", "block", "registers_per_thread", "shared_memory_bytes", "est_achieved_occupancy_pct", "args", "graph_node_id",
-    "sequence", "external_ref", "estimated_flop", "estimated_num_gb",
+    "sequence", "external_ref", "estimated_flop", "estimated_num_gb", "graph_annotation", "autograd_phase",
 ]
 _GPU_SIDE = {"kernel", "memcpy", "memset", "runtime"}
 MODULE_PREFIX = "nn.Module: "
@@ -659,5 +661,7 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
         "external_ref": _spread([kept[i].args.external for i in refs], refs, n, "Int64"),
         "estimated_flop": _spread([kept[i].args.kernel_flop for i in estimated], estimated, n, "Float64"),
         "estimated_num_gb": _spread([kept[i].args.kernel_num_gb for i in estimated], estimated, n, "Float64"),
+        "graph_annotation": column([None if a.annotation is None else str(a.annotation) for a in gpu_args], object),
+        "autograd_phase": column([None if a.autograd_phase is None else str(a.autograd_phase) for a in gpu_args], object),
     }, columns=COLUMNS)
     return frame

@@ -39,8 +39,8 @@ from headcount.common.call_log import CallLog, CallMeta, CallShape, OneHead, log
 from headcount.common.errors import HeadcountError
 from headcount.common.naming import head_name, sanitize
 from headcount.tagging import compiled as _compiled
+from headcount.tagging import graph_marks, state
 from headcount.tagging import shapes as _shapes
-from headcount.tagging import state
 from headcount.tagging.backward import BackwardRange, awaited, graph_task_id, hook_backward
 from headcount.tagging.grad_marks import CloseOnGrad, OpenOnGrad, with_output
 from headcount.tagging.head_split import grouped_heads, head_slice, interface_call, join_transformers
@@ -144,6 +144,7 @@ class AttentionTagger:
             self.emitter = CorrelatedEmitter(range_log, nvtx=nvtx, torch_ranges=torch_ranges)
         else:
             self.emitter = RangeEmitter(nvtx=nvtx, torch_ranges=torch_ranges)
+        self.graph_marks = graph_marks.marking(self.emitter)  # a capture's calls labelled for its replays (torch 2.15+)
         self._log: list[CallLog | tuple] = []  # shape: the CallMeta (sizes are worked out when read)
         self._shapes: dict[CallMeta | OneHead, CallShape] = {}
         self._layers: dict[int, LayerInfo] = {}
