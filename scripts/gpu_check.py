@@ -659,6 +659,109 @@ def cuda_graph(out: Path, args) -> int:
     return 0
 
 
+def torch_routes(out: Path, args) -> int:
+    """Issue 59's routes on this device's torch (torch-routes.json): whether torch.profiler samples PM itself
+    (:func:`headcount.collector.torch_pm.route`) and whether it can label captured kernels
+    (``torch.cuda.graph_annotations.is_available()``); where it can, a run of each, each skipped with its reason where
+    not: route 4 (and 1) — the model's training steps under ``AttentionProfiler(backend="torch")``, the report in
+    ``OUT/torch-pm``, to compare with headcount's own PM samples (``report/``); route 2 — the tagged forward captured
+    with annotations, replayed under torch.profiler, exported with them and parsed (``OUT/torch-graph``)."""
+    from headcount import AttentionProfiler
+    from headcount.collector import torch_pm
+
+    model, inputs, torch = _model(args)
+    cuda = _cuda() and not args.dry_run
+    chosen = torch_pm.route(cuda=cuda)
+    doc: dict = {"torch": str(torch.__version__), "cuda": cuda, "pm_route": {"name": chosen.name, "detail": chosen.detail}}
+    try:
+        from torch.cuda import graph_annotations
+
+        doc["graph_annotations"] = {"available": bool(graph_annotations.is_available())}
+    except Exception as exc:  # noqa: BLE001 - any failure to probe is "not available", said
+        graph_annotations = None
+        doc["graph_annotations"] = {"available": False, "detail": f"{type(exc).__name__}: {exc}"}
+    if chosen.name is not None:
+        prof = AttentionProfiler(model, backend="torch", trace_dir=out / "torch-pm-trace")
+        with prof:
+            for i in range(args.steps):
+                with prof.step(i):
+                    _train_step(model, inputs)
+                _sync()
+        prof.save(out / "torch-pm", force=True)
+        doc["pm_run"] = {"report": "torch-pm", "steps": args.steps, "notices": list(getattr(prof, "notices", []) or [])}
+    if doc["graph_annotations"]["available"] and cuda:
+        from torch.profiler import ProfilerActivity, profile
+
+        from headcount.tagging.tagger import AttentionTagger
+
+        model.eval()
+        with torch.no_grad(), AttentionTagger([model], mode="layer") as tagger:
+            doc["graph_annotations"]["tagger_marks"] = bool(tagger.graph_marks)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                model(**inputs)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, enable_annotations=True):
+                model(**inputs)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as traced:
+                for _ in range(3):
+                    graph.replay()
+                _sync()
+        (out / "torch-graph").mkdir(exist_ok=True)
+        traced.export_chrome_trace(str(out / "torch-graph" / "trace.json"),
+                                   cuda_graph_annotations=graph_annotations.get_kernel_annotations())
+        doc["graph_run"] = {"trace": "torch-graph/trace.json", "replays": 3}
+    _write(out / "torch-routes.json", doc)
+    return 0
+
+
+def check_torch_routes(c: _Checked) -> None:
+    """Issue 59's routes where the device's torch has them (:func:`torch_routes`): torch-native PM samples per layer
+    against headcount's own (the profile's report, same model and shape) within :data:`COUNTER_BOUNDS`; a labelled
+    capture's replayed attention kernels all in their layers. Skipped with the reason where torch has no route."""
+    import pandas as pd
+
+    doc = c.load("torch-routes.json")
+    if doc is None:
+        c.record("torch.profiler's own PM samples vs headcount's (issue 59)", "skip", "torch-routes not run")
+        return
+    c.summary["torch_routes"] = doc
+    if not doc.get("pm_run"):
+        c.record("torch.profiler's own PM samples vs headcount's (issue 59)", "skip", f"torch {doc['torch']}: {doc['pm_route']['detail']}")
+    elif (c.out / "torch-pm" / "layers").exists() and (c.out / "report" / "layers").exists():
+        key = ["implementation", "phase", "layer_name"]
+        theirs = c.table("layers", c.out / "torch-pm")
+        ours = c.table("layers", c.out / "report")
+        ours = ours[ours["implementation"].isin(set(theirs["implementation"]))]
+        both = theirs.set_index(key)[["dram_bytes_sampled", "calls"]].join(ours.set_index(key)[["dram_bytes_sampled", "calls"]],
+                                                                         lsuffix="_torch", rsuffix="_cupti", how="inner")
+        per_call = (both["dram_bytes_sampled_torch"] / both["calls_torch"]) / (both["dram_bytes_sampled_cupti"] / both["calls_cupti"])
+        per_call = per_call.dropna()
+        lo, hi = COUNTER_BOUNDS
+        status = "ok" if len(per_call) and per_call.between(lo, hi).all() else "FAIL"
+        c.record("torch.profiler's own PM samples vs headcount's (issue 59)", status,
+                 f"{len(per_call)} layer×phase rows resolved by both: torch/cupti per call "
+                 + (f"{per_call.min():.3f}–{per_call.max():.3f} (bounds {lo}–{hi})" if len(per_call) else "none"))
+    else:
+        c.record("torch.profiler's own PM samples vs headcount's (issue 59)", "FAIL", "torch-pm or report missing")
+    if not doc.get("graph_run"):
+        detail = doc["graph_annotations"].get("detail") or "torch.cuda.graph_annotations.is_available() is False (needs torch 2.15+, cuda-bindings, CUDA 13.1+)"
+        c.record("a labelled CUDA-graph replay's kernels in their layers (issue 59)", "skip", detail)
+        return
+    from headcount.cli.main import main as headcount_main
+
+    report = c.out / "torch-graph" / "report"
+    rc = headcount_main(["parse", str(c.out / "torch-graph" / "trace.json"), "-o", str(report), "--force"])
+    kernels = c.table("kernels", report) if rc == 0 else pd.DataFrame()
+    attention = kernels[kernels["name"].astype(str).str.contains("flash|fmha|attention", case=False)] if len(kernels) else kernels
+    placed = int(attention["layer_name"].notna().sum()) if len(attention) else 0
+    c.record("a labelled CUDA-graph replay's kernels in their layers (issue 59)",
+             "ok" if rc == 0 and len(attention) and placed == len(attention) else "FAIL",
+             f"{placed} of {len(attention)} replayed attention kernels in a layer (parse exit {rc})")
+
+
 def _graph_check(record, summary, name: str, report_dir: Path, steps: int, graphed: bool = True) -> None:
     """The kernels a graph replayed (those with a graph node id, whatever their names) land in the layer ranges
     that captured them: every replayed kernel launched inside a layer's capture is attributed to that layer, and
@@ -1068,7 +1171,8 @@ def check_training_windows(c: _Checked) -> None:
 
 CHECKS = (check_copy_ceiling, check_cupti_probes, check_occupancy_vs_driver, check_counters, check_profile_report, check_steps,
           check_attention_ranges, check_bandwidth, check_per_implementation, check_heads_explain_layers, check_ncu_slice,
-          check_wrapped_runs, check_interrupts, check_compiled, check_cuda_graphs, check_collector_overhead, check_training_windows)
+          check_wrapped_runs, check_interrupts, check_compiled, check_cuda_graphs, check_collector_overhead, check_training_windows,
+          check_torch_routes)
 """The checks, in the order they run and print; each reads what the GPU steps left in OUT."""
 
 
@@ -1105,9 +1209,9 @@ def main(argv=None) -> int:
         s = sub.add_parser(name)
         s.add_argument("out")
         s.add_argument("--dry-run", action="store_true")
-    for name in ("overhead", "workload", "counters-workload", "cuda-graph", "training", "interrupt"):
+    for name in ("overhead", "workload", "counters-workload", "cuda-graph", "training", "interrupt", "torch-routes"):
         s = sub.add_parser(name)
-        if name in ("overhead", "cuda-graph", "training", "interrupt"):
+        if name in ("overhead", "cuda-graph", "training", "interrupt", "torch-routes"):
             s.add_argument("out")
         s.add_argument("--backend", default="nsys")
         s.add_argument("--endless", action="store_true")
@@ -1152,6 +1256,8 @@ def main(argv=None) -> int:
         return cuda_graph(Path(args.out), args)
     if args.cmd == "interrupt":
         return interrupt(Path(args.out), args)
+    if args.cmd == "torch-routes":
+        return torch_routes(Path(args.out), args)
     return check(Path(args.out))
 
 

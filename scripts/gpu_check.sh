@@ -35,6 +35,9 @@
 #   8c. captures its forward into a CUDA graph while tagged and replays it once per step, under
 #      the cupti source (report-graphed/) and under nsys --cuda-graph-trace=node (graph-nsys/,
 #      report-graph-nsys/): every replayed attention kernel must land in its layer;
+#   8e. torch 2.15's own routes (issue 59), where the device's torch has them: torch.profiler's own PM samples of
+#      the profiled model against headcount's (torch-pm/), a capture labelled by the tagger replayed and exported with
+#      its annotations (torch-graph/); skipped with the reason where not (torch-routes.json);
 #   8d. interrupts `headcount run` (ncu, cupti, nsys) after step 3 as a terminal does: the report must
 #      hold the steps before it, exit 130, nothing left running (interrupt-*.json);
 #   9. checks the numbers against physics and writes summary.json (exit 1 if a check fails).
@@ -262,6 +265,11 @@ fi
 step profile-compiled 240 $PY -m headcount.cli.main profile --compile --model $MODEL --impl sdpa --mode head --no-layer-pair --backend $BACKEND \
   --device $DEVICE --dtype $DTYPE --batch $BATCH --seq $SEQ --steps $HEAD_STEPS --trace-dir "$OUT/records-compiled" \
   -o "$OUT/report-compiled" --force
+
+# 8e. torch 2.15's own routes (issue 59): torch.profiler's PM samples of the profiled model, a labelled CUDA-graph
+# capture replayed under torch.profiler; each skipped with its reason where this torch has no route (torch-routes.json)
+step torch-routes 150 $PY scripts/gpu_check.py torch-routes "$OUT" --model $MODEL --batch $BATCH --seq $SEQ --dtype $DTYPE \
+  --impl sdpa --steps 3 $DRYFLAG
 
 # 8c. a CUDA-graphed forward: captured while tagged, replayed once per step ----------------------
 GRAPHARGS="--model $MODEL --batch ${GRAPH_BATCH:-4} --seq $SEQ --dtype $DTYPE --impl sdpa --steps 3 $DRYFLAG"
