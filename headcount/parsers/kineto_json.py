@@ -80,8 +80,9 @@ _KIND_BY_CAT = {
 COLUMNS = [
     "kind", "name", "pid", "tid", "start_ns", "end_ns", "correlation_id", "device", "stream",
     "grid", "block", "registers_per_thread", "shared_memory_bytes", "est_achieved_occupancy_pct", "args", "graph_node_id",
-    "sequence", "external_ref", "estimated_flop", "estimated_num_gb", "graph_annotation", "autograd_phase",
+    "sequence", "external_ref",
 ]
+OPTIONAL = ["estimated_flop", "estimated_num_gb", "graph_annotation", "autograd_phase"]  # only in pieces that have them
 _GPU_SIDE = {"kernel", "memcpy", "memset", "runtime"}
 MODULE_PREFIX = "nn.Module: "
 
@@ -659,9 +660,15 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
         "graph_node_id": column([a.graph_node or None for a in gpu_args], "Int64"),  # 0: not from a graph
         "sequence": sequence,
         "external_ref": _spread([kept[i].args.external for i in refs], refs, n, "Int64"),
-        "estimated_flop": _spread([kept[i].args.kernel_flop for i in estimated], estimated, n, "Float64"),
-        "estimated_num_gb": _spread([kept[i].args.kernel_num_gb for i in estimated], estimated, n, "Float64"),
-        "graph_annotation": column([None if a.annotation is None else str(a.annotation) for a in gpu_args], object),
-        "autograd_phase": column([None if a.autograd_phase is None else str(a.autograd_phase) for a in gpu_args], object),
     }, columns=COLUMNS)
+    # columns most traces never fill, made only where a piece has them (absent: null; a piece without is not held wider)
+    if estimated:
+        frame["estimated_flop"] = _spread([kept[i].args.kernel_flop for i in estimated], estimated, n, "Float64")
+        frame["estimated_num_gb"] = _spread([kept[i].args.kernel_num_gb for i in estimated], estimated, n, "Float64")
+    labelled = [k for k, a in enumerate(gpu_args) if a.annotation is not None]
+    if labelled:
+        rows = [gpu[k] for k in labelled]
+        frame["graph_annotation"] = _spread([str(gpu_args[k].annotation) for k in labelled], rows, n, object)
+        frame["autograd_phase"] = _spread([None if gpu_args[k].autograd_phase is None else str(gpu_args[k].autograd_phase)
+                                           for k in labelled], rows, n, object)
     return frame
