@@ -131,14 +131,17 @@ def test_notes_several_runs_share_are_one_line():
 
 
 def test_a_wide_result_prints_one_block_per_row(folder_report):
-    """``SELECT *`` of kernels (72 columns) is unreadable as a table: one ``column  value`` line each, nulls counted."""
+    """``SELECT *`` of kernels (75 columns) is unreadable as a table: one ``column  value`` line each, nulls counted."""
     base, _ = folder_report
     done = _headcount(["query", "out", "SELECT * FROM kernels ORDER BY source = 'ncu' DESC, run_id, name LIMIT 12"], base)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert sum(line.startswith("── row ") for line in lines) == 10  # 10 rows by default in this layout
     assert any(line.split() == ["name", "kernel_A(double", "*,", "int,", "int)"] for line in lines)
-    assert lines[-1].startswith("12 rows, first 10 shown; 72 columns, one block per row")
+    from headcount.common.tables import KERNELS
+
+    assert len(KERNELS) + 1 == 75  # the schema's columns and run_id
+    assert lines[-1].startswith("12 rows, first 10 shown; 75 columns, one block per row")
     narrow = _headcount(["query", "out", "SELECT path, source FROM runs", "--layout", "table"], base)
     assert "── row" not in narrow.stdout and "┃ path" in narrow.stdout
 

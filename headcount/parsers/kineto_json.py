@@ -661,7 +661,14 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
         "sequence": sequence,
         "external_ref": _spread([kept[i].args.external for i in refs], refs, n, "Int64"),
     }, columns=COLUMNS)
-    # columns most traces never fill, made only where a piece has them (absent: null; a piece without is not held wider)
+    _optional_columns(frame, kept, estimated, gpu, gpu_args)
+    return frame
+
+
+def _optional_columns(frame: pd.DataFrame, kept: list, estimated: list[int], gpu: list[int], gpu_args: list) -> None:
+    """:data:`OPTIONAL`'s columns, made (in place) only where the piece has them: most traces fill none, and a piece
+    without them is not held wider (absent: null)."""
+    n = len(frame)
     if estimated:
         frame["estimated_flop"] = _spread([kept[i].args.kernel_flop for i in estimated], estimated, n, "Float64")
         frame["estimated_num_gb"] = _spread([kept[i].args.kernel_num_gb for i in estimated], estimated, n, "Float64")
@@ -671,4 +678,3 @@ def events_frame(events: list, source: str = "trace") -> pd.DataFrame:
         frame["graph_annotation"] = _spread([str(gpu_args[k].annotation) for k in labelled], rows, n, object)
         frame["autograd_phase"] = _spread([None if gpu_args[k].autograd_phase is None else str(gpu_args[k].autograd_phase)
                                            for k in labelled], rows, n, object)
-    return frame
