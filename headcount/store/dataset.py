@@ -312,21 +312,22 @@ class Claim:
             OSError: the directory cannot be made; a live process claims this run id already.
         """
         staging = self.out / f".staging-{run_id}"
-        ready = Path(tempfile.mkdtemp(prefix=CLAIMING, dir=self.out))
-        fd = os.open(ready / CLAIM, os.O_RDWR | os.O_CREAT, 0o666)
-        self._fds.append(fd)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a directory nobody else knows: never held
-        try:
-            os.rename(ready, staging)
-        except OSError:
-            if not staging.is_dir():
-                shutil.rmtree(ready, ignore_errors=True)
-                raise
-            if _claimed(staging):  # run ids are fresh: only a second claim of one in a process would meet this
-                shutil.rmtree(ready, ignore_errors=True)
-                raise BlockingIOError(f"{staging} is claimed by a live process") from None
-            shutil.rmtree(staging)  # a dead writer's staging of this run (a window taken back): begun again
-            os.rename(ready, staging)
+        with stopping.deferred():  # a signal waits for the claim's end: never a .claiming- folder left between its steps
+            ready = Path(tempfile.mkdtemp(prefix=CLAIMING, dir=self.out))
+            fd = os.open(ready / CLAIM, os.O_RDWR | os.O_CREAT, 0o666)
+            self._fds.append(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a directory nobody else knows: never held
+            try:
+                os.rename(ready, staging)
+            except OSError:
+                if not staging.is_dir():
+                    shutil.rmtree(ready, ignore_errors=True)
+                    raise
+                if _claimed(staging):  # run ids are fresh: only a second claim of one in a process would meet this
+                    shutil.rmtree(ready, ignore_errors=True)
+                    raise BlockingIOError(f"{staging} is claimed by a live process") from None
+                shutil.rmtree(staging)  # a dead writer's staging of this run (a window taken back): begun again
+                os.rename(ready, staging)
 
     def __exit__(self, *exc) -> None:
         """Release the claim and remove what is still staged for these runs
