@@ -295,12 +295,16 @@ class Claim:
     def __enter__(self) -> "Claim":
         try:
             self.out.mkdir(parents=True, exist_ok=True)
-            for run_id in self.run_ids:
-                self._claim(run_id)
+            with stopping.deferred():  # a signal waits until every run is claimed, then finds them all to remove
+                for run_id in self.run_ids:
+                    self._claim(run_id)
         except OSError as exc:
             self.__exit__(None, None, None)
             raise HeadcountError(f"{self.out}: cannot write the report ({exc.strerror or exc})",
                                  hint="check free space and permissions") from exc
+        except BaseException:  # stopped while claiming (a signal the moment the block ends): nothing claimed stays
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def _claim(self, run_id: str) -> None:
@@ -312,22 +316,21 @@ class Claim:
             OSError: the directory cannot be made; a live process claims this run id already.
         """
         staging = self.out / f".staging-{run_id}"
-        with stopping.deferred():  # a signal waits for the claim's end: never a .claiming- folder left between its steps
-            ready = Path(tempfile.mkdtemp(prefix=CLAIMING, dir=self.out))
-            fd = os.open(ready / CLAIM, os.O_RDWR | os.O_CREAT, 0o666)
-            self._fds.append(fd)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a directory nobody else knows: never held
-            try:
-                os.rename(ready, staging)
-            except OSError:
-                if not staging.is_dir():
-                    shutil.rmtree(ready, ignore_errors=True)
-                    raise
-                if _claimed(staging):  # run ids are fresh: only a second claim of one in a process would meet this
-                    shutil.rmtree(ready, ignore_errors=True)
-                    raise BlockingIOError(f"{staging} is claimed by a live process") from None
-                shutil.rmtree(staging)  # a dead writer's staging of this run (a window taken back): begun again
-                os.rename(ready, staging)
+        ready = Path(tempfile.mkdtemp(prefix=CLAIMING, dir=self.out))
+        fd = os.open(ready / CLAIM, os.O_RDWR | os.O_CREAT, 0o666)
+        self._fds.append(fd)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a directory nobody else knows: never held
+        try:
+            os.rename(ready, staging)
+        except OSError:
+            if not staging.is_dir():
+                shutil.rmtree(ready, ignore_errors=True)
+                raise
+            if _claimed(staging):  # run ids are fresh: only a second claim of one in a process would meet this
+                shutil.rmtree(ready, ignore_errors=True)
+                raise BlockingIOError(f"{staging} is claimed by a live process") from None
+            shutil.rmtree(staging)  # a dead writer's staging of this run (a window taken back): begun again
+            os.rename(ready, staging)
 
     def __exit__(self, *exc) -> None:
         """Release the claim and remove what is still staged for these runs
@@ -451,9 +454,7 @@ def commit(out: str | Path, run_ids: list[str], append: bool = False, force: boo
             (the staged runs are removed, the report is as it was) or after it
             (the next headcount command on ``out`` completes the commit).
     """
-    out = Path(out)
-    journal = None
-    staged = list(staged or run_ids)
+    out, journal, staged = Path(out), None, list(staged or run_ids)
     with report_lock(out):
         try:
             check_output(out, append=append, force=force)  # completes an interrupted commit first (recover)
@@ -623,8 +624,7 @@ def write_runs(out: str | Path, claimed: list[str], stage: Callable[[], Staged |
         HeadcountError: see :func:`check_output` and :func:`commit`; whatever ``stage`` raises (nothing is written).
     """
     out = Path(out)
-    created = not out.exists()
-    committed = None
+    created, committed = not out.exists(), None
     try:
         with Claim(out, claimed):
             done = stage()
