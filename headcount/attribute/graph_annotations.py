@@ -75,7 +75,7 @@ def with_annotated_ranges(events: pd.DataFrame) -> tuple[pd.DataFrame, list[str]
             new.append(_range(events, name + (" (backward)" if back else ""), pid, tid, start, end, key))
     if not new:
         return events, notices
-    out = events.assign(**{CALL_KEY: np.where(keys >= 0, keys, _existing(events))})
+    out = events.assign(**{CALL_KEY: np.where(keys >= 0, keys, call_keys(events))})
     ranges = pd.DataFrame(new, columns=[*out.columns])
     for column in ("start_ns", "end_ns", CALL_KEY):
         ranges[column] = ranges[column].astype("int64")
@@ -90,7 +90,8 @@ def with_annotated_ranges(events: pd.DataFrame) -> tuple[pd.DataFrame, list[str]
     return pd.concat([out, ranges], ignore_index=True), notices
 
 
-def _existing(events: pd.DataFrame) -> np.ndarray:
+def call_keys(events: pd.DataFrame) -> np.ndarray:
+    """Each row's :data:`CALL_KEY` (-1: none, or no such column)."""
     if CALL_KEY not in events:
         return np.full(len(events), -1, dtype=np.int64)
     return pd.array(events[CALL_KEY], dtype="Int64").to_numpy(np.int64, na_value=-1)

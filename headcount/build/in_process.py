@@ -111,11 +111,9 @@ def pm_resolution(tables: dict, pm: pd.DataFrame, facts: dict, finer: str = samp
 def pm_ceiling(pm: pd.DataFrame, device: Device | None, facts: dict) -> list[str]:
     """The notice for single PM samples that read more DRAM traffic than the device's ceiling, if any
     (:func:`headcount.derive.sampling.above_ceiling`); the counts go to ``facts["above_ceiling"]``."""
-    peaks = device_peaks.peaks_for(device.name) if device is not None and device.is_gpu else None
-    reported = device_peaks.ceiling_gbps(device)  # the recording's own figure for its device, else the datasheet's
-    ceiling = reported or (peaks.dram_gbps if peaks else None)
+    ceiling, basis = _dram_peak(device)
     above = sampling.above_ceiling(pm, ceiling)
-    facts["above_ceiling"] = {**above, "ceiling_basis": "device" if reported else ("datasheet" if peaks else None)}
+    facts["above_ceiling"] = {**above, "ceiling_basis": basis}
     if not above["count"]:
         return []
     return [f"{above['count']} of {above['samples']} PM samples read more DRAM traffic than the device's ceiling "
@@ -130,11 +128,18 @@ def trace_samples(counters: list[tuple], device: Device | None) -> tuple[pd.Data
 
     if not counters:
         return None, []
+    peak, basis = _dram_peak(device)
+    return pm_samples(counters, peak, {"device": "the trace's device properties", "datasheet": f"datasheet of {device.name}"}.get(basis))
+
+
+def _dram_peak(device: Device | None) -> tuple[float | None, str | None]:
+    """The device's DRAM bandwidth ceiling (GB/s) and its basis: ``device`` (the recording's own figure),
+    ``datasheet``, or ``None`` (not a GPU of the device table)."""
     reported = device_peaks.ceiling_gbps(device)
-    peaks = device_peaks.peaks_for(device.name) if device is not None and device.is_gpu else None
     if reported:
-        return pm_samples(counters, reported, "the trace's device properties")
-    return pm_samples(counters, peaks.dram_gbps, f"datasheet of {device.name}") if peaks else pm_samples(counters)
+        return reported, "device"
+    peaks = device_peaks.peaks_for(device.name) if device is not None and device.is_gpu else None
+    return (peaks.dram_gbps, "datasheet") if peaks else (None, None)
 
 
 def tables_from_torch(path, calls, run_id: str, implementation: str, limits=None,

@@ -246,7 +246,7 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
             keyed = untagged.CALL_KEY in events
             if keys is not None:  # a replay's attention kernels: given to their call by name, not by the graph launch
                 if keyed:  # beside the kernels an annotation gave its region
-                    keys = np.where(keys >= 0, keys, pd.array(events[untagged.CALL_KEY], dtype="Int64").to_numpy(np.int64, na_value=-1))
+                    keys = np.where(keys >= 0, keys, graph_annotations.call_keys(events))
                 events = events.assign(**{untagged.CALL_KEY: keys})
             elif not keyed:
                 found.ranges = found.ranges.drop(columns=untagged.CALL_KEY)
@@ -261,8 +261,7 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
         notices.append(f"{int(orphan.sum())} GPU operations ({kernels} kernels) have no launch call in the trace (launched "
                        "before it started): counted, attributed to no range")
     replayed = gpu & events["graph_node_id"].notna().to_numpy(dtype=bool)
-    if untagged.CALL_KEY in events:  # those a CUDA-graph annotation gave a region are theirs
-        replayed &= ~(pd.array(events[untagged.CALL_KEY], dtype="Int64").to_numpy(np.int64, na_value=-1) >= graph_annotations.KEY_BASE)
+    replayed &= graph_annotations.call_keys(events) < graph_annotations.KEY_BASE  # those an annotation gave a region are theirs
     if replayed.any():
         notices.append(f"{int(replayed.sum())} GPU operations were replayed from CUDA graphs: a torch.profiler trace does not "
                        "record which range captured them, so (attention kernels found by name aside) they count for the range "
