@@ -100,10 +100,11 @@ class AttentionProfiler:
         strict: a source that cannot start raises (instead of a one-line
             notice, with the block then running unprofiled and
             :meth:`get_stats` saying why nothing was recorded).
-        pm_sampling: cupti only: also sample DRAM traffic and warps active
-            device-wide (cupti-python ≥ 13.3; a notice where unavailable).
-        pm_interval_ns: PM sampling interval, GPU nanoseconds; 0 (the default): the finest CUPTI accepts of
-            5, 10, 20, 50 µs (docs/cupti.md).
+        pm_sampling: on a GPU, also sample DRAM traffic and warps active device-wide: cupti (cupti-python
+            ≥ 13.3), or torch where its torch.profiler has a PM-sampling route (``headcount doctor``); a
+            notice where unavailable.
+        pm_interval_ns: PM sampling interval, GPU nanoseconds; 0 (the default): cupti, the finest CUPTI
+            accepts of 5, 10, 20, 50 µs (docs/cupti.md); torch, 20 µs.
         recorder: a ready recorder to use instead of building one (tests
             stand a replay of recorded CUPTI records in for the GPU this way).
         attention_stats: also compute per-head attention statistics
@@ -214,7 +215,8 @@ class AttentionProfiler:
             return cupti_source.CuptiRecorder(pm_sampling=self.pm_sampling, pm_interval_ns=self.pm_interval_ns,
                                               record_dir=self._trace_dir)
         where = env.of_model(self.model) if self.model is not None else None
-        return TorchRecorder(self._trace_dir, cuda=None if where is None else where.type == "cuda")
+        return TorchRecorder(self._trace_dir, cuda=None if where is None else where.type == "cuda", pm_sampling=self.pm_sampling,
+                             pm_interval_ns=self.pm_interval_ns)
 
     def _observe(self, window: "_Window") -> None:
         """Attach the attention-statistics collector to the window's tagger (when asked)."""

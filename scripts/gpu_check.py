@@ -1048,7 +1048,7 @@ def interrupt(out: Path, args) -> int:
 
 
 def check_interrupts(c: _Checked) -> None:
-    for backend in ("nsys", "cupti", "ncu"):
+    for backend in ("nsys", "cupti", "ncu", "torch"):
         doc = c.load(f"interrupt-{backend}.json")
         if doc is None:
             continue

@@ -38,7 +38,7 @@
 #   8e. torch 2.15's own routes (issue 59), where the device's torch has them: torch.profiler's own PM samples of
 #      the profiled model against headcount's (torch-pm/), a capture labelled by the tagger replayed and exported with
 #      its annotations (torch-graph/); skipped with the reason where not (torch-routes.json);
-#   8d. interrupts `headcount run` (ncu, cupti, nsys) after step 3 as a terminal does: the report must
+#   8d. interrupts `headcount run` (ncu, cupti, nsys, torch) after step 3 as a terminal does: the report must
 #      hold the steps before it, exit 130, nothing left running (interrupt-*.json);
 #   9. checks the numbers against physics and writes summary.json (exit 1 if a check fails).
 # Each step has a time limit and the whole check a deadline ($DEADLINE, default
@@ -289,6 +289,7 @@ if [ "$DRY" = 0 ]; then
   step interrupt-cupti 120 $PY scripts/gpu_check.py interrupt "$OUT" --backend cupti $INTARGS
 fi
 command -v nsys > /dev/null && step interrupt-nsys 120 $PY scripts/gpu_check.py interrupt "$OUT" --backend nsys $INTARGS
+step interrupt-torch 120 $PY scripts/gpu_check.py interrupt "$OUT" --backend torch $INTARGS  # torch.profiler in the program
 
 # 9. physics ---------------------------------------------------------------------
 log "start check"

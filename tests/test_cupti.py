@@ -155,13 +155,13 @@ def test_ranges_left_open_by_an_interrupt_are_left_out_with_a_notice(llama, tmp_
             fh.write(json.dumps(line) + "\n")
     child = {"records": str(cut), "calls": prof._tagger.calls, "rank": 0, "world_size": 1, "pid": os.getpid(), "notices": [],
              "nvtx_tagged": prof._tagger.emitter.use_nvtx, "device": {"kind": "cpu", "compute_capability": "9.0"}}
-    [run] = run_folder.from_cupti([{**child, "ended_by": "signal SIGINT"}], prof.run_id)
+    [run] = run_folder.from_in_process([{**child, "ended_by": "signal SIGINT"}], prof.run_id)
     assert any("2 headcount ranges were open when the recording was interrupted" in n for n in run.info["collector"]["notices"])
     whole = prof.get_stats()["ranges"]
     kept = run.tables["ranges"]
     assert len(kept[kept["level"] == "layer"]) == len(whole[whole["level"] == "layer"]) - 1
     with pytest.raises(HeadcountError, match="never closed"):
-        run_folder.from_cupti([{**child, "ended_by": "exit"}], prof.run_id)
+        run_folder.from_in_process([{**child, "ended_by": "exit"}], prof.run_id)
 
 
 def test_the_loaded_libcupti_exports_what_pm_sampling_calls():
@@ -552,7 +552,7 @@ def test_one_recording_gives_the_same_tables_in_process_and_through_headcount_ru
     child = {"records": str(prof.trace_path), "calls": prof._tagger.calls, "rank": 0, "world_size": 1, "pid": os.getpid(),
              "notices": [], "nvtx_tagged": prof._tagger.emitter.use_nvtx,
              "device": {"kind": "cpu", "compute_capability": "9.0"}}  # the limits the in-process run used (LIMITS["9.0"])
-    [run] = run_folder.from_cupti([child], prof.run_id)
+    [run] = run_folder.from_in_process([child], prof.run_id)
     for name in ("kernels", "ranges", "layers", "heads", "launch"):
         pd.testing.assert_frame_equal(stats[name].reset_index(drop=True), run.tables[name].reset_index(drop=True), check_like=True)
     assert run.info["collector"] == prof.collector_info

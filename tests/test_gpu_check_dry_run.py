@@ -39,6 +39,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert "report/layers/" in files and "bandwidth.json" in files
     assert checks["headcount run --backend nsys"]["status"] == "ok"
     assert checks["Ctrl-C keeps the recording (nsys)"]["status"] == "ok", checks["Ctrl-C keeps the recording (nsys)"]
+    assert checks["Ctrl-C keeps the recording (torch)"]["status"] == "ok", checks["Ctrl-C keeps the recording (torch)"]
     assert "report/report.html" in files
     graph = checks["CUDA graph replays in their layers (cupti)"]  # no CUDA graph on CPU: the eager stand-in's calls
     assert graph["status"] == "skip" and "calls [3]" in graph["detail"], graph

@@ -177,6 +177,24 @@ def test_an_interrupted_cupti_run_keeps_its_records(tmp_path):
     assert any(n.startswith("interrupted: the recording covers") for n in manifest["notices"])
 
 
+def test_an_interrupted_torch_run_keeps_its_trace(tmp_path):
+    """``--backend torch``: Ctrl-C after step 3; the KeyboardInterrupt unwinds the program, its session stops
+    torch.profiler and writes the trace at exit, and the report holds the steps before the interrupt, marked
+    incomplete, with the notice; exit 130; nothing left running."""
+    out = tmp_path / "out"
+    proc = _headcount(["run", "--backend", "torch", "-o", str(out), "--", sys.executable, str(WORKLOADS / "endless_cpu_training.py")])
+    before, after = _interrupt_when(proc, lambda line: line.strip() == "step 3")
+    assert proc.wait(timeout=300) == 130, "".join(before[-20:]) + after
+    assert _nothing_left(proc.pid)
+    runs = pd.read_parquet(out / "runs")
+    assert runs["complete"].tolist() == [False] and runs["source"].tolist() == ["torch"]
+    layers = pd.read_parquet(out / "ranges").query("level == 'layer'")
+    assert set(layers["step"].dropna().astype(int)) >= {0, 1, 2, 3} and layers["flop"].gt(0).all()
+    manifest = json.loads(next((out / "manifests").glob("*/run.json")).read_text())
+    assert any(n.startswith("interrupted: the recording covers") for n in manifest["notices"])
+    assert list(next((out / "raw").iterdir()).glob("torch-*/trace.json"))
+
+
 @pytest.mark.parametrize("mask, files, dirs", [(0o027, 0o640, 0o750), (0o022, 0o644, 0o755), (0o002, 0o664, 0o775)])
 def test_report_files_follow_the_umask(tmp_path, mask, files, dirs):
     """Every file of a report (the marker, manifests, Parquet parts, the page, the trace export, the lock) and every

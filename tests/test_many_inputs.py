@@ -72,7 +72,7 @@ def test_every_recording_of_a_directory_is_parsed_or_named_as_skipped(folder_rep
         "headcount: mix: skipped 1 file, of a kind no source reads: README.txt",
         "headcount: mix: skipped 1 file, nsys reports whose SQLite export beside them is read instead (run.sqlite): run.nsys-rep",
         "headcount: mix: skipped 1 file, CSV that is no ncu export (no ID column: an nsys stats report?): stats.csv",
-        "headcount: mix: skipped 1 directory, holding no nsys parquetdir export and no cupti records (not descended into): plots/",
+        "headcount: mix: skipped 1 directory, holding no nsys parquetdir export, cupti records or torch trace (not descended into): plots/",
     ])
 
 

@@ -110,6 +110,38 @@ def test_tag_sdpa_outside_transformers(nsight_path, tmp_path, capsys):
     assert layers.loc[layers["layer_name"] == "layer.0", "calls"].tolist() == [2, 2]
 
 
+def test_torch_backend_records_a_plain_script_per_layer_head_and_step(tmp_path, capsys):
+    """``--backend torch``: torch.profiler inside the program, headcount's ranges as record_function ranges in its trace,
+    from the first tagged step (``--steps 1-2`` of 4: step 0 is not recorded at all, nor is step 3), read with the
+    process's call log (the shapes: FLOPs)."""
+    out = tmp_path / "out"
+    rc, stdout, err = _run(["--backend", "torch", "--mode", "head", "--steps", "1-2", "-o", str(out), "--", sys.executable, TRAIN,
+                            "--steps", "4"], capsys)
+    assert rc == 0, err
+    assert "trained 4 steps" in stdout
+    ranges = pd.read_parquet(out / "ranges")
+    heads = ranges[ranges["level"] == "head"]
+    assert sorted(heads["step"].unique()) == [1, 2]
+    assert heads.groupby(["phase"]).size().to_dict() == {"bwd": 2 * 2 * 4, "fwd": 2 * 2 * 4}
+    assert set(heads["layer_name"]) == {"layer.0", "layer.1"} and set(heads["head"]) == {0, 1, 2, 3}
+    assert heads["flop"].gt(0).all() and set(heads["kv_head"]) == {0, 1}  # shapes from the child's call log
+    assert sorted(pd.read_parquet(out / "steps")["step"]) == [1, 2]  # a Kineto trace's step ranges are the steps table
+    runs = pd.read_parquet(out / "runs")
+    assert runs["source"].tolist() == ["torch"] and runs["complete"].tolist() == [True] and runs["steps"].tolist() == [4]
+    assert runs["source_version"].iloc[0].startswith("torch.profiler")
+    raw = next((out / "raw").iterdir())
+    trace = json.loads(next(raw.glob("torch-*/trace.json")).read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"headcount.step@step.1", "headcount.step@step.2"} <= names and "headcount.step@step.0" not in names
+    assert "headcount.step@step.3" not in names  # the profiler stopped as the selection ended
+    # a directory parse of the raw folder finds the trace (no call log there: no FLOPs, the same ranges)
+    again = tmp_path / "again"
+    assert cli_main(["parse", str(raw), "-o", str(again)]) == 0
+    parsed = pd.read_parquet(again / "ranges")
+    assert sorted(parsed.loc[parsed["level"] == "head", "step"].unique()) == [1, 2]
+    assert len(parsed[parsed["level"] == "head"]) == len(heads)
+
+
 def test_the_programs_exit_status_is_passed_through(nsight_path, tmp_path, capsys):
     out = tmp_path / "out"
     rc, _, err = _run(["--backend", "nsys", "-o", str(out), "--", sys.executable, TRAIN, "--steps", "1", "--fail"], capsys)
@@ -151,7 +183,10 @@ def test_a_gpu_backend_without_gpu_is_refused_before_the_program_starts(nsight_p
     assert rc == 3
     assert err.strip().splitlines() == [err.strip()]  # one line
     assert err.startswith(f"headcount: error: --backend {backend} cannot run here: no NVIDIA driver on this machine")
-    assert "--backend nsys records NVTX ranges anywhere" in err and "--backend torch" not in err
+    if backend == "cupti":  # the in-process route that runs anywhere is offered
+        assert "use --backend torch here (torch.profiler, any machine), or --backend nsys" in err and "auto" not in err
+    else:
+        assert "--backend nsys records NVTX ranges anywhere" in err
     assert not marker.exists() and not out.exists()  # the program never ran, nothing was written
 
 

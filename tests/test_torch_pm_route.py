@@ -89,6 +89,25 @@ def test_the_torch_recorder_on_cuda_says_why_torch_samples_no_pm_here(tmp_path):
     recorder.cleanup()
 
 
+def test_the_torch_recorder_asks_for_the_interval_given_and_for_nothing_without_pm_sampling(tmp_path, monkeypatch):
+    """``--pm-interval-us 50`` and ``--no-pm-sampling`` (run and profile, through the child's and the API's
+    TorchRecorder) reach torch's own config objects. The route is the one thing stood in for: a wheel whose Kineto
+    has PM sampling compiled in (torch_pm.route reads that from the installed library, which 2.15.0's lacks)."""
+    _need_215()
+    from torch.profiler import PerformanceMetricsConfig, ProfilerActivity
+
+    from headcount.collector.torch_source import TorchRecorder
+
+    monkeypatch.setattr(torch_pm, "route", lambda cuda=True: torch_pm.Route("kineto", "Kineto's CUPTI PM sampling (stood in)"))
+    recorder = TorchRecorder(tmp_path / "a", cuda=True, pm_interval_ns=50_000)
+    configs = recorder._profile.activity_configs[ProfilerActivity.CUDA].profiler_configs
+    pm = next(c for c in configs if isinstance(c, PerformanceMetricsConfig))
+    assert pm.sampling_interval_ms == 0.05 and any("every 50 µs" in n for n in recorder.notices)
+    off = TorchRecorder(tmp_path / "b", cuda=True, pm_sampling=False)
+    assert ProfilerActivity.CUDA in off._profile.activities and not off.notices
+    assert not (off._profile.activity_configs or {}).get(ProfilerActivity.CUDA)
+
+
 def test_doctor_names_the_routes_this_environment_has_and_recommends_one(capsys):
     import json
 

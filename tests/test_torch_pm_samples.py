@@ -199,3 +199,29 @@ def test_the_in_process_torch_source_reads_the_samples_torch_wrote_into_its_trac
     assert np.allclose(mine["dram_bytes_sampled"], parsed["dram_bytes_sampled"], rtol=1e-12, equal_nan=True)
     assert mine["dram_bytes_sampled"].notna().sum() == 12
     assert any("does not resolve 36 of 72" in n and "PerformanceMetricsConfig" in n for n in built.notices)
+
+
+def test_a_heads_sampled_bytes_are_the_hand_sum_of_the_samples_over_its_calls(tmp_path):
+    """Per head, where the samples resolve it: a head-mode run's trace (:func:`torch_pm_trace.head_mode_trace`: the
+    replayed GPU's timeline, the H100's sample values) gives each head the hand sum of the raw counter events over its
+    calls' GPU windows; the heads of a layer are told apart (their figures differ as the samples under them do)."""
+    from conftest import llama_model
+    from cupti_replay import ReplayPm, profile_replayed
+
+    from headcount.cli.models import make_inputs
+
+    model = llama_model("eager")
+    prof, _ = profile_replayed(model, make_inputs(model, 2, 32), mode="head", pm=ReplayPm(), tmp_path=tmp_path / "rec",
+                               steps=2, pm_interval_ns=5_000)
+    trace = torch_pm_trace.head_mode_trace(tmp_path / "trace.json.gz", Path(prof.trace_path))
+    _parse(trace, tmp_path / "out")
+    heads = pd.read_parquet(tmp_path / "out" / "heads")
+    calls = pd.read_parquet(tmp_path / "out" / "ranges").query("level == 'head'")
+    assert len(heads) == 2 * 2 * 4 and (heads["dram_bytes_provenance"] == "sampled").all()  # 2 phases × 2 layers × 4 heads
+    windows = {metric: _hand_windows(trace, metric) for metric in (READ, WRITE)}
+    for row in heads.itertuples():
+        mine = calls[(calls["layer_name"] == row.layer_name) & (calls["phase"] == row.phase) & (calls["head"] == row.head)]
+        assert len(mine) == row.calls == 2
+        by_hand = sum(_hand_sum(*windows[m], float(c.gpu_start_ns), float(c.gpu_end_ns)) for m in (READ, WRITE) for c in mine.itertuples())
+        assert row.dram_bytes == pytest.approx(by_hand, rel=1e-9)
+    assert heads.groupby(["phase", "layer_name"])["dram_bytes"].nunique().eq(4).all()

@@ -18,6 +18,11 @@ headcount's ranges and PM samples on one clock):
   and ``_build_chrome_counters``, which needs torch 2.15 and cupti-python to import).
 
 Nothing about the values is made up: each counter event is one real sample's value.
+
+Head mode: no GPU has recorded head-mode PM samples for us yet, so :func:`head_mode_trace` takes the timeline of
+a head-mode run on the replayed GPU (``tests/cupti_replay.py``: the stand-in for CUPTI's kernel records and PM
+sampler, whose own sample values are a constant rate) and gives its samples, in order, the real H100 samples'
+values (:func:`with_real_values`): real values, replayed times.
 """
 
 from __future__ import annotations
@@ -38,26 +43,43 @@ H100_PROPERTIES = {"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 8
 _CAT = {"range": "user_annotation", "kernel": "kernel", "memset": "gpu_memset", "memcpy": "gpu_memcpy"}
 
 
-def records(impl: str = "sdpa") -> Path:
-    return GPU / "records-layer" / impl / "cupti-records.jsonl.gz"
+def records(impl: str | Path = "sdpa") -> Path:
+    """The records of the H100 run of ``impl`` (``sdpa``, ``eager``), or ``impl`` itself where it is a records file."""
+    return Path(impl) if isinstance(impl, Path) else GPU / "records-layer" / impl / "cupti-records.jsonl.gz"
 
 
-def samples(impl: str = "sdpa"):
+def samples(impl: str | Path = "sdpa"):
     """The run's PM samples (:func:`headcount.parsers.cupti_records.pm_samples_frame`): start_ns, end_ns, metrics."""
     _, recs = cupti_records.read_records(records(impl))
     return cupti_records.pm_samples_frame(recs)
 
 
-def base_ns(impl: str = "sdpa") -> int:
+def base_ns(impl: str | Path = "sdpa") -> int:
     """The trace's ``baseTimeNanoseconds``: the whole second before the run's first sample."""
     return int(samples(impl)["start_ns"].min()) // 10**9 * 10**9
+
+
+def with_real_values(pm, impl: str = "sdpa"):
+    """``pm`` (a replayed run's samples) with each sample's metric values those of the H100 run's busy samples in
+    order, cycled where the replayed run has more; the metrics both have. Bytes (``….sum``) keep the real sample's
+    rate over the replayed sample's window (the H100's are 50 µs long, the replay's may be shorter); percentages
+    are taken as they are."""
+    real = samples(impl)
+    busy = real[real["dram__bytes_read.sum"] > 0].reset_index(drop=True)  # the samples taken while the GPU worked
+    take = np.resize(np.arange(len(busy)), len(pm))
+    scale = (pm["end_ns"] - pm["start_ns"]).to_numpy(np.float64) / (busy["end_ns"] - busy["start_ns"]).to_numpy(np.float64)[take]
+    out = pm.copy()
+    for column in [c for c in pm.columns if c not in ("start_ns", "end_ns") and c in busy.columns]:
+        values = busy[column].to_numpy(np.float64)[take]
+        out[column] = values * scale if column.endswith(".sum") else values
+    return out
 
 
 def _us(ns, base: int) -> float:
     return round((int(ns) - base) / 1e3, 3)
 
 
-def recorded_events(impl: str = "sdpa") -> list[dict]:
+def recorded_events(impl: str | Path = "sdpa") -> list[dict]:
     """The run's recorded events as Kineto's ``"ph": "X"`` events (module docstring)."""
     header, recs = cupti_records.read_records(records(impl))
     events = cupti_records.events_frame(header, recs)
@@ -82,10 +104,10 @@ def recorded_events(impl: str = "sdpa") -> list[dict]:
     return out
 
 
-def kineto_counter_events(impl: str = "sdpa") -> list[dict]:
-    """The run's PM samples as Kineto's CUPTI PM-sampling child profiler writes them: one counter event per
-    metric per sample, at the sample's start."""
-    pm, base = samples(impl), base_ns(impl)
+def kineto_counter_events(impl: str | Path = "sdpa", pm=None) -> list[dict]:
+    """The run's PM samples (or ``pm``, on the run's clock) as Kineto's CUPTI PM-sampling child profiler writes
+    them: one counter event per metric per sample, at the sample's start."""
+    pm, base = samples(impl) if pm is None else pm, base_ns(impl)
     metrics = [c for c in pm.columns if c not in ("start_ns", "end_ns")]
     return [{"ph": "C", "cat": "hardware_counters", "name": metric, "pid": "GPU 0 Counters", "tid": 0,
              "ts": _us(start, base), "args": {"": float(value)}}
@@ -102,10 +124,16 @@ def cuspy_counter_events(impl: str = "sdpa") -> list[dict]:
     return cuspy._build_chrome_counters(cuspy._merge_counters(cuspy._build_pm_counters(columns, {0})), base)
 
 
-def write(path: Path, counters: list[dict], impl: str = "sdpa") -> Path:
+def write(path: Path, counters: list[dict], impl: str | Path = "sdpa") -> Path:
     """The trace with the recorded events and ``counters`` (gzip JSON where ``path`` ends in ``.gz``)."""
     trace = {"schemaVersion": 1, "deviceProperties": [H100_PROPERTIES], "baseTimeNanoseconds": base_ns(impl),
              "traceEvents": recorded_events(impl) + counters}
     with (gzip.open(path, "wt") if path.suffix == ".gz" else path.open("w")) as fh:
         json.dump(trace, fh)
     return path
+
+
+def head_mode_trace(path: Path, records_path: Path) -> Path:
+    """The trace of a head-mode run on the replayed GPU (its records at ``records_path``) with the H100's sample
+    values on its sample windows, in Kineto's counter format (module docstring)."""
+    return write(path, kineto_counter_events(records_path, with_real_values(samples(records_path))), records_path)

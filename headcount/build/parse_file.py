@@ -222,7 +222,7 @@ def from_ncu_rep(path: Path, run_id: str, options: ReadOptions) -> Parsed:
 
 def from_cupti_records(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     """The CUPTI collector's raw records (``cupti-records.jsonl.gz``), built as ``headcount run --backend cupti``
-    builds them (:func:`headcount.build.run_folder.cupti_run`): a GPU run re-analysed anywhere into the tables
+    builds them (:func:`headcount.build.run_folder.child_run`): a GPU run re-analysed anywhere into the tables
     the run gave. In a ``headcount run`` raw folder (``child-<pid>.json`` of the records' process beside them,
     or one folder up, as ``raw/cupti-<pid>/``) with that process's call log, rank and device; alone, without
     (no shapes: no FLOPs, no analytic bytes; no device: no theoretical occupancy)."""
@@ -232,7 +232,7 @@ def from_cupti_records(path: Path, run_id: str, options: ReadOptions) -> Parsed:
     header = cupti_records.read_header(path)
     child = _records_child(path, header)
     said: list = []
-    rank = run_folder.cupti_run(child, run_id, said)
+    rank = run_folder.child_run(child, run_id, said)
     for_run = [line for _, line in said]
     if child.get("argv") is not None:  # the run's own process report: as the run made it
         parsed = _rank_parsed(path, rank, Parsed({}, None, header.get("cupti_python")))

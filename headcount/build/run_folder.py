@@ -1,7 +1,8 @@
 """From what a ``headcount run`` recorded to one set of tables per rank.
 
 Inputs are the raw folder's files: the tool's report (``.nsys-rep`` →
-SQLite, or ``.ncu-rep``), the CUPTI records of each process (cupti backend),
+SQLite, or ``.ncu-rep``), the CUPTI records of each process (cupti backend)
+or its torch.profiler trace (torch backend),
 and the ``child-<pid>.json`` every tagged process wrote (rank, call log,
 status; see :mod:`headcount.parsers.child_report`). Each tagged process becomes
 one run, ``<run id>-rank<r>`` when there are several, so ranks live in their
@@ -17,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from headcount.build import process_notices
-from headcount.build.in_process import tables_from_cupti
+from headcount.build.in_process import tables_from_cupti, tables_from_torch
 from headcount.build.ncu import tables_from_ncu
 from headcount.build.nsys import gathered, nsys_processes
 from headcount.build.shared import implementation_of
@@ -109,32 +110,39 @@ def from_ncu(kernels: pd.DataFrame, children: list[dict], run_id: str) -> list[R
     return [RankRun(run_id, 0, tables, info)]
 
 
-def from_cupti(children: list[dict], run_id: str) -> list[RankRun]:
-    """Each process's CUPTI records with its call log (the cupti backend)."""
+def from_in_process(children: list[dict], run_id: str) -> list[RankRun]:
+    """Each process's own recording with its call log: CUPTI records (the cupti backend) or a torch.profiler
+    trace (the torch backend)."""
     runs, said = [], []
     try:
         for child, rid in zip(children, _run_ids(run_id, children)):
-            runs.append(cupti_run(child, rid, said))
+            runs.append(child_run(child, rid, said))
     finally:  # once for all the ranks each applies to, also where a later rank's records fail
         for line in process_notices.merged(said):
             notice(line)
     return runs
 
 
-def cupti_run(child: dict, rid: str, said: list) -> RankRun:
-    """One process's run of :func:`from_cupti` (and of ``headcount parse`` of its records file: the same
-    build); its notices go to ``said`` as ``(pid, notice)``."""
+def child_run(child: dict, rid: str, said: list) -> RankRun:
+    """One process's run of :func:`from_in_process` (and of ``headcount parse`` of a records file: the same
+    build), by the backend that recorded it; its notices go to ``said`` as ``(pid, notice)``."""
     info = _info(child)
+    on_torch = child.get("backend") == "torch"
     if not child.get("records"):
-        return RankRun(rid, child["rank"], {}, {**info, "notices": [*child["notices"], "no CUPTI records from this process"]})
+        what = "torch.profiler trace" if on_torch else "CUPTI records"
+        return RankRun(rid, child["rank"], {}, {**info, "notices": [*child["notices"], f"no {what} from this process"]})
     impl = implementation_of(child["calls"])
     device = Device.from_dict(child.get("device"))
     limits = device.limits() if device is not None else None
-    built = tables_from_cupti(child["records"], child["calls"], rid, impl, limits,
-                              nvtx_tagged=child.get("nvtx_tagged", True), device=device,
-                              interrupted=str(child.get("ended_by") or "").startswith("signal"))
+    if on_torch:
+        built = tables_from_torch(child["records"], child["calls"], rid, impl, limits, device=device)
+    else:
+        built = tables_from_cupti(child["records"], child["calls"], rid, impl, limits,
+                                  nvtx_tagged=child.get("nvtx_tagged", True), device=device,
+                                  interrupted=str(child.get("ended_by") or "").startswith("signal"))
     said += [(child.get("pid"), line) for line in built.notices]
-    info.update(implementation=impl, collector=built.info)
+    # in the run's metadata as `headcount parse` of the same file would put them, not only printed
+    info.update(implementation=impl, collector=built.info, notices=[*child["notices"], *built.notices])
     return RankRun(rid, child["rank"], built.tables, info)
 
 

@@ -28,6 +28,7 @@ WRAPPERS = {
     "nsys": "Nsight Systems: timeline, kernels, NVTX, GPU metrics",
     "ncu": "Nsight Compute: exact per-kernel counters",
     "cupti": "the in-process collector in each process",
+    "torch": "torch.profiler in each process: operator and kernel times, any machine",
 }
 
 
@@ -82,16 +83,17 @@ def _parquetdir(path: Path) -> bool:
 
 def _subdirectory(entry: Path) -> Path | str:
     """What a directory's subdirectory holds: itself (a parquetdir export), its CUPTI collector records
-    (a ``headcount run`` raw folder's ``cupti-<pid>/``), or why it is skipped."""
+    (a ``headcount run`` raw folder's ``cupti-<pid>/``), its torch.profiler trace (``torch-<pid>/``), or why it
+    is skipped."""
     try:
         if _parquetdir(entry):
             return entry
     except OSError as exc:
         return f"unreadable ({exc.strerror or exc})"
-    records = entry / "cupti-records.jsonl.gz"
-    if records.is_file():
-        return records
-    return "holding no nsys parquetdir export and no cupti records (not descended into)"
+    for recording in (entry / "cupti-records.jsonl.gz", entry / "trace.json"):
+        if recording.is_file():
+            return recording
+    return "holding no nsys parquetdir export, cupti records or torch trace (not descended into)"
 
 
 def _suffix_source(name: str) -> FileSource | None:
@@ -146,7 +148,8 @@ def scan(path: Path) -> tuple[list[Path], dict[str, list[str]]]:
     A directory with ``*.parquet`` files in it is an nsys parquetdir export: itself. Otherwise every file
     directly in it that a source reads (:data:`FILE_SOURCES`, by its name's ending) is one input, and so is
     every subdirectory that is a parquetdir export, or that holds the CUPTI collector's records
-    (``cupti-<pid>/cupti-records.jsonl.gz`` of a ``headcount run`` raw folder); all in natural order
+    (``cupti-<pid>/cupti-records.jsonl.gz`` of a ``headcount run`` raw folder) or a torch trace
+    (``torch-<pid>/trace.json``); all in natural order
     (rank2 before rank10). Not read: call logs (``child-<pid>.json``, read with the recording beside them),
     an ``.nsys-rep`` beside its own SQLite export, CSV files whose header has no ncu ``ID`` column, files
     no source reads, other subdirectories (not descended into).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-PM_INTERVAL_HELP = ("cupti: PM sampling interval in microseconds of GPU time, or auto (default): the finest CUPTI "
-                    "accepts of 5, 10, 20, 50 µs. A layer, head or kernel gets sampled DRAM bytes only where at least 4 "
+PM_INTERVAL_HELP = ("PM sampling interval in microseconds of GPU time, or auto (default): cupti, the finest CUPTI "
+                    "accepts of 5, 10, 20, 50 µs; torch, 20 µs. A layer, head or kernel gets sampled DRAM bytes only where at least 4 "
                     "whole samples lie inside it, else null with a notice (--backend ncu measures them exactly)")
 
 

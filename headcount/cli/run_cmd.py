@@ -1,4 +1,4 @@
-"""``headcount run``: run any script under nsys, ncu or the CUPTI collector,
+"""``headcount run``: run any script under nsys, ncu, the CUPTI collector or torch.profiler,
 tagged without code changes, and write the report.
 
 The program's own output is passed through; its exit status is headcount's
@@ -36,16 +36,17 @@ examples:
   headcount run --backend ncu --steps 10-11 -o out/ -- python train.py            only steps 10 and 11 under ncu
   headcount run --backend ncu --nvtx-include "headcount@fwd/layer.3/" -o out/ -- python infer.py
   headcount run --backend cupti --mode head -o out/ -- python train.py
+  headcount run --backend torch --steps 5-6 -o out/ -- python train.py           torch.profiler, any machine
   headcount run --backend nsys -o out/ -- torchrun --nproc-per-node 2 train.py    one run per rank
 """
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "run", help="run a script under nsys, ncu or the CUPTI collector, tagged, and write the report",
+        "run", help="run a script under nsys, ncu, the CUPTI collector or torch.profiler, tagged, and write the report",
         usage="headcount run [options] -o OUT -- COMMAND [ARGS ...]",
         description="Run COMMAND with every Hugging Face model it builds tagged per layer (and head), under NVIDIA's "
-        "nsys or ncu or headcount's in-process CUPTI collector, then parse and attribute what was recorded into the "
+        "nsys or ncu, headcount's in-process CUPTI collector or torch.profiler, then parse and attribute what was recorded into the "
         "Parquet report. The tools' own files stay in OUT/raw/<run id>/.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -70,8 +71,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--trace", default="cuda,nvtx", help="nsys --trace (default cuda,nvtx; add osrt for OS runtime calls)")
     g.add_argument("--gpu-metrics", choices=("auto", "on", "off"), default="auto",
                    help="nsys GPU metrics sampling (auto: when a GPU is present and nsys supports it)")
-    g = p.add_argument_group("cupti")
-    g.add_argument("--no-pm-sampling", action="store_true", help="do not sample DRAM traffic and warps active")
+    g = p.add_argument_group("cupti and torch")
+    g.add_argument("--no-pm-sampling", action="store_true",
+                   help="do not sample DRAM traffic and warps active (torch: where its torch.profiler can, see headcount doctor)")
     add_pm_interval(g)
     group = p.add_mutually_exclusive_group()
     group.add_argument("--append", action="store_true", help="add to an existing report")

@@ -37,6 +37,11 @@ class TorchRecorder:
         trace_dir: where to write ``trace.json`` (a temporary directory by default).
         cuda: also record CUDA kernels and runtime calls (default: when torch
             sees a GPU; ``False`` for a model that runs on the CPU).
+        pm_sampling: on CUDA, ask torch.profiler for PM samples where this torch has a route.
+        pm_interval_ns: their interval, GPU nanoseconds; 0: :data:`PM_INTERVAL_MS`.
+
+    Raises:
+        HeadcountError: ``trace_dir`` cannot be made.
     """
 
     name = "torch"
@@ -45,8 +50,10 @@ class TorchRecorder:
     range_log = None
     device_limits = None
 
-    def __init__(self, trace_dir: str | Path | None = None, cuda: bool | None = None):
+    def __init__(self, trace_dir: str | Path | None = None, cuda: bool | None = None, pm_sampling: bool = True,
+                 pm_interval_ns: int = 0):
         self.notices: list[str] = []
+        self.pm_interval_ms = pm_interval_ns / 1e6 if pm_interval_ns else PM_INTERVAL_MS
         self._tmp = None
         if trace_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="headcount-trace-")
@@ -59,7 +66,9 @@ class TorchRecorder:
         activities = [ProfilerActivity.CPU]
         on_cuda = cuda_available() if cuda is None else cuda
         if on_cuda:
-            activities = self._with_pm(activities + [ProfilerActivity.CUDA])
+            activities = activities + [ProfilerActivity.CUDA]
+            if pm_sampling:
+                activities = self._with_pm(activities)
         self._profile = profile(activities=activities)
 
     def _with_pm(self, activities: list) -> list:
@@ -74,8 +83,8 @@ class TorchRecorder:
                 self.notices.append(f"no PM samples through torch.profiler: {chosen.detail}; sampled DRAM bytes: "
                                     "--backend cupti (headcount cupti install), exact ones: --backend ncu")
             return activities
-        self.notices.append(f"PM samples through torch.profiler: {chosen.detail}; every {PM_INTERVAL_MS * 1e3:g} µs")
-        return torch_pm.activities(chosen, [*PM_COUNTERS, *PM_PERCENTS], PM_INTERVAL_MS, PM_LOOKBACK_MS)
+        self.notices.append(f"PM samples through torch.profiler: {chosen.detail}; every {self.pm_interval_ms * 1e3:g} µs")
+        return torch_pm.activities(chosen, [*PM_COUNTERS, *PM_PERCENTS], self.pm_interval_ms, PM_LOOKBACK_MS)
 
     @property
     def version(self) -> str:

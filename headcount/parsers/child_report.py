@@ -29,7 +29,8 @@ class ChildReport:
 
     Attributes:
         calls: the call log as :func:`calls_to_rows` rows.
-        records: the cupti source's records file (``None`` for nsys and ncu).
+        records: the in-process recorder's file: the cupti source's records, the torch backend's Chrome
+            trace (``None`` for nsys and ncu, and where the recorder did not start).
         complete: the program ended normally; ``ended_by`` says how it ended otherwise.
         device: where the process's work ran (:meth:`headcount.common.device.Device.from_torch`, as a dict).
         program: its torch and transformers versions.

@@ -66,7 +66,8 @@ class Meter:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        if self._thread is not None:
+        # is_alive, not `is not None`: a Ctrl-C inside Thread.start leaves a thread that join refuses
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=2 * REFRESH_S)
         if self._bar is not None:
             if exc[0] is None:

@@ -15,13 +15,15 @@ never builds a model — torchrun's launcher, a data worker — is left alone):
   ``cudaProfilerStart``/``Stop`` for nsys/ncu capture ranges);
 - with ``HEADCOUNT_RUN_TAG_SDPA=1`` tags ``F.scaled_dot_product_attention``
   calls made outside transformers (``sdpa.K``: the K-th such call of the step);
-- for the cupti backend, runs the in-process collector.
+- for the cupti backend, runs the in-process collector; for the torch backend, records with torch.profiler
+  from the first tagged step to the last (headcount's ranges as ``record_function`` ranges in its trace),
+  asking it for PM samples where this torch has a route.
 
 At exit — normal, uncaught exception, SIGTERM or SIGINT (noted by a handler that lets the program unwind, so
 the files are written at exit with no lock of the interrupted code held) — it closes what is
 open and writes ``<raw>/child-<pid>.pkl``: rank, steps, the call log (the
 analytic model needs the shapes), status and notices, and, for cupti, the
-records file. ``complete`` is false when the program died.
+records file (cupti) or Chrome trace (torch). ``complete`` is false when the program died.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ class ChildSession:
         self.notices: list[str] = []
         self.tagger = None
         self.recorder = None
+        self.torch_trace: str | None = None  # the torch backend's trace, once its recorder stopped
+        self.torch_refused = False  # torch.profiler could not start (the program's own profiler runs): not tried again
         self.step_emitter = None
         self.step = -1
         self.step_token = None
@@ -107,11 +111,12 @@ class ChildSession:
         log = None
         if self.backend == "cupti":
             log = self._start_cupti()
+        on_torch = self.backend == "torch"  # its ranges must be record_function ranges: torch.profiler sees no NVTX
         if log is not None:
             self.step_emitter = CorrelatedEmitter(log, domain=STEP_DOMAIN, torch_ranges=False)
         else:
-            self.step_emitter = RangeEmitter(domain=STEP_DOMAIN, torch_ranges=False)
-        self.tagger = AttentionTagger((), mode=self.mode, auto=True, torch_ranges=False, range_log=log)
+            self.step_emitter = RangeEmitter(domain=STEP_DOMAIN, torch_ranges=on_torch)
+        self.tagger = AttentionTagger((), mode=self.mode, auto=True, torch_ranges=on_torch, range_log=log)
         from torch.nn.modules import module as nn_module
 
         nn_module.register_module_forward_pre_hook(self._pre_forward)
@@ -142,6 +147,35 @@ class ChildSession:
         for line in self.recorder.notices:
             notice(line)
         return self.recorder.range_log
+
+    def _start_torch(self) -> None:
+        """The torch backend's recorder, started as the first tagged step begins (a program's untagged warm-up
+        is not recorded); once refused, the program runs unprofiled."""
+        if self.backend != "torch" or self.recorder is not None or self.torch_refused or self.torch_trace is not None:
+            return
+        from headcount.collector import torch_source
+
+        try:
+            recorder = torch_source.TorchRecorder(
+                os.path.join(self.raw, f"torch-{self.pid}"), pm_sampling=_env("PM", "1") == "1",
+                pm_interval_ns=int(_env("PM_INTERVAL_NS", "0")))
+            recorder.start()
+        except HeadcountError as err:
+            self.torch_refused = True
+            self.notices.append(f"torch.profiler did not start: {err.one_line()}")
+            notice(f"torch.profiler did not start in process {self.pid}, the program runs unprofiled: {err.one_line()}")
+            return
+        self.recorder = recorder
+        for line in recorder.notices:
+            self.notices.append(line)
+            notice(line)
+
+    def _stop_torch(self) -> None:
+        """Stop the torch backend's recorder and write its trace (``torch-<pid>/trace.json``)."""
+        if self.backend != "torch" or self.recorder is None:
+            return
+        recorder, self.recorder = self.recorder, None
+        self.torch_trace = str(recorder.stop())
 
     # ------------------------------------------------------------ steps
     def _is_model(self, module) -> bool:
@@ -174,6 +208,7 @@ class ChildSession:
         self._sdpa_calls = 0
         selected = self._selected(self.step)
         if selected and not self.tagging:
+            self._start_torch()  # before the step's range: a record_function range needs the profiler running
             self.tagger.activate()
             self.tagger.add_model(model)  # its own forward started before the tagger's hook existed
             self.tagging = True
@@ -182,6 +217,7 @@ class ChildSession:
             self.tagger.deactivate()
             self.tagging = False
             self._capture(False)
+            self._stop_torch()
         if selected:
             self.step_token = self.step_emitter.push(f"step.{self.step}")
             self.step_thread = threading.get_ident()
@@ -241,7 +277,10 @@ class ChildSession:
                 self.tagger.deactivate()
                 self.tagging = False
             records = None
-            if self.recorder is not None:
+            if self.backend == "torch":
+                self._stop_torch()
+                records = self.torch_trace
+            elif self.recorder is not None:
                 if not complete:
                     self.recorder.stats["complete"] = False
                 records = str(self.recorder.stop())

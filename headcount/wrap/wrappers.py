@@ -40,8 +40,8 @@ class Wrapper:
                 cupti_load.require()  # no driver, no GPU, no cupti-python: said before the program runs, not after
         except HeadcountError as exc:
             hint = exc.hint
-            if hint and "--backend torch" in hint:  # headcount run has no torch backend
-                hint = "run it on a machine with an NVIDIA GPU; --backend nsys records NVTX ranges anywhere"
+            if hint and "--backend torch" in hint:  # the API's wording names `auto`, which headcount run does not take
+                hint = "use --backend torch here (torch.profiler, any machine), or --backend nsys for NVTX ranges"
             raise HeadcountError(f"--backend cupti cannot run here: {exc.message}", hint=hint, exit_code=3) from exc
         return cupti_load.cupti_version()
 
@@ -62,7 +62,24 @@ class Wrapper:
 
     def assemble(self, raw: Path, run_id: str, console: Console) -> list[run_folder.RankRun]:
         """The raw folder → one :class:`~headcount.build.run_folder.RankRun` per rank."""
-        return run_folder.from_cupti(run_folder.read_children(raw), run_id)
+        return run_folder.from_in_process(run_folder.read_children(raw), run_id)
+
+
+class Torch(Wrapper):
+    """The program runs as it is; each tagged process records with torch.profiler (any machine; on a GPU, PM
+    samples where its torch has a route, :mod:`headcount.collector.torch_pm`)."""
+
+    name = "torch"
+
+    def version(self) -> str | None:
+        """torch's version where headcount runs (the program's own is in each run's ``torch`` column): torch is
+        imported by the program, not checked here."""
+        from importlib import metadata
+
+        try:
+            return f"torch.profiler (torch {metadata.version('torch')})"
+        except metadata.PackageNotFoundError:
+            return "torch.profiler"
 
 
 class Nsys(Wrapper):
@@ -183,4 +200,4 @@ def _lines(path: Path) -> list[str]:
         return []
 
 
-WRAPPERS: dict[str, type[Wrapper]] = {"nsys": Nsys, "ncu": Ncu, "cupti": Wrapper}
+WRAPPERS: dict[str, type[Wrapper]] = {"nsys": Nsys, "ncu": Ncu, "cupti": Wrapper, "torch": Torch}
