@@ -73,10 +73,12 @@ def test_nsys_records_a_compiled_script_with_the_eager_grid(nsight_path, tmp_pat
     assert grids[0] == grids[1] and len(grids[0]) == 2 * 2 * 2 * (1 + 4)  # steps x phases x layers x (layer + heads)
 
 
-def test_nsys_with_two_ranks_under_torchrun(nsight_path, tmp_path, capsys):
+@pytest.mark.parametrize("backend", ["nsys", "torch"])
+def test_two_ranks_under_torchrun(nsight_path, backend, tmp_path, capsys):
+    """One run per rank, whether one tool records every process (nsys) or each process records itself (torch)."""
     out = tmp_path / "out"
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    rc, stdout, err = _run(["--backend", "nsys", "-o", str(out), "--", torchrun, "--nproc-per-node", "2", TRAIN, "--ddp", "--steps", "2"], capsys)
+    rc, stdout, err = _run(["--backend", backend, "-o", str(out), "--", torchrun, "--nproc-per-node", "2", TRAIN, "--ddp", "--steps", "2"], capsys)
     assert rc == 0, err
     runs = pd.read_parquet(out / "runs").sort_values("rank")
     assert runs["rank"].tolist() == [0, 1] and runs["world_size"].tolist() == [2, 2]

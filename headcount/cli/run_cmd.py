@@ -53,7 +53,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=tuple(sources.WRAPPERS), default="nsys", help="the recorder (default nsys)")
     p.add_argument("-o", "--out", required=True, help="output directory")
     p.add_argument("--mode", choices=("layer", "head"), default="layer", help="layer (as in production) or head (one head at a time)")
-    p.add_argument("--steps", default="", help="tag only these steps (a step starts at each outermost model forward): N or A-B")
+    p.add_argument("--steps", default="", help="tag only these steps (torch: record only them too; a step starts at each outermost model forward): N or A-B")
     p.add_argument("--capture-range", action="store_true",
                    help="also limit the tool's capture to those steps (cudaProfilerStart/Stop; nsys and ncu, GPU only)")
     p.add_argument("--tag-sdpa", action="store_true", help="also tag F.scaled_dot_product_attention calls made outside transformers")
