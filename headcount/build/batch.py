@@ -608,8 +608,12 @@ def _on_ray(files, out, options, done) -> list[FileResult]:
                     results[i] = ray.get(ref)
                     done(results[i])
         except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: no task goes on writing into the report's staging
-            for ref in pending:
-                ray.cancel(ref, force=True)
+            # a Ray this command started is shut down below, its workers with it; a force-cancel of a task that was
+            # just completing aborted the whole command inside Ray ("Check failed: … Tried to complete task that was
+            # not pending", task_manager.cc, seen once in the suite): only a cluster's tasks are cancelled one by one
+            if not started:
+                for ref in pending:
+                    ray.cancel(ref, force=True)
             raise
         return results
     finally:

@@ -10,6 +10,7 @@ tables, the API's DataFrames) :func:`as_integers` turns ``"144"`` into 144 and `
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from headcount.common.errors import HeadcountError
@@ -31,19 +32,23 @@ def as_integers(frame: pd.DataFrame, table: str) -> pd.DataFrame:
         return frame
     frame = frame.copy(deep=False)
     for column in present:
-        text = frame[column].astype(object)
-        given = text.notna()
-        text = text.where(given, None)
+        # a table holds few distinct ids over many rows: each worked out once (a Kineto ×100 trace: 600,000 tids, ~10 distinct)
+        codes, uniques = pd.factorize(frame[column].astype(object), use_na_sentinel=True)
+        texts = [str(u) for u in uniques]
         if column == "tid":
-            replay = text.map(lambda v: isinstance(v, str) and v.endswith(REPLAY_LANE)).astype(bool)
+            replay = np.array([t.endswith(REPLAY_LANE) for t in texts], dtype=bool)
             if replay.any():
-                text = text.where(~replay, text[replay].str[:-len(REPLAY_LANE)])
-                frame["lane"] = pd.Series(["graph replay" if r else None for r in replay], index=frame.index, dtype=object)
-        numbers = pd.to_numeric(text, errors="coerce")
-        bad = given & (numbers.isna() | (numbers.fillna(0) % 1 != 0))
+                texts = [t[:-len(REPLAY_LANE)] if r else t for t, r in zip(texts, replay)]
+                lane = np.append(np.where(replay, "graph replay", None).astype(object), None)[codes]  # code -1 (null): None
+                frame["lane"] = pd.Series(lane, index=frame.index, dtype=object)
+        numbers = pd.to_numeric(pd.Series(texts, dtype=object), errors="coerce")
+        bad = numbers.isna() | (numbers.fillna(0) % 1 != 0)
         if bad.any():
-            raise HeadcountError(f"table {table}: {column} {text[bad].iloc[0]!r} is not a whole number "
-                                 f"({int(bad.sum())} rows): process and thread ids are integers in headcount's tables",
+            first = texts[int(np.flatnonzero(bad.to_numpy())[0])]
+            rows = int(np.isin(codes, np.flatnonzero(bad.to_numpy())).sum())
+            raise HeadcountError(f"table {table}: {column} {first!r} is not a whole number "
+                                 f"({rows} rows): process and thread ids are integers in headcount's tables",
                                  hint="report the recording that gave it (its ids are not a process's)")
-        frame[column] = numbers.astype("Int64")
+        lookup = pd.array([int(v) for v in numbers] + [pd.NA], dtype="Int64")  # exact integers; the last: code -1, null
+        frame[column] = lookup[codes]
     return frame
