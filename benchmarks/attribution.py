@@ -11,15 +11,19 @@ same machine:
 - nsys's ``nvtx_gpu_proj_trace`` report on the same file (``nsys-report``
   from install-nsight.sh), and whether headcount's ``ranges`` table (read
   back from the Parquet it wrote) agrees with it range for range;
-- ``nsys-ai warm`` on the same file, when ``nsys-ai`` is on PATH or
-  ``$NSYS_AI`` names it (its DuckDB must find the sqlite extension locally).
+- ``nsys-ai warm`` on the same file, when ``$NSYS_AI`` names it, it is on PATH, or
+  ``benchmarks/peers.sh`` installed it in ``.venv-peers/`` (with the DuckDB sqlite extension it needs, offline);
+- the floor (issue 60): a fresh process that only reads the three tables the parse
+  needs (``NVTX_EVENTS``, ``CUPTI_ACTIVITY_KIND_KERNEL``, ``CUPTI_ACTIVITY_KIND_RUNTIME``,
+  the columns its queries read) into Arrow through the same ADBC SQLite driver and batch size, one core:
+  what any parse of the file costs at least.
 
 ``--ranks N`` instead copies a smaller export N times and times
 ``headcount parse rank*.sqlite --jobs 1`` against ``--jobs 2`` (``--ray``:
 also ``--executor ray``), checking that the tables are identical.
 
-Goals (issue 12): identical answers, ≥ 16× nsys's report, faster than
-nsys-ai, ≤ 2 GB peak.
+Goals (issue 12, raised by issue 60): identical answers, ≥ 16× nsys's report, ≥ 2× nsys-ai,
+within 2.5× of the read floor, ≤ 1 GB peak.
 
 ``--widen 4`` repeats the export's processes 4 times (20 M NVTX ranges,
 2.4 GB, 8 processes): the peak must not grow with the file.
@@ -121,6 +125,34 @@ def _stages(path: str, queue) -> None:
     t1 = time.perf_counter()
     project_gpu(export.ranges, export.runtime, export.gpu, with_paths=False)
     queue.put((t1 - t0, time.perf_counter() - t1, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20))
+
+
+FLOOR = """
+import sys
+import adbc_driver_sqlite.dbapi as adbc
+from headcount.parsers.nsys_export import BATCH_ROWS
+WANTED = {  # the columns headcount's queries read (headcount/parsers/nsys_sqlite.py), where the table has them
+    "NVTX_EVENTS": ["rowid", "start", "end", "globalTid", "eventType", "domainId", "textId", "endGlobalTid", "text"],
+    "CUPTI_ACTIVITY_KIND_RUNTIME": ["globalTid", "correlationId", "start", "end", "nameId"],
+    "CUPTI_ACTIVITY_KIND_KERNEL": ["shortName", "demangledName", "globalPid", "deviceId", "streamId", "correlationId", "start",
+                                   "end", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "registersPerThread",
+                                   "staticSharedMemory", "dynamicSharedMemory", "sharedMemoryExecuted", "graphNodeId"],
+}
+rows = 0
+with adbc.connect("file:" + sys.argv[1] + "?mode=ro") as con, con.cursor() as cur:
+    cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+    for table, wanted in WANTED.items():
+        cur.execute("SELECT name FROM pragma_table_info('" + table + "')")
+        have = {row[0] for row in cur.fetchall()} | {"rowid"}
+        cur.execute("SELECT " + ", ".join('"' + c + '"' for c in wanted if c in have) + " FROM " + table)
+        rows += cur.fetch_arrow_table().num_rows
+print(rows)
+"""
+
+
+def floor(path: Path) -> "Measured":
+    """The read floor (module docstring): the three tables into Arrow, nothing else, in a fresh process."""
+    return timed([sys.executable, "-c", FLOOR, str(path)])
 
 
 def _tree_memory(pid: int) -> tuple[int, int]:
@@ -312,6 +344,12 @@ def main() -> None:
             proc.join()
             print(f"  detail: read {read_s:.1f} s + attribute {attribute_s:.1f} s (peak {stage_peak:.2f} GiB)")
 
+        low = floor(path)
+        if low.done.returncode == 0:
+            print(f"read floor (the columns headcount reads of the 3 tables, into Arrow through ADBC, {int(low.done.stdout.split()[-1]):,} rows, one core): "
+                  f"{low.wall:.1f} s, {low.memory()}; headcount takes {ours / low.wall:.2f}× it (goal ≤ 2.5×)")
+        else:
+            print(f"read floor failed (exit {low.done.returncode}): {low.done.stderr.strip()[-300:]}")
         report = shutil.which("nsys-report") or str(Path.home() / ".cache/headcount/nsight/bin/nsys-report")
         if Path(report).exists():
             m = timed([report, "nvtx_gpu_proj_trace", str(path)], timeout=args.nsys_timeout)
@@ -320,21 +358,22 @@ def main() -> None:
                 print(f"nsys nvtx_gpu_proj_trace did not finish in {args.nsys_timeout} s: ratio ≥ {args.nsys_timeout / ours:.0f}×")
             else:
                 same, n = same_as_nsys(done.stdout, out)
-                print(f"nsys nvtx_gpu_proj_trace: {theirs:.1f} s, {m.memory()}; headcount is {theirs / ours:.1f}× faster "
+                print(f"nsys nvtx_gpu_proj_trace: {theirs:.1f} s, {m.memory()}; headcount is {theirs / ours:.1f}× faster (goal ≥ 16×) "
                       f"(median run; {theirs / max(d.wall for d in default):.1f}× its slowest)")
                 print(f"answers identical for all {n:,} projected ranges: {same}")
         else:
             print("nsys-report not found (run ../shared/tools/install-nsight.sh): no comparison with nsys")
-        nsys_ai = os.environ.get("NSYS_AI") or shutil.which("nsys-ai")
+        peers = Path(__file__).resolve().parents[1] / ".venv-peers" / "bin" / "nsys-ai"  # benchmarks/peers.sh
+        nsys_ai = os.environ.get("NSYS_AI") or shutil.which("nsys-ai") or (str(peers) if peers.exists() else None)
         if nsys_ai:
             # warm builds its cache beside the file (<stem>.nsys-cache/): time a cold build
             shutil.rmtree(path.with_suffix(".nsys-cache"), ignore_errors=True)
             path.with_suffix(".nsys-cache.build.lock").unlink(missing_ok=True)
             m = timed([nsys_ai, "warm", str(path)])
             state = "" if m.done.returncode == 0 else f" (exit {m.done.returncode}: {m.done.stderr.strip()[-200:]})"
-            print(f"nsys-ai warm: {m.wall:.1f} s, {m.memory()}{state}; headcount is {m.wall / ours:.2f}× faster")
+            print(f"nsys-ai warm: {m.wall:.1f} s, {m.memory()}{state}; headcount is {m.wall / ours:.2f}× faster (goal ≥ 2×)")
         else:
-            print("nsys-ai not found (pip install nsys-ai, or NSYS_AI=path): no comparison with nsys-ai")
+            print("nsys-ai not found (bash benchmarks/peers.sh, or NSYS_AI=path): no comparison with nsys-ai")
         print(load())
     finally:
         if not args.keep:

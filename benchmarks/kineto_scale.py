@@ -16,12 +16,16 @@ machine, each in a fresh process:
   default keeps only the kernels launched in the trace within the steps
   before the last, so its kernel count is lower by design.
 
+- the floor (issue 60): a fresh process that only reads the file and decodes every event with msgspec into the
+  typed structs headcount decodes into (:class:`headcount.parsers.kineto_events.Event`), one core: what any
+  parse of the file costs at least.
+
 And checks the answers: headcount's kernel count (its ``kernels`` table read
 back) and HTA's equal the copies × the fixture's, and every layer's calls in
 ``layers`` are the copies × the fixture's.
 
-Goals (issue 30): ≥ 8× HTA at 100 copies, ≤ 1 GB peak RSS (largest process)
-at 100 and 400 copies, every kernel kept.
+Goals (issue 30, raised by issue 60): ≥ 20× HTA at 100 copies, within 2.5× of the decode floor, ≤ 1 GB peak RSS
+(largest process) at 100 and 400 copies, every kernel kept.
 
 Run: python benchmarks/kineto_scale.py [--copies 100 [--copies 400]] [--gzip] [--repeat N] [--keep DIR] [--no-hta] [--jobs N]
 """
@@ -56,6 +60,20 @@ analyzer.get_gpu_kernel_breakdown(visualize=False)
 trace = analyzer.t.get_trace(0)
 kernel = analyzer.t.symbol_table.get_sym_id_map()["kernel"]
 print(json.dumps({"kernels": int((trace["cat"] == kernel).sum())}))
+"""
+
+FLOOR = """
+import gzip, sys
+import msgspec
+from headcount.parsers.kineto_events import Event
+
+class Trace(msgspec.Struct):
+    traceEvents: list[Event]
+
+path = sys.argv[1]
+with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as fh:
+    text = fh.read()
+print(len(msgspec.json.decode(text, type=Trace).traceEvents))
 """
 
 
@@ -197,12 +215,18 @@ def main() -> None:
                   f"{largest:.2f} GiB (goal ≤ 1 GB); kernels {kernels:,} "
                   f"({'all' if kernels == figures['kernels'] else 'NOT all'} of {figures['kernels']:,}); layer calls "
                   f"{'= ' if calls == want else '≠ '}{copies} × the fixture's")
+            low = timed([sys.executable, "-c", FLOOR, str(path)], timeout=args.timeout)
+            if low.done.returncode == 0:
+                print(f"  decode floor (read + msgspec into typed events, {int(low.done.stdout.split()[-1]):,} events, one core): "
+                      f"{low.wall:.1f} s, {low.memory()}; headcount takes {mine / low.wall:.2f}× it (goal ≤ 2.5×)")
+            else:
+                print(f"  decode floor failed (exit {low.done.returncode}): {low.done.stderr.strip()[-300:]}")
             if runs["hta"]:
                 theirs = statistics.median(h.wall for h in runs["hta"])
                 hta_kernels = json.loads(runs["hta"][-1].done.stdout.strip().splitlines()[-1])["kernels"]
                 print(f"  Holistic Trace Analysis: {theirs:.1f} s, {runs['hta'][-1].memory()}; kernels {hta_kernels:,} "
                       "(its default keeps those launched in the trace, in the steps before the last)")
-                print(f"  headcount is {theirs / mine:.2f}× HTA's speed (goal ≥ 8×)")
+                print(f"  headcount is {theirs / mine:.2f}× HTA's speed (goal ≥ 20×)")
 
 
 if __name__ == "__main__":
