@@ -198,12 +198,12 @@ def main() -> None:
 
                     shutil.rmtree(out)
                 jobs = ["--jobs", str(args.jobs)] if args.jobs else []
-                m = timed([*headcount_cmd(), "parse", str(path), "-o", str(out), *jobs], timeout=args.timeout)
+                m = timed([*headcount_cmd(), "parse", str(path), "-o", str(out), *jobs], timeout=args.timeout, inputs=(path,))
                 if m.done.returncode != 0:
                     sys.exit(f"headcount parse failed ({m.done.returncode}): {m.done.stderr.strip()[-2000:]}")
                 runs["headcount"].append(m)
                 if use_hta:
-                    h = timed([sys.executable, "-c", HTA, str(trace_dir)], timeout=args.timeout)
+                    h = timed([sys.executable, "-c", HTA, str(trace_dir)], timeout=args.timeout, inputs=(path,))
                     if h.done.returncode != 0:
                         sys.exit(f"HTA failed ({h.done.returncode}): {h.done.stderr.strip()[-2000:]}")
                     runs["hta"].append(h)
@@ -215,7 +215,7 @@ def main() -> None:
                   f"{largest:.2f} GiB (goal ≤ 1 GB); kernels {kernels:,} "
                   f"({'all' if kernels == figures['kernels'] else 'NOT all'} of {figures['kernels']:,}); layer calls "
                   f"{'= ' if calls == want else '≠ '}{copies} × the fixture's")
-            low = timed([sys.executable, "-c", FLOOR, str(path)], timeout=args.timeout)
+            low = timed([sys.executable, "-c", FLOOR, str(path)], timeout=args.timeout, inputs=(path,))
             if low.done.returncode == 0:
                 print(f"  decode floor (read + msgspec into typed events, {int(low.done.stdout.split()[-1]):,} events, one core): "
                       f"{low.wall:.1f} s, {low.memory()}; headcount takes {mine / low.wall:.2f}× it (goal ≤ 2.5×)")
