@@ -24,6 +24,7 @@ from headcount.build.shared import (
     implementation_of,
     run_findings,
     tables_from_events,
+    typed_like,
     untagged_provenance,
 )
 from headcount.common.device import Device
@@ -250,7 +251,7 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
                 events = events.assign(**{untagged.CALL_KEY: keys})
             elif not keyed:
                 found.ranges = found.ranges.drop(columns=untagged.CALL_KEY)
-            events = pd.concat([events, _typed_like(found.ranges, events)], ignore_index=True)
+            events = pd.concat([events, typed_like(found.ranges, events)], ignore_index=True)
     events, said = inductor.with_kernel_estimates(events)
     if said:
         notices.append(said)
@@ -272,17 +273,6 @@ def _kineto_group(events: pd.DataFrame, device: Device | None, launched: bool | 
                                 launched=launched, with_figures=True, sm_count=device.sm_count if device else None, pm_samples=pm)
     untagged_provenance(tables, tables["ranges"])
     return tables, calls, notices, tagged
-
-
-def _typed_like(extra: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
-    """``extra`` (ranges found by name) with the columns of ``events`` it leaves empty as nulls of their dtype in
-    ``events``: a concat with an empty ``object`` column makes the column ``object`` (every kernel's correlation id,
-    stream and launch figures then held as Python objects, converted again on the way to Parquet)."""
-    n = len(extra)
-    empty = {c: pd.array([pd.NA] * n, dtype=events[c].dtype) for c in events.columns
-             if isinstance(events[c].dtype, pd.api.extensions.ExtensionDtype)
-             and (c not in extra.columns or (extra[c].dtype == object and not extra[c].notna().any()))}
-    return extra.assign(**empty) if empty else extra
 
 
 def launched_in(events: pd.DataFrame) -> np.ndarray:

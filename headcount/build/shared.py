@@ -184,6 +184,18 @@ def tables_from_events(events: pd.DataFrame, calls, implementation: str, source:
     return _tables(kernels, ranges_table, steps, runtime, implementation, exclude_steps, found=len(main) > 0, with_figures=with_figures)
 
 
+def typed_like(extra: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """``extra`` (rows to be concatenated to ``frame``) with the columns of ``frame`` it leaves empty as nulls of
+    their nullable dtype in ``frame``: a concat with a missing or empty ``object`` column turns the column into
+    ``object`` or ``Float64`` (the kernels' ids held as Python objects; the heads' ``kv_head`` as floats)."""
+    n = len(extra)
+    empty = {c: pd.array([pd.NA] * n, dtype=frame[c].dtype) for c in frame.columns
+             if isinstance(frame[c].dtype, pd.api.extensions.ExtensionDtype)
+             and not isinstance(frame[c].dtype, pd.CategoricalDtype)
+             and (c not in extra.columns or (extra[c].dtype == object and not extra[c].notna().any()))}
+    return extra.assign(**empty) if empty else extra
+
+
 def _user_annotations(ranges: pd.DataFrame) -> pd.DataFrame:
     """The recording's own annotations among the nested ranges (torch.profiler's ``ProfilerStep#N`` aside: those are steps)."""
     mine = (ranges["domain"] == USER_DOMAIN).to_numpy(dtype=bool)
@@ -205,7 +217,7 @@ def _with_user_ranges(ranges_table: pd.DataFrame, user: pd.DataFrame, gpu: pd.Da
     columns = list(dict.fromkeys([*ranges_table.columns, *mine.columns]))
     if not len(ranges_table):
         return mine.reindex(columns=columns)
-    ours, theirs = ranges_table.reindex(columns=columns), mine.reindex(columns=columns)
+    ours, theirs = ranges_table.reindex(columns=columns), typed_like(mine, ranges_table).reindex(columns=columns)
     for column in [c for c, kind in ours.dtypes.items() if isinstance(kind, pd.CategoricalDtype)]:
         # categorical labels keep their order (the layers table follows it): the annotations' values after them
         extra = pd.unique(theirs[column].dropna().astype(object))

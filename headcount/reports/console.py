@@ -17,8 +17,6 @@ from headcount.reports import findings, terminal
 def _fmt(value, spec: str = ",.0f") -> str:
     if value is None or pd.isna(value):
         return "–"
-    if spec.endswith("d"):  # a whole number a nullable float column holds (a head number after a merge)
-        value = int(value)
     return format(value, spec)
 
 
