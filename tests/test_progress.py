@@ -114,10 +114,10 @@ def test_a_parallel_parse_counts_files_and_ends_at_all_bytes(tmp_path, capsys, s
 
 
 def _on_a_terminal(args: list[str], stop_after: str | None = None, sig: int = signal.SIGINT) -> tuple[int, str]:
-    """Run ``headcount args`` on a pseudo-terminal (as in a terminal window: 120 columns), ``sig`` to its process group
+    """Run ``headcount args`` on a pseudo-terminal (a terminal window's default 80 columns), ``sig`` to its process group
     once ``stop_after`` shows; its exit status and everything it drew, escape codes removed."""
     leader, follower = pty.openpty()
-    env = {**os.environ, "COLUMNS": "120", "LINES": "40", "TERM": "xterm"}
+    env = {**os.environ, "COLUMNS": "80", "LINES": "24", "TERM": "xterm"}
     proc = subprocess.Popen([sys.executable, "-m", "headcount.cli.main", *args], stdin=follower, stdout=follower,
                             stderr=follower, cwd=ROOT, env=env, start_new_session=True)
     os.close(follower)
@@ -156,8 +156,9 @@ def big_trace(tmp_path_factory) -> Path:
 
 
 def test_on_a_terminal_a_bar_shows_bytes_files_and_phase(tmp_path, big_trace):
-    """On a terminal: the bar with the phase, the bytes read of the total, the files, the elapsed time; its last
-    state is every byte read and the report being written."""
+    """On a terminal 80 columns wide: the inputs named once, then the bar with the phase, the bytes read of the
+    total, the files and the elapsed time, none of it cut off; its last state is every byte read and the report
+    being written."""
     other = tmp_path / QWEN.name
     shutil.copy(QWEN, other)
     status, text = _on_a_terminal(["parse", str(big_trace), str(other), "-o", str(tmp_path / "out"), "--jobs", "1"])
@@ -165,9 +166,11 @@ def test_on_a_terminal_a_bar_shows_bytes_files_and_phase(tmp_path, big_trace):
     total = progress_view.size(big_trace.stat().st_size + other.stat().st_size).replace(" ", "")
     bars = [line for line in text.splitlines() if "━" in line]
     assert bars, text
-    assert bars[0].startswith("reading 2 files"), bars[0]
+    assert text.lstrip().startswith("reading 2 files"), text
+    assert bars[0].startswith("reading ━"), bars[0]
+    assert not [line for line in bars if "…" in line], bars  # nothing of the bar cut to fit
     last = bars[-1]
-    assert last.startswith("writing the report 2 files") and f"/{total.replace('MB', '')}" in last.replace(" ", "") and \
+    assert last.startswith("writing the report ━") and f"/{total.replace('MB', '')}" in last.replace(" ", "") and \
         "2/2 files" in last and "elapsed" in last, last
     assert "Report:" in text
 

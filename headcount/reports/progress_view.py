@@ -60,7 +60,7 @@ class Meter:
     def __enter__(self) -> "Meter":
         if self.shown:
             progress.share(len(self.sizes), listener=self._advanced, ready=self._start)
-        if self.shown and not self.console.is_terminal:
+        if self.shown:  # the inputs named once: on a terminal the bar then holds only what moves, and fits 80 columns
             self.console.print(f"reading {self.what} ({size(self.total)})…", highlight=False, soft_wrap=True)
         return self
 
@@ -98,10 +98,10 @@ class Meter:
         counts may run now."""
         if self.console.is_terminal:
             # elapsed and left are this view's own: rich's stop counting once the bytes are read, the work does not
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), DownloadColumn(),
                                  TextColumn("{task.fields[files]}"), TextColumn("{task.fields[times]}"),
                                  console=self.console, auto_refresh=False, transient=False)
-            self._task = self._bar.add_task(f"reading {self.what}", total=self.total or 1, files=self._files(), times="")
+            self._task = self._bar.add_task("reading", total=self.total or 1, files=self._files(), times="")
             self._bar.start()
         self._thread = threading.Thread(target=self._refresh, name="headcount-progress", daemon=True)
         self._thread.start()
@@ -119,8 +119,8 @@ class Meter:
     def _draw(self) -> None:
         with self._lock:
             done, state = self.now()
-            self._bar.update(self._task, completed=done, files=self._files(), description=f"{state} {self.what}",
-                             times=self._times(done, state))
+            self._bar.update(self._task, completed=done, files=self._files(), description=state,
+                             times=self._times(done, state, short=True))
             self._bar.refresh()
 
     def _advanced(self) -> None:
@@ -139,10 +139,12 @@ class Meter:
                 self._said_state = state
                 self.console.print(f"{state} ({self._times(done, state)})…", highlight=False, soft_wrap=True)
 
-    def _times(self, done: int, state: str) -> str:
-        """``12 s elapsed, about 20 s left``: what is left estimated from the rate of reading, while reading."""
+    def _times(self, done: int, state: str, short: bool = False) -> str:
+        """``12 s elapsed, about 20 s left`` (``short``, for the bar: ``~20 s left``): what is left estimated from
+        the rate of reading, while reading."""
         elapsed = time.monotonic() - self._started
-        left = f", about {_seconds(elapsed * (self.total - done) / done)} left" if state == "reading" and 0 < done < self.total else ""
+        about = "~" if short else "about "
+        left = f", {about}{_seconds(elapsed * (self.total - done) / done)} left" if state == "reading" and 0 < done < self.total else ""
         return f"{_seconds(elapsed)} elapsed{left}"
 
 
