@@ -53,11 +53,11 @@ def run(args) -> int:
             sys.stdout.buffer.flush()
             return 0
         pacsv.write_csv(table, args.csv)
-        terminal.console(stderr=True).print(f"{table.num_rows} rows → {Path(args.csv)}")
+        terminal.console(stderr=True).print(f"{_rows(table.num_rows)} → {Path(args.csv)}")
         return 0
     if args.parquet:
         pq.write_table(table, args.parquet)
-        terminal.console(stderr=True).print(f"{table.num_rows} rows → {Path(args.parquet)}")
+        terminal.console(stderr=True).print(f"{_rows(table.num_rows)} → {Path(args.parquet)}")
         return 0
     if args.json:
         import json
@@ -67,11 +67,11 @@ def run(args) -> int:
             print(text)
         else:
             Path(args.json).write_text(text + "\n", encoding="utf-8")
-            terminal.console(stderr=True).print(f"{table.num_rows} rows → {Path(args.json)}")
+            terminal.console(stderr=True).print(f"{_rows(table.num_rows)} → {Path(args.json)}")
         return 0
     vertical = args.layout == "vertical" or (args.layout == "auto" and table.num_columns > WIDE_COLUMNS)
     rows = args.max_rows if args.max_rows is not None else 10 if vertical else 50
-    caption = f"{table.num_rows} rows" + (f", first {rows} shown" if table.num_rows > rows else "")
+    caption = _rows(table.num_rows) + (f", first {rows} shown" if table.num_rows > rows else "")
     console = terminal.console()
     if vertical:
         _print_vertical(console, table, rows, caption)
@@ -90,6 +90,10 @@ WIDE_COLUMNS = 12  # more columns than this print one block per row (--layout au
 
 def _cell(value) -> str:
     return "" if value is None else f"{value:,.4g}" if isinstance(value, float) else str(value)
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
 
 
 def _print_vertical(console, table, rows: int, caption: str) -> None:
