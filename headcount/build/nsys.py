@@ -185,8 +185,9 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
                                               not_replayed=(STEP_DOMAIN,), assigned_keys=assigned)
     syncs = step_view.sync_calls(export.runtime)
     if release:
-        export.ranges, export.runtime, export.gpu = export.ranges.iloc[:0], export.runtime.iloc[:0], export.gpu.iloc[:0]
-        export.graph_nodes = export.graph_nodes.iloc[:0]
+        # copies: a slice of no rows is a view that keeps the whole read alive
+        export.ranges, export.runtime, export.gpu = (t.iloc[:0].copy() for t in (export.ranges, export.runtime, export.gpu))
+        export.graph_nodes = export.graph_nodes.iloc[:0].copy()
     steps = projected[(projected["domain"] == STEP_DOMAIN).to_numpy(dtype=bool, na_value=False)]
     ranges_table = labels.label_ranges(projected, steps, ours=(projected["domain"] == DOMAIN).to_numpy(dtype=bool, na_value=False))
     if len(work):
@@ -194,6 +195,7 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
         figures = launch.per_range(ranges_table, work, levels)
         ranges_table["kernel_busy_ns"] = figures["kernel_busy_ns"].to_numpy(np.float64)
         ranges_table["kernel_gap_ns"] = figures["kernel_gap_ns"].to_numpy(np.float64)
+        del figures, levels  # copied into the ranges table: not held through the steps (a large process's peak)
         busy_time(ranges_table)
         basis = "gpu_busy"
     else:  # a capture with no GPU work at all (a CPU-only program): the ranges' own time
@@ -211,7 +213,8 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
     if len(work):  # with the limits of the GPU each kernel ran on, as the recording describes it
         work = work.assign(theoretical_occupancy_pct=occupancy.device_occupancy(work, devices).to_numpy())
     k = _kernels_table([_gpu_rows(work, work["range_id"].to_numpy())], projected, steps, "nsys", implementation)
-    del work  # the kernels table holds its rows now: not held while the steps are derived
+    attention_found = bool((projected["domain"] == DOMAIN).any())
+    del work, projected  # the kernels and ranges tables hold their rows now: not held while the steps are derived
     if gpu_metrics is not None and len(gpu_metrics):
         k = sampling.apportion(k, gpu_metrics)
         said = sampling.unresolved_kernels_notice(k)
@@ -219,5 +222,4 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
             notices.append(said)
     if found is not None and notices is not None:
         notices.extend(found.notices)
-    attention_found = bool((projected["domain"] == DOMAIN).any())
     return ranges_table, k, steps_of(k, syncs, steps, ranges_table, implementation, attention_found)
