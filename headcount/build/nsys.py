@@ -186,8 +186,8 @@ def _nsys_process(export: Timeline, calls, implementation: str, devices, gpu_met
     syncs = step_view.sync_calls(export.runtime)
     if release:
         # copies: a slice of no rows is a view that keeps the whole read alive
-        export.ranges, export.runtime, export.gpu = (t.iloc[:0].copy() for t in (export.ranges, export.runtime, export.gpu))
-        export.graph_nodes = export.graph_nodes.iloc[:0].copy()
+        export.ranges, export.runtime, export.gpu, export.graph_nodes = (
+            t.iloc[:0].copy() for t in (export.ranges, export.runtime, export.gpu, export.graph_nodes))
     steps = projected[(projected["domain"] == STEP_DOMAIN).to_numpy(dtype=bool, na_value=False)]
     ranges_table = labels.label_ranges(projected, steps, ours=(projected["domain"] == DOMAIN).to_numpy(dtype=bool, na_value=False))
     if len(work):
