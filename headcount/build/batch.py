@@ -287,12 +287,14 @@ def _stage_trace_in_spans(pool, slot: int, path: str, out: str, run_id: str, spa
     from headcount.build.shared import run_facts
     from headcount.parsers import kineto_json as kineto
     from headcount.parsers.kineto_steps import Pieces
-    from headcount.store import dataset
+    from headcount.store import dataset, input_digest
     from headcount.store.metadata import runs_row
 
     directory = tempfile.mkdtemp(prefix="headcount-trace-")
     try:
-        parts = [f.result() for f in [pool.submit(progress.task, slot, read_span, path, span, directory) for span in spans]]
+        reads = [pool.submit(progress.task, slot, read_span, path, span, directory) for span in spans]
+        input_digest.hash_ahead([path])  # the runs row's hash, beside the reads rather than after them (the pool has forked)
+        parts = [f.result() for f in reads]
         if any(part is None for part in parts):
             return pool.submit(progress.task, slot, stage_file, path, out, run_id, options).result()
         pieces = Pieces(path, directory=directory)
@@ -474,7 +476,7 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
         return results
     from concurrent.futures import as_completed
 
-    context = _pool_context()
+    context = _pool_context(nsys=any(_may_be_nsys(path) for path, _ in files))
     from headcount.parsers import nsys_sqlite
 
     results: list[FileResult | None] = [None] * len(files)
@@ -507,6 +509,16 @@ def run_files(files: list[tuple[str, str]], out: str, options: ReadOptions, jobs
                 results[i] = _finish(files[i][0], files[i][1], out, metas[i], parts[i], shards[i][1])
             done(results[i])
     return results
+
+
+def _may_be_nsys(path: str) -> bool:
+    """Whether ``path`` may be read by the nsys route (a name no source reads: its error comes later)."""
+    from headcount.build import sources
+
+    try:
+        return sources.for_path(Path(path)).name == "nsys"
+    except HeadcountError:
+        return False
 
 
 @contextmanager
@@ -546,14 +558,19 @@ def end_workers(pool) -> None:
         process.join(timeout=10)
 
 
-def _pool_context():
+def _pool_context(nsys: bool = True):
     """The multiprocessing context the workers start from: ``fork`` where no thread could hold a lock the
-    fork would inherit, else a ``forkserver`` preloaded with the heavy imports."""
+    fork would inherit, else a ``forkserver`` preloaded with the heavy imports (``nsys``: an input may be
+    an nsys export: its SQLite driver too)."""
     import multiprocessing as mp
     import threading
 
+    from headcount.store import input_digest
+
+    input_digest.pause()  # no thread lives through the fork: the inputs' hashing ahead stops (and goes on later)
     # imported once here, inherited by forked workers (each would otherwise import them on its first file)
-    import adbc_driver_sqlite.dbapi  # noqa: F401 - the nsys reader's driver (0.1 s: it imports polars)
+    if nsys:
+        import adbc_driver_sqlite.dbapi  # noqa: F401 - the nsys reader's driver (0.15 s: it imports polars)
 
     import headcount.build.kineto  # noqa: F401
     import headcount.build.nsys  # noqa: F401
@@ -636,9 +653,10 @@ def parse_into(out: str | Path, files: list[tuple[str, str]], options: ReadOptio
         HeadcountError: a file failed and ``keep_going`` is false ("nothing was written", its hint and exit code);
             the report cannot be written.
     """
-    from headcount.store import dataset
+    from headcount.store import dataset, input_digest
 
     results: list[FileResult] = []
+    input_digest.hash_ahead([path for path, _ in files])  # the runs rows' hashes, while the parse starts
 
     def stage() -> dataset.Staged | None:
         results.extend(run_files(files, str(out), options, jobs=jobs, executor=executor, done=done, plan=plan))
@@ -651,5 +669,8 @@ def parse_into(out: str | Path, files: list[tuple[str, str]], options: ReadOptio
         # one run per file, or per process of a file, staged under the file's id
         return dataset.Staged([run for r in good for run in r.run_ids], [r.run_id for r in good]) if good else None
 
-    dataset.write_runs(out, [run_id for _, run_id in files], stage, append=append, force=force)
+    try:
+        dataset.write_runs(out, [run_id for _, run_id in files], stage, append=append, force=force)
+    finally:
+        input_digest.pause()
     return results

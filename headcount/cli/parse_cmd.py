@@ -20,7 +20,7 @@ from headcount.parsers.files import stored_bytes
 from headcount.parsers.options import ReadOptions
 from headcount.reports import terminal
 from headcount.reports.progress_view import Meter
-from headcount.store import dataset
+from headcount.store import dataset, input_digest
 from headcount.store.metadata import new_run_id
 
 EXAMPLES = """\
@@ -72,6 +72,7 @@ def run(args) -> int:
         raise HeadcountError(f"--jobs {args.jobs}: must be 1 or more", hint="e.g. --jobs 4")
     out = dataset.check_output(args.out, append=args.append, force=args.force)
     names = sources.inputs(args.files)  # every input is checked before any work starts
+    input_digest.hash_ahead(names)  # the runs rows' hashes, beside the export's plan and the imports (parse_into goes on with it)
     files = [(name, new_run_id()) for name in names]
     jobs = args.jobs or batch.default_jobs()
     plan = batch.split(files, jobs) if args.executor == "local" else None

@@ -7,13 +7,10 @@ in ``run.json`` beside the tables.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
-import os
 import platform
 import secrets
 import sys
-from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
@@ -22,6 +19,7 @@ from headcount._version import __version__
 from headcount.common.device import Device
 from headcount.common.env import package_version, program_versions
 from headcount.common.errors import DAMAGED
+from headcount.store import input_digest
 
 SCHEMA_VERSION = "1.13"  # 1.13: issue 59 (kernels estimated_flop, estimated_min_bytes, estimate_provenance: Inductor's estimates); 1.12: issue 58 (steps attention_cpu_ns: a CPU run's attention time, attention_gpu_ns null there; pid and tid int64 in every table, ranges.lane for a graph replay's calls); 1.11: issue 58 (runs: path, size_bytes, sha256, damaged, program; model and rank filled by parse where the recording says); 1.10: issue 56 (steps: the device view — own_busy_ns, others_busy_ns, windows_overlap, idle_capture_ns, communication_overlapped_ns/exposed_ns, graph_launches/ops/busy_ns; ranges and layers: duration_ns is busy time (duration_basis gpu_busy), gpu_span_ns; torch.profiler annotations in ranges (domain torch.profiler); kernels: collective, msg_in_nelems, msg_out_nelems, group_size, comm_dtype; the collectives table); 1.9: issue 49 (steps queued_kernels_pct, launch_latency_p50_ns, launch_travel_ns: the launch-bound split's measured travel allowance); 1.8: issue 48 (steps idle_other_blocked_ns; untagged calls' model named, several models' layers named apart) and issue 49 (kernels queue_delay_ns, launch_latency_ns only on an idle stream; layers and heads queue_delay_p50/p99_ns, queued_kernels_pct); 1.7: issue 47 (layers: the head-mode split — heads_share_of_layer_pct, split_glue_ns, split_gaps_ns, heads_dram_bytes, heads_bytes_share_of_layer_pct, layer_mode_duration_per_call_ns, split_cost_x; sampled figures null where too few PM samples resolve a range); 1.6: issue 31 (kernels runs_on, bound and Speed of Light columns; layers and heads achieved fractions, waves, shares; heads rank test)
 
@@ -77,46 +75,19 @@ def run_metadata(run_id: str, source: str, source_version: str | None, mode: str
     return meta
 
 
-HASH_CHUNK_BYTES = 1 << 20  # read and hashed at a time: a multi-GB recording is never held
-
-
 def input_facts(path: str | Path) -> dict:
     """What names a parsed recording in its ``runs`` row: ``path`` (as given), ``size_bytes`` and ``sha256`` of
-    its contents (a directory, e.g. an nsys parquetdir export: its files, in sorted order of their paths
-    relative to it, each as ``<relative path> NUL <size> NUL <contents>``), read :data:`HASH_CHUNK_BYTES` at
-    a time. Hashed once per file and process (a recording of several processes is several runs of one file).
+    its contents (:func:`headcount.store.input_digest.digest`: a directory, e.g. an nsys parquetdir export, by its
+    files; hashed once per file and process, ahead of the parse where :func:`~headcount.store.input_digest.hash_ahead`
+    was started).
 
     A file that cannot be read gives nulls (its parse says why)."""
     path = Path(path)
     try:
-        stat = path.stat()
-        if path.is_dir():
-            files = sorted((f for f in path.rglob("*") if f.is_file()), key=lambda f: f.relative_to(path).as_posix())
-            stamp = tuple((f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-        else:
-            stamp = ((".", stat.st_size, stat.st_mtime_ns),)
-        size, digest = _digest(str(path), stamp)
+        size, sha256 = input_digest.digest(str(path), input_digest.stamp_of(path))
     except OSError:
-        size, digest = None, None
-    return {"path": str(path), "size_bytes": size, "sha256": digest}
-
-
-@lru_cache(maxsize=64)
-def _digest(path: str, stamp: tuple) -> tuple[int, str]:
-    """``(bytes, sha256 hex)`` of the file or directory ``path`` whose files (relative path, size, mtime) are ``stamp``."""
-    h = hashlib.sha256()
-    buffer = bytearray(HASH_CHUNK_BYTES)
-    view = memoryview(buffer)
-    total = 0
-    for name, size, _ in stamp:
-        file = path if name == "." else os.path.join(path, name)
-        if name != ".":
-            h.update(f"{name}\0{size}\0".encode())
-        with open(file, "rb", buffering=0) as fh:
-            while n := fh.readinto(buffer):
-                h.update(view[:n])
-                total += n
-    return total, h.hexdigest()
+        size, sha256 = None, None
+    return {"path": str(path), "size_bytes": size, "sha256": sha256}
 
 
 def runs_row(meta: dict) -> pd.DataFrame:
