@@ -34,6 +34,12 @@ GPU_TABLES = {"CUPTI_ACTIVITY_KIND_KERNEL": "kernel", "CUPTI_ACTIVITY_KIND_MEMCP
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 NULL_INT = -1  # no timestamp, id, count or size in an nsys export is negative
+ABSENT = np.iinfo(np.int64).min  # NULL of an ``int~`` column (a raw value: -1 is a value there)
+
+
+class NotPlain(Exception):
+    """A plain read (:func:`query_columns` ``plain=True``) met a value that is not an integer in an integer column:
+    the caller reads the strict way instead."""
 BATCH_ROWS = 262_144  # rows per Arrow batch from the database: what is held in Arrow form at a time
 
 
@@ -248,20 +254,28 @@ def query_frame(src, sql: str | list[str], types: dict[str, str]) -> pd.DataFram
     return pd.DataFrame(query_columns(src, sql, types))
 
 
-def query_columns(src, sql: str | list[str], types: dict[str, str]) -> dict:
+def query_columns(src, sql: str | list[str], types: dict[str, str], plain: bool = False) -> dict:
     """Run ``sql`` and return the columns of ``types`` (a dict of arrays): ``int`` (NULL comes
     back as ``<NA>``), ``int?`` (NULL comes back as -1, a plain int64 column),
-    ``int!`` (a column the schema declares NOT NULL, read as is) or ``text``
-    (NULL or empty comes back as ``None``; a Categorical).
+    ``int!`` (a column the schema declares NOT NULL, read as is), ``int~`` (``plain`` only: a raw
+    value, NULL as :data:`ABSENT`) or ``text`` (NULL or empty comes back as ``None``; a Categorical).
 
     SQLite columns have no fixed type and the ADBC driver infers one from the
     first rows, so NULLs are replaced in SQL (integers by -1, which no nsys
     value can be; text by '') and restored here. Several ``sql`` (parts of
     one table) run on as many threads: the driver releases the GIL.
+
+    ``plain``: the integer columns are read as they are (NULLs replaced here, in Arrow: no SQL per row), for a
+    caller that checks their values in numpy.
+
+    Raises:
+        NotPlain: (``plain``) a value of an integer column is not an integer (the driver's type mismatch), or
+            anything else went wrong (the strict read names it).
+        HeadcountError: the export is damaged.
     """
     cols = []
     for col, kind in types.items():
-        if kind == "int!":
+        if kind == "int!" or (plain and kind != "text"):
             cols.append(col)
         elif kind in ("int", "int?"):
             cols.append(f"{src.int_expr(col)} AS {col}")
@@ -271,10 +285,14 @@ def query_columns(src, sql: str | list[str], types: dict[str, str]) -> dict:
     try:
         if len(selects) > 1:
             with ThreadPoolExecutor(max_workers=len(selects)) as pool:
-                parts = list(pool.map(lambda one: _arrays_of(src.batches(one), types), selects))
+                parts = list(pool.map(lambda one: _arrays_of(src.batches(one), types, plain), selects))
         else:
-            parts = [_arrays_of(src.batches(selects[0]), types)]
+            parts = [_arrays_of(src.batches(selects[0]), types, plain)]
+    except NotPlain:
+        raise
     except Exception as exc:  # noqa: BLE001 - sqlite3, ADBC and DuckDB raise different types for a damaged file
+        if plain:  # a type mismatch, text that is not UTF-8, a damaged file: the strict read says which
+            raise NotPlain(str(exc)) from exc
         if "utf-8" not in str(exc).lower() and "utf8" not in str(exc).lower():
             raise _damaged(src.path, exc) from exc
         parts = _text_as_bytes(src, sql, types)  # text that is not UTF-8: read as bytes, decoded with U+FFFD
@@ -339,15 +357,24 @@ def _text_as_bytes(src, sql: str | list[str], types: dict[str, str]) -> list[dic
     return parts
 
 
-def _arrays_of(batches, types: dict[str, str]) -> dict:
+def _arrays_of(batches, types: dict[str, str], plain: bool = False) -> dict:
     """Record batches → per column an int64 array (``int``), or ``(codes, words)``
-    (``text``: dictionary-encoded batch by batch; codes index ``words``, -1 for null)."""
+    (``text``: dictionary-encoded batch by batch; codes index ``words``, -1 for null).
+    ``plain``: integer columns as read, their NULLs replaced here (see :func:`query_columns`).
+
+    Raises:
+        NotPlain: (``plain``) an integer column came back as another type."""
     ints = {col: [] for col, kind in types.items() if kind != "text"}
     texts = {col: ([], {}) for col, kind in types.items() if kind == "text"}
     odd = 0  # values of an integer column that are not integers (text, blobs): read as missing
     for batch in batches:
         for col in ints:
             column = batch.column(col)
+            if plain:
+                if not (pa.types.is_integer(column.type) or pa.types.is_null(column.type)):
+                    raise NotPlain(f"{col}: {column.type}")
+                if column.null_count:
+                    column = pc.fill_null(column.cast(pa.int64()), ABSENT if types[col] == "int~" else NULL_INT)
             if not (pa.types.is_integer(column.type) or pa.types.is_null(column.type)):
                 if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):  # bytes: they may not be UTF-8
                     column = column.cast(pa.binary())

@@ -38,6 +38,7 @@ from headcount.common.device import Device
 from headcount.common.errors import HeadcountError, NothingRecorded
 from headcount.common.tables import Timeline
 from headcount.parsers.nsys_export import GPU_TABLES, NULL_INT, ExportSource, open_export, query_columns, query_frame
+from headcount.parsers.nsys_gpu_query import SHARED_BITS, STREAM_BITS, gpu_columns
 from headcount.parsers.options import ReadOptions
 from headcount.parsers.plausible import drop_implausible
 
@@ -543,11 +544,6 @@ def _dims(packed: np.ndarray) -> pd.Categorical:
     return pd.Categorical.from_codes(remap[codes.reshape(-1)], categories=pd.Index(text, dtype=object))
 
 
-# small GPU-activity columns travel packed in pairs, each value + 1 (0: NULL): device | stream (40 bits);
-# registers per thread | shared memory bytes (24 bits) | shared memory configured (24 bits)
-_STREAM_BITS, _SHARED_BITS = 40, 24
-
-
 def _unpacked(plus_one: np.ndarray) -> pd.arrays.IntegerArray:
     """Values stored + 1 (0 for NULL) as a nullable integer array."""
     missing = plus_one == 0
@@ -560,48 +556,17 @@ def _read_gpu(src, tables, strings, only=None) -> pd.DataFrame:
         if table not in tables:
             continue
         have = src.columns(table)
-
-        def col(name, alias, default="NULL"):
-            return f"g.{name} AS {alias}" if name in have else f"{default} AS {alias}"
-
-        def dims(prefix):  # y and z of a grid or block are at most 65535 (CUDA's limits); outside them: unknown
-            if {f"{prefix}X", f"{prefix}Y", f"{prefix}Z"} <= have:
-                x, y, z = (src.strict_int(f"g.{prefix}{a}") for a in "XYZ")
-                return (f"CASE WHEN {x} BETWEEN 0 AND 2147483647 AND {y} BETWEEN 0 AND 65535 AND {z} BETWEEN 0 AND 65535 "
-                        f"THEN {x} * 4294967296 + {y} * 65536 + {z} END")
-            return "NULL"
-
         name_col = next((c for c in ("shortName", "demangledName") if c in have), None) if kind == "kernel" and strings else None
-
-        def plus_one(value, bits=_SHARED_BITS):  # a value + 1, 0 for NULL, absent, not an integer, negative or too wide
-            return f"(CASE WHEN {value} BETWEEN 0 AND {(1 << bits) - 2} THEN {value} + 1 ELSE 0 END)"
-
-        def field(name, bits=_SHARED_BITS):
-            return plus_one(src.strict_int(f"g.{name}"), bits) if name in have else "0"
-
-        shared = (plus_one(f"{src.strict_int('g.staticSharedMemory')} + {src.strict_int('g.dynamicSharedMemory')}")
-                  if {"staticSharedMemory", "dynamicSharedMemory"} <= have else "0")
-        frame = query_frame(src, f"""
-            SELECT {f"g.{name_col}" if name_col else "NULL"} AS name_id, g.globalPid AS global_pid,
-                   {field('deviceId', 20)} * {1 << _STREAM_BITS} + {field('streamId', _STREAM_BITS)} AS device_stream,
-                   g.correlationId AS correlation_id, g.start AS start_ns, g.end AS end_ns,
-                   {dims('grid')} AS grid, {dims('block')} AS block,
-                   ({field('registersPerThread', 14)} * {1 << _SHARED_BITS} + {shared}) * {1 << _SHARED_BITS}
-                       + {field('sharedMemoryExecuted')} AS resources,
-                   {col('bytes', 'bytes')}, {col('graphNodeId', 'graph_node_id')}
-            FROM {table} g{f" WHERE {only('g.globalPid')}" if only else ""}""", {
-            "name_id": "int?", "global_pid": "int?", "device_stream": "int!", "correlation_id": "int?",
-            "start_ns": "int?", "end_ns": "int?", "grid": "int?", "block": "int?", "resources": "int!", "bytes": "int",
-            "graph_node_id": "int?"})
+        frame = gpu_columns(src, table, have, name_col, only)
         node = frame.pop("graph_node_id").to_numpy(np.int64)
         frame["graph_node_id"] = pd.arrays.IntegerArray(np.maximum(node, 0), node <= 0)  # 0 and NULL: not from a graph
         packed = frame.pop("device_stream").to_numpy(np.int64)
         resources = frame.pop("resources").to_numpy(np.int64)
-        frame["device"] = _unpacked(packed >> _STREAM_BITS)
-        frame["stream"] = _unpacked(packed & ((1 << _STREAM_BITS) - 1))
-        frame["registers_per_thread"] = _unpacked(resources >> (2 * _SHARED_BITS))
-        frame["shared_memory_bytes"] = _unpacked((resources >> _SHARED_BITS) & ((1 << _SHARED_BITS) - 1))
-        frame["shared_memory_config_bytes"] = _unpacked(resources & ((1 << _SHARED_BITS) - 1))
+        frame["device"] = _unpacked(packed >> STREAM_BITS)
+        frame["stream"] = _unpacked(packed & ((1 << STREAM_BITS) - 1))
+        frame["registers_per_thread"] = _unpacked(resources >> (2 * SHARED_BITS))
+        frame["shared_memory_bytes"] = _unpacked((resources >> SHARED_BITS) & ((1 << SHARED_BITS) - 1))
+        frame["shared_memory_config_bytes"] = _unpacked(resources & ((1 << SHARED_BITS) - 1))
         n = len(frame)
         if name_col:
             names = _by_string_id(frame.pop("name_id").to_numpy(np.int64), _string_ids(src, tables))
