@@ -279,3 +279,54 @@ def test_a_profile_stopped_while_it_profiles_writes_nothing(tmp_path, sig):
     assert status == STATUS[sig], output
     assert "no report was written" in output and "Traceback" not in output, output
     assert not out.exists() or not list(out.iterdir())
+
+
+def _blocked_in(thread) -> set[int]:
+    """The signals ``thread`` blocks, from the kernel's own account of it (Linux ``/proc``)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+def test_a_signal_waits_out_a_deferred_block_while_helper_threads_run(tmp_path, monkeypatch):
+    """A signal the kernel gives a helper thread runs its handler in the main thread at once, inside a deferred block
+    (a claim or commit) too: the threads of the parse (the inputs' hashing ahead, the progress meter) start with the
+    stopping signals blocked, so the main thread takes them, once the block is done (in a process of its own: no
+    other thread there)."""
+    big = tmp_path / "big.json"
+    big.write_bytes(b"x" * (8 << 20))
+    script = f"""
+import os, signal, threading, time
+from headcount.common import stopping
+from headcount.reports.progress_view import Meter
+from headcount.store import input_digest
+
+class Console:
+    is_terminal = False
+    def print(self, *args, **kwargs):
+        pass
+
+input_digest.AHEAD_CHUNK_BYTES = 1024  # slow enough to be seen running
+ahead = input_digest.hash_ahead([{str(big)!r}])
+meter = Meter(Console(), [200 << 20], "big.json")
+meter._start()
+helpers = [t for t in threading.enumerate() if t.name in ("headcount-hash-ahead", "headcount-progress")]
+for thread in helpers:
+    status = open(f"/proc/self/task/{{thread.native_id}}/status").read()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+    print(thread.name, all(mask >> (n - 1) & 1 for n in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)))
+got = []
+signal.signal(signal.SIGTERM, lambda *a: got.append(threading.current_thread().name))
+with stopping.deferred():
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.3)
+    print("inside", got)
+print("after", got)
+ahead.stop()
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert sorted(lines[:2]) == ["headcount-hash-ahead True", "headcount-progress True"]
+    assert lines[2:] == ["inside []", "after ['MainThread']"]

@@ -82,6 +82,15 @@ def deferred():
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def start_helper(thread: threading.Thread) -> None:
+    """Start ``thread`` with SIGINT, SIGTERM and SIGHUP blocked in it (a thread keeps the signal mask it was started
+    with): the kernel then gives them to the main thread, whose handlers stop the command and where :func:`deferred`
+    holds them. A signal taken by another thread has its handler run in the main thread at once, inside a deferred
+    block too (a report's claim or commit cut short)."""
+    with deferred():
+        thread.start()
+
+
 def worker_init() -> None:
     """Set up a worker process of headcount's (a process pool's initializer): its parent decides when it stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -14,7 +14,7 @@ import time
 
 from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from headcount.common import progress
+from headcount.common import progress, stopping
 
 SHOWN_FROM_BYTES = 8 << 20  # inputs smaller than this together (a gzip trace ~10× more) parse in about a second: no bar, no lines
 REFRESH_S = 0.25  # how often the terminal bar is redrawn from the counts
@@ -104,7 +104,7 @@ class Meter:
             self._task = self._bar.add_task("reading", total=self.total or 1, files=self._files(), times="")
             self._bar.start()
         self._thread = threading.Thread(target=self._refresh, name="headcount-progress", daemon=True)
-        self._thread.start()
+        stopping.start_helper(self._thread)
 
     def _refresh(self) -> None:
         while not self._stop.wait(REFRESH_S):

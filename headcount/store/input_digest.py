@@ -94,9 +94,11 @@ class HashAhead:
         self._thread = threading.Thread(target=self._run, name="headcount-hash-ahead", daemon=True)
 
     def start(self) -> "HashAhead":
+        from headcount.common import stopping
+
         pause()
         _AHEAD.append(self)
-        self._thread.start()
+        stopping.start_helper(self._thread)
         return self
 
     def _run(self) -> None:
