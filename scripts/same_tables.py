@@ -112,11 +112,21 @@ def compare(base: dict, head: dict) -> list[str]:
     return wrong
 
 
+def _commit(tree: Path, rev: str) -> str | None:
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--verify", "--quiet", rev], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def _checked_out(base: str, where: Path) -> Path:
     tree = where / "base"
+    wanted = _commit(ROOT, f"{base}^{{commit}}")
+    if tree.exists() and _commit(tree, "HEAD") != wanted:  # left by a comparison against another commit: not reused
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True, capture_output=True)
     if not tree.exists():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), base], check=True,
                        capture_output=True)
+    if _commit(tree, "HEAD") != wanted:
+        sys.exit(f"same_tables: {tree} is not at {base}")
     # run from a neutral folder: the current one comes first on sys.path, before PYTHONPATH
     found = subprocess.run([sys.executable, "-c", "import headcount; print(headcount.__file__)"], env=_env(tree), cwd=where,
                            capture_output=True, text=True, check=True).stdout.strip()
