@@ -36,11 +36,12 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 NULL_INT = -1  # no timestamp, id, count or size in an nsys export is negative
 ABSENT = np.iinfo(np.int64).min  # NULL of an ``int~`` column (a raw value: -1 is a value there)
 
+BATCH_ROWS = 262_144  # rows per Arrow batch from the database: what is held in Arrow form at a time
+
 
 class NotPlain(Exception):
     """A plain read (:func:`query_columns` ``plain=True``) met a value that is not an integer in an integer column:
     the caller reads the strict way instead."""
-BATCH_ROWS = 262_144  # rows per Arrow batch from the database: what is held in Arrow form at a time
 
 
 class ExportSource(ABC):

@@ -47,9 +47,6 @@ def _plain(raw: dict, fields: dict[str, np.ndarray]) -> dict:
     n = len(raw["start_ns"])
     zero = np.zeros(n, dtype=np.int64)
 
-    def value(name):
-        return fields.get(name, np.full(n, ABSENT, dtype=np.int64))
-
     def plus_one(v, bits=SHARED_BITS):  # a value + 1, 0 for NULL, absent, not an integer, negative or too wide
         return np.where((v >= 0) & (v <= (1 << bits) - 2), v + 1, 0)
 
@@ -59,7 +56,7 @@ def _plain(raw: dict, fields: dict[str, np.ndarray]) -> dict:
     def dims(prefix):  # y and z of a grid or block are at most 65535 (CUDA's limits); outside them: unknown (-1)
         if not {f"{prefix}{a}" for a in "XYZ"} <= fields.keys():
             return np.full(n, -1, dtype=np.int64)
-        x, y, z = (value(f"{prefix}{a}") for a in "XYZ")
+        x, y, z = (fields[f"{prefix}{a}"] for a in "XYZ")
         ok = (x >= 0) & (x <= 2147483647) & (y >= 0) & (y <= 65535) & (z >= 0) & (z <= 65535)
         return np.where(ok, x * 4294967296 + y * 65536 + z, -1)
 

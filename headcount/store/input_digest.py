@@ -54,34 +54,29 @@ def digest(path: str, stamp: tuple) -> tuple[int, str]:
     pause()  # the thread ahead, if any, is let go first: never two readers of one hash
     if key in _DONE:
         return _DONE[key]
-    if stamp[:1] and stamp[0][0] == "." and len(stamp) == 1:
-        partial = _PARTIAL.pop(key, None)
-        h, total = (partial[0].copy(), partial[1]) if partial else (hashlib.sha256(), 0)
-        total = _hash_on(h, path, total)
-    else:
-        h, total = hashlib.sha256(), 0
-        for name, size, _ in stamp:
+    h, total = hashlib.sha256(), 0
+    for name, size, _ in stamp:
+        if name == ".":  # a plain file: on from where the thread ahead stopped, if it began it
+            h, total = _PARTIAL.pop(key, None) or (h, total)
+            total = _hash_on(h, path, total)
+        else:
             h.update(f"{name}\0{size}\0".encode())
-            total = _hash_on(h, os.path.join(path, name), 0, counted=total)
+            total += _hash_on(h, os.path.join(path, name))
     _DONE[key] = (total, h.hexdigest())
     return _DONE[key]
 
 
-def _hash_on(h, file: str, offset: int, counted: int | None = None, stop: threading.Event | None = None,
-             chunk: int | None = None) -> int:
+def _hash_on(h, file: str, offset: int = 0, stop: threading.Event | None = None, chunk: int = HASH_CHUNK_BYTES) -> int:
     """Hash ``file`` from byte ``offset`` into ``h``, to its end or until ``stop`` is set (checked between chunks of
-    ``chunk`` bytes, by default :data:`HASH_CHUNK_BYTES`). Returns the bytes hashed in all: ``offset`` plus those
-    read here, added to ``counted`` where given."""
-    buffer = bytearray(chunk or HASH_CHUNK_BYTES)
+    ``chunk`` bytes). Returns the offset reached."""
+    buffer = bytearray(chunk)
     view = memoryview(buffer)
-    total = offset if counted is None else counted
     with open(file, "rb", buffering=0) as fh:
-        if offset:
-            fh.seek(offset)
+        fh.seek(offset)
         while not (stop is not None and stop.is_set()) and (n := fh.readinto(buffer)):
             h.update(view[:n])
-            total += n
-    return total
+            offset += n
+    return offset
 
 
 class HashAhead:
