@@ -40,7 +40,7 @@ def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS, with_paths: 
     out = ranges.sort_values(keys + ["start_ns", "end_ns"], ascending=[True] * (len(keys) + 1) + [False], kind="stable")
     out = out.reset_index(drop=True)
     n = len(out)
-    group_ids = out.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
+    group_ids = _runs(out, keys)
     starts = out["start_ns"].to_numpy(dtype=np.int64)
     ends = out["end_ns"].to_numpy(dtype=np.int64)
     parent, depth, improper = _nest_by_counting(group_ids, starts, ends)
@@ -55,6 +55,20 @@ def nest_ranges(ranges: pd.DataFrame, keys: list[str] = RANGE_KEYS, with_paths: 
     out["depth"] = depth
     out["nested"] = ~improper[group_ids] if n else np.zeros(0, dtype=bool)  # False: group with partial overlaps
     return out
+
+
+def _runs(frame: pd.DataFrame, keys: list[str]) -> np.ndarray:
+    """Each row's group of equal ``keys`` (nulls a group of their own), numbered 0, 1, … in row order, for a frame
+    sorted by ``keys``: a group is a run of equal values (what ``groupby(keys, sort=False).ngroup()`` gives it,
+    without hashing millions of rows)."""
+    change = np.zeros(len(frame), dtype=bool)
+    change[:1] = True
+    for key in keys:
+        values = frame[key]
+        codes = values.cat.codes.to_numpy() if isinstance(values.dtype, pd.CategoricalDtype) else \
+            pd.factorize(values, use_na_sentinel=True)[0]
+        change[1:] |= codes[1:] != codes[:-1]
+    return np.cumsum(change) - 1
 
 
 def path_categories(names: pd.Series, parent: np.ndarray, depth: np.ndarray) -> pd.Categorical:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.common import signals
+from headcount.common.arrays import equals, per_text
 
 KERNEL_INSIDE = "kernel inside"
 ELSEWHERE = "no GPU attention"
@@ -32,13 +33,10 @@ class ModuleLaunches:
     """Per launching thread, the start times of its launch calls (sorted), and which launched an attention kernel."""
 
     def __init__(self, events: pd.DataFrame):
-        kind = events["kind"].astype(object).to_numpy()
-        gpu = events[np.isin(kind, ["kernel", "memcpy", "memset"])]
+        gpu = events[events["kind"].isin(["kernel", "memcpy", "memset"]).to_numpy(dtype=bool)]
         self.any_gpu = bool(len(gpu))
-        runtime = events[(kind == "runtime") & events["correlation_id"].notna().to_numpy()]
-        names = gpu["name"].astype(str)
-        attention = names.map({n: signals.match("kernel", n) is not None for n in names.unique()}).to_numpy(dtype=bool) \
-            & (gpu["kind"].astype(object) == "kernel").to_numpy()
+        runtime = events[equals(events["kind"], "runtime") & events["correlation_id"].notna().to_numpy()]
+        attention = per_text(gpu["name"], lambda n: signals.match("kernel", n) is not None).astype(bool) & equals(gpu["kind"], "kernel")
         work = pd.DataFrame({"correlation_id": pd.array(gpu["correlation_id"], dtype="Int64"), "attention": attention})
         work = work.groupby("correlation_id")["attention"].any().reset_index()
         calls = pd.DataFrame({"correlation_id": pd.array(runtime["correlation_id"], dtype="Int64"), "pid": runtime["pid"].to_numpy(object),

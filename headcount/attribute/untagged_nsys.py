@@ -15,6 +15,7 @@ import pandas as pd
 
 from headcount.attribute.untagged import CALL_KEY
 from headcount.common import signals
+from headcount.common.arrays import distinct_text, equals
 from headcount.common.naming import DOMAIN
 
 _NVTX_SEQ = re.compile(r", (?:stashed seq = (\d+)|seq = (\d+))")
@@ -64,7 +65,7 @@ def nvtx_events(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame) 
     names = ranges["name"] if isinstance(ranges["name"].dtype, pd.CategoricalDtype) else ranges["name"].astype("category")
     distinct = [str(c) for c in names.cat.categories]
     parsed = [_nvtx_name(n) for n in distinct]  # once per distinct name
-    kernel_names = gpu.loc[(gpu["kind"].astype(object) == "kernel").to_numpy(), "name"].astype(str).unique() if len(gpu) else []
+    kernel_names = distinct_text(gpu.loc[equals(gpu["kind"], "kernel"), "name"]) if len(gpu) else []
     named = any(p[0] == "module" or (p[0] == "op" and signals.match("operator", signals.operator_name(n)))
                 for n, p in zip(distinct, parsed))
     if not named and not any(signals.match("kernel", k) for k in kernel_names):
@@ -86,9 +87,9 @@ def nvtx_events(ranges: pd.DataFrame, runtime: pd.DataFrame, gpu: pd.DataFrame) 
                           "pid": runtime["pid"].astype(object).to_numpy(), "tid": runtime["tid"].astype(object).to_numpy(),
                           "start_ns": runtime["start_ns"].to_numpy(np.int64), "end_ns": runtime["end_ns"].to_numpy(np.int64),
                           "correlation_id": pd.array(runtime["correlation_id"], dtype="Int64")})
-    kernels = gpu[(gpu["kind"].astype(object) == "kernel").to_numpy()]
+    kernels = gpu[equals(gpu["kind"], "kernel")]
     work = pd.DataFrame({"kind": "kernel", "name": kernels["name"].astype(object).to_numpy(),
-                         GPU_ROW: np.flatnonzero((gpu["kind"].astype(object) == "kernel").to_numpy()),
+                         GPU_ROW: np.flatnonzero(equals(gpu["kind"], "kernel")),
                          "pid": kernels["pid"].astype(object).to_numpy(), "tid": None,
                          "start_ns": kernels["start_ns"].to_numpy(np.int64), "end_ns": kernels["end_ns"].to_numpy(np.int64),
                          "correlation_id": pd.array(kernels["correlation_id"], dtype="Int64"),

@@ -253,6 +253,7 @@ def stage_groups(path: str, out: str, run_id: str, meta: dict, pieces, which: li
     as the pieces ``part-g<worker>`` of run ``run_id``; the parent finishes the run."""
     from headcount.build.kineto import kineto_group_pieces
     from headcount.common import env
+    from headcount.common.arrays import equals
     from headcount.parsers import kineto_json as kineto
     from headcount.store import dataset
 
@@ -264,7 +265,7 @@ def stage_groups(path: str, out: str, run_id: str, meta: dict, pieces, which: li
             for group, events in pieces.groups(which):
                 for name, frame in kineto_group_pieces(events, group, device, pieces.launched, result.parts, pieces.pm):
                     if name == "kernels":
-                        result.kernels += int((frame["kind"].astype(object) == "kernel").sum())
+                        result.kernels += int(equals(frame["kind"], "kernel").sum())
                     staged.write(name, frame)
                     del frame
                 del events

@@ -21,6 +21,7 @@ from headcount.build.ncu import tables_from_ncu
 from headcount.build.nsys import nsys_pieces, nsys_processes
 from headcount.build.shared import collected
 from headcount.common import signals
+from headcount.common.arrays import equals
 from headcount.common.device import Device
 from headcount.common.errors import NothingRecorded
 from headcount.parsers import ncu_metrics, nsys_sqlite
@@ -293,7 +294,7 @@ def _torch_stream(path: Path, pieces, lines: list[str], notices: list[str], run:
         for name, frame in kineto_pieces(pieces.groups(), pieces.described["devices"], notices, launched=pieces.launched,
                                          found=calls, pm=pieces.pm):
             if name == "kernels":
-                kernels += int((frame["kind"].astype(object) == "kernel").sum())
+                kernels += int(equals(frame["kind"], "kernel").sum())
             elif name == "layers":
                 layers = frame  # small: one row per layer and phase
             yield name, frame

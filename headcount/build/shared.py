@@ -25,6 +25,7 @@ from headcount.attribute import attribution, graphs, labels, nesting, untagged, 
 from headcount.attribute.calls import attach_calls, calls_frame
 from headcount.build.user_ranges import user_ranges
 from headcount.common import process_ids
+from headcount.common.arrays import equals
 from headcount.common.device import Device
 from headcount.common.naming import DOMAIN, STEP_DOMAIN, USER_DOMAIN
 from headcount.derive import aggregate, analytic, collectives, launch, occupancy, sampling, triage
@@ -90,14 +91,12 @@ def _split_domains(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The ranges (headcount's, both domains, and the recording's own annotations, domain :data:`USER_DOMAIN`)
     and everything else."""
     is_range = (events["kind"] == "range").to_numpy(dtype=bool)
-    names = events["name"].astype(object)
-    domain = np.full(len(events), None, dtype=object)
-    domain[is_range] = USER_DOMAIN
-    for dom in (DOMAIN, STEP_DOMAIN):
-        hit = is_range & names.astype(str).str.startswith(dom + "@").to_numpy(dtype=bool)
-        domain[hit] = dom
     ranges = events[is_range].copy()
-    ranges["domain"] = domain[is_range]
+    names = ranges["name"].astype(object).astype(str)  # the ranges' only: a few among millions of operators and kernels
+    domain = np.full(len(ranges), USER_DOMAIN, dtype=object)
+    for dom in (DOMAIN, STEP_DOMAIN):
+        domain[names.str.startswith(dom + "@").to_numpy(dtype=bool)] = dom
+    ranges["domain"] = domain
     ranges["name"] = [n.split("@", 1)[1] if d != USER_DOMAIN else n for n, d in zip(ranges["name"], ranges["domain"])]
     return ranges, events[~is_range].copy()
 
@@ -329,7 +328,7 @@ def steps_of(kernels: pd.DataFrame, syncs: pd.DataFrame, steps: pd.DataFrame, ra
     if "kind" in kernels and kernels["kind"].isin(step_view.GPU_KINDS).any():
         return step_view.gpu_steps(kernels, syncs, attention_found=found)
     layer_ranges = ranges_table[(ranges_table["level"] == "layer").to_numpy(dtype=bool, na_value=False)] if len(ranges_table) else ranges_table
-    ops = kernels[kernels["kind"].astype(object) == "op"] if "kind" in kernels else None
+    ops = kernels[equals(kernels["kind"], "op")] if "kind" in kernels else None
     steps = steps.assign(step=labels.step_of(steps["start_ns"].to_numpy(np.int64), steps) if steps["name"].notna().all()
                          else pd.array([pd.NA] * len(steps), dtype="Int64"))
     return step_view.cpu_steps(steps, layer_ranges, implementation, attention_found=found, ops=ops)

@@ -48,3 +48,40 @@ def positions(ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     ordered = ids[order]
     at = np.minimum(np.searchsorted(ordered, values), len(ids) - 1)
     return np.where(ordered[at] == values, order[at], -1)
+
+
+def per_text(values: pd.Series, f) -> np.ndarray:
+    """``f`` of each value's text — as ``values.astype(str)`` gives it, a missing value NaN — called once per
+    distinct value: no string is made per row (a kernels table's categorical names, millions of rows, cost
+    seconds as ``astype(str)``).
+
+    Returns:
+        An object array aligned with ``values``.
+    """
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        codes, distinct = values.cat.codes.to_numpy(), values.cat.categories
+    else:
+        codes, distinct = pd.factorize(values.to_numpy(object) if values.dtype == object else values, use_na_sentinel=True)
+    results = np.empty(len(distinct) + 1, dtype=object)
+    for i, value in enumerate(distinct):
+        results[i] = f(str(value))
+    if (codes < 0).any():  # code -1: a missing value
+        results[-1] = f(np.nan)
+    return results[codes]
+
+
+def distinct_text(values: pd.Series) -> list:
+    """The distinct values of ``values.astype(str)`` (a missing value as NaN), in no particular order, without making
+    a string per row (see :func:`per_text`)."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        codes = values.cat.codes.to_numpy()
+        used = np.zeros(len(values.cat.categories) + 1, dtype=bool)
+        used[codes] = True  # code -1: the last
+        return [str(c) for c in values.cat.categories[used[:-1]]] + ([np.nan] if used[-1] else [])
+    return list(pd.unique(values.astype(str)))
+
+
+def equals(values: pd.Series, text: str) -> np.ndarray:
+    """Which of ``values`` are ``text`` (a missing value is not), as a bool array: a categorical compares its codes,
+    an Arrow text column in Arrow, rather than one Python object made per row."""
+    return np.asarray((values == text).fillna(False), dtype=bool)

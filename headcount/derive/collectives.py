@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.common import communication
+from headcount.common.arrays import equals, per_text
 from headcount.derive.launch import union_length
 
 DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2, "int": 4,
@@ -57,9 +58,9 @@ def collectives(kernels: pd.DataFrame | None) -> pd.DataFrame:
     """The ``collectives`` rows of a kernels table (see the module docstring); no row without communication."""
     if kernels is None or not len(kernels) or "name" not in kernels or "kind" not in kernels:
         return pd.DataFrame(columns=COLUMNS)
-    names = kernels["name"].astype(str)
-    kind_of = {n: communication.kind_of(n) for n in pd.unique(names)}
-    comm = kernels[(kernels["kind"].astype(object) == "kernel").to_numpy() & names.map(kind_of).notna().to_numpy()]
+    kind_by_name = per_text(kernels["name"], communication.kind_of)
+    mine = equals(kernels["kind"], "kernel") & pd.notna(kind_by_name)
+    comm = kernels[mine]
     if not len(comm):
         return pd.DataFrame(columns=COLUMNS)
     frame = pd.DataFrame({
@@ -67,7 +68,7 @@ def collectives(kernels: pd.DataFrame | None) -> pd.DataFrame:
         "pid": comm["pid"].astype(object).to_numpy() if "pid" in comm else None,
         "device": comm["device"].astype(object).to_numpy() if "device" in comm else None,
         "step": pd.array(comm["step"], dtype="Int64") if "step" in comm else pd.array([pd.NA] * len(comm), dtype="Int64"),
-        "kind": _kinds(comm, kind_of),
+        "kind": _kinds(comm, kind_by_name[mine]),
         "library": comm["name"].astype(str).map(communication.library_of).to_numpy(),
         # relative to the first start in int64 first: absolute CUPTI times (~1.7e18 ns) are 256 ns apart in float64
         "start": _since(comm["start_ns"], comm["start_ns"]),
@@ -124,10 +125,9 @@ def _since(values: pd.Series, starts: pd.Series) -> np.ndarray:
     return (ints - int(pd.to_numeric(starts).to_numpy(np.int64).min())).astype(np.float64)
 
 
-def _kinds(comm: pd.DataFrame, kind_of: dict) -> np.ndarray:
+def _kinds(comm: pd.DataFrame, by_name: np.ndarray) -> np.ndarray:
     """Each communication kernel's kind: the collective its message or its ``nccl:…`` annotation names
-    (``collective``: torch.distributed's own word), else its kernel name's (NCCL runs an all-to-all as ``SendRecv``)."""
-    by_name = comm["name"].astype(str).map(kind_of).to_numpy(object)
+    (``collective``: torch.distributed's own word), else its kernel name's (``by_name``: NCCL runs an all-to-all as ``SendRecv``)."""
     if "collective" not in comm:
         return by_name
     named = comm["collective"].astype(object).map(lambda c: communication.kind_of_collective(c) if isinstance(c, str) else None)
