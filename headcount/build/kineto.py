@@ -146,7 +146,8 @@ def kineto_group_pieces(events: pd.DataFrame, group: int, device: Device | None,
     gpu = kernels["kind"].isin(step_view.GPU_KINDS).to_numpy(dtype=bool)
     if gpu.any():
         known = gpu & kernels["pid"].notna().to_numpy(dtype=bool) & kernels["device"].notna().to_numpy(dtype=bool)
-        launching = set(zip(kernels.loc[known, "device"], kernels.loc[known, "pid"]))
+        pairs = kernels.loc[known, ["device", "pid"]].drop_duplicates()  # a few pairs among many kernels
+        launching = set(zip(pairs["device"], pairs["pid"]))
         # the work outside every step is one row of the trace's, whichever groups it fell in: built at the end
         unstepped = kernels["step"].isna().to_numpy(dtype=bool)
         outside = (kernels.loc[gpu & unstepped, [c for c in step_view.WORK_COLUMNS if c in kernels]],

@@ -91,14 +91,14 @@ def _split_domains(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The ranges (headcount's, both domains, and the recording's own annotations, domain :data:`USER_DOMAIN`)
     and everything else."""
     is_range = (events["kind"] == "range").to_numpy(dtype=bool)
-    ranges = events[is_range].copy()
+    ranges = events[is_range].copy(deep=False)  # a new frame already: a deep copy copied every column once more
     names = ranges["name"].astype(object).astype(str)  # the ranges' only: a few among millions of operators and kernels
     domain = np.full(len(ranges), USER_DOMAIN, dtype=object)
     for dom in (DOMAIN, STEP_DOMAIN):
         domain[names.str.startswith(dom + "@").to_numpy(dtype=bool)] = dom
     ranges["domain"] = domain
     ranges["name"] = [n.split("@", 1)[1] if d != USER_DOMAIN else n for n, d in zip(ranges["name"], ranges["domain"])]
-    return ranges, events[~is_range].copy()
+    return ranges, events[~is_range].copy(deep=False)
 
 
 def tables_from_events(events: pd.DataFrame, calls, implementation: str, source: str = "torch",
