@@ -124,7 +124,7 @@ def _reuse_heap_blocks() -> None:
     freed at its top, unless ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` says otherwise. By default
     every freed array of a few MiB went back to the kernel and the next one came as fresh pages, which the kernel
     zeroes: a fifth of a large nsys parse's CPU was the kernel clearing pages (``perf``: ``clear_page_erms``). On the
-    ×300 export, alternating runs: 12.8 → 10.2 s median wall, a third fewer page faults, largest process 0.88 → 0.94 GB.
+    ×300 export, alternating runs: 12.8 → 10.2 s median wall, a third fewer page faults, largest process 0.84 → 0.90 GiB.
     Both settings together: a trim threshold alone fixes the mmap threshold at 128 KiB (7× the page faults). A C
     library without ``mallopt``: nothing."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
