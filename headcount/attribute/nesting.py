@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from headcount.common.arrays import positions, unique_inverse
+from headcount.common.arrays import codes_of, positions, unique_inverse
 
 RANGE_KEYS = ["pid", "tid", "domain"]
 
@@ -64,9 +64,7 @@ def _runs(frame: pd.DataFrame, keys: list[str]) -> np.ndarray:
     change = np.zeros(len(frame), dtype=bool)
     change[:1] = True
     for key in keys:
-        values = frame[key]
-        codes = values.cat.codes.to_numpy() if isinstance(values.dtype, pd.CategoricalDtype) else \
-            pd.factorize(values, use_na_sentinel=True)[0]
+        codes = codes_of(frame[key])[0]
         change[1:] |= codes[1:] != codes[:-1]
     return np.cumsum(change) - 1
 

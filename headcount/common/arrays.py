@@ -50,18 +50,25 @@ def positions(ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.where(ordered[at] == values, order[at], -1)
 
 
+def codes_of(values: pd.Series) -> tuple[np.ndarray, list]:
+    """``(codes, distinct values)`` of a column, code -1 for null: a categorical's own codes over the categories its
+    rows use, else pandas' factorize — never a Python object per row (millions of categorical names or ids cost
+    seconds as ``astype(str)``/``astype(object)``)."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        used = values.cat.remove_unused_categories()
+        return used.cat.codes.to_numpy(), list(used.cat.categories)
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    return codes, list(uniques)
+
+
 def per_text(values: pd.Series, f) -> np.ndarray:
     """``f`` of each value's text — as ``values.astype(str)`` gives it, a missing value NaN — called once per
-    distinct value: no string is made per row (a kernels table's categorical names, millions of rows, cost
-    seconds as ``astype(str)``).
+    distinct value (:func:`codes_of`).
 
     Returns:
         An object array aligned with ``values``.
     """
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        codes, distinct = values.cat.codes.to_numpy(), values.cat.categories
-    else:
-        codes, distinct = pd.factorize(values.to_numpy(object) if values.dtype == object else values, use_na_sentinel=True)
+    codes, distinct = codes_of(values)
     results = np.empty(len(distinct) + 1, dtype=object)
     for i, value in enumerate(distinct):
         results[i] = f(str(value))
@@ -71,14 +78,9 @@ def per_text(values: pd.Series, f) -> np.ndarray:
 
 
 def distinct_text(values: pd.Series) -> list:
-    """The distinct values of ``values.astype(str)`` (a missing value as NaN), in no particular order, without making
-    a string per row (see :func:`per_text`)."""
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        codes = values.cat.codes.to_numpy()
-        used = np.zeros(len(values.cat.categories) + 1, dtype=bool)
-        used[codes] = True  # code -1: the last
-        return [str(c) for c in values.cat.categories[used[:-1]]] + ([np.nan] if used[-1] else [])
-    return list(pd.unique(values.astype(str)))
+    """The distinct values of ``values.astype(str)`` (a missing value as NaN), in no particular order (:func:`codes_of`)."""
+    codes, distinct = codes_of(values)
+    return [str(v) for v in distinct] + ([np.nan] if (codes < 0).any() else [])
 
 
 def equals(values: pd.Series, text: str) -> np.ndarray:

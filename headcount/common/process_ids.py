@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from headcount.common.arrays import codes_of
 from headcount.common.errors import HeadcountError
 
 REPLAY_LANE = " (graph replay)"
@@ -33,7 +34,7 @@ def as_integers(frame: pd.DataFrame, table: str) -> pd.DataFrame:
     frame = frame.copy(deep=False)
     for column in present:
         # a table holds few distinct ids over many rows: each worked out once (a Kineto ×100 trace: 600,000 tids, ~10 distinct)
-        codes, uniques = _factorized(frame[column])
+        codes, uniques = codes_of(frame[column])
         texts = [str(u) for u in uniques]
         if column == "tid":
             replay = np.array([t.endswith(REPLAY_LANE) for t in texts], dtype=bool)
@@ -52,12 +53,3 @@ def as_integers(frame: pd.DataFrame, table: str) -> pd.DataFrame:
         lookup = pd.array([int(v) for v in numbers] + [pd.NA], dtype="Int64")  # exact integers; the last: code -1, null
         frame[column] = lookup[codes]
     return frame
-
-
-def _factorized(values: pd.Series) -> tuple[np.ndarray, list]:
-    """``(codes, distinct values)`` of a column (code -1: null); a categorical's own codes and the categories its rows
-    use (an object per row for millions of ranges cost more than the rest of the write)."""
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        used = values.cat.remove_unused_categories()
-        return used.cat.codes.to_numpy(), list(used.cat.categories)
-    return pd.factorize(values.astype(object), use_na_sentinel=True)
